@@ -1,0 +1,1 @@
+"""Optional OTLP push of the agent's Prometheus registry (see docs/OTLP.md)."""

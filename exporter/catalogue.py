@@ -1,0 +1,298 @@
+"""The table of every metric l9gpu exports.
+
+Everything else derives from this table: `render` builds the families from it, the OTLP
+bridge takes units and attribute names from it, and ``docs/METRICS.md`` is generated from
+it (``python -m exporter.catalogue > docs/METRICS.md``; a test fails when the doc drifts).
+
+Names follow the Prometheus conventions: base units in the name (``_bytes``, ``_watts``,
+``_joules``, ``_celsius``, ``_hertz``, ``_seconds``), 0-1 ``_ratio`` rather than percent,
+``_total`` only on counters, string facts in an ``_info`` gauge whose value is 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Iterable
+
+# Labels on every GPU series. ``gpu_instance`` is the MIG GPU instance ("" otherwise).
+DEVICE_LABELS: tuple[str, ...] = ("node", "gpu", "uuid", "model", "gpu_instance")
+# Labels that say whose a workload series is ("" where not applicable).
+WORKLOAD_ID_LABELS: tuple[str, ...] = ("namespace", "pod", "container", "pod_uid", "slurm_job_id")
+WORKLOAD_LABELS: tuple[str, ...] = DEVICE_LABELS + WORKLOAD_ID_LABELS
+PROCESS_LABELS: tuple[str, ...] = WORKLOAD_LABELS + ("pid", "comm")
+
+# Prometheus label key -> OpenTelemetry attribute (semantic conventions where they exist).
+LABEL_ATTRIBUTES: dict[str, str] = {
+    "node": "k8s.node.name",
+    "gpu": "gpu.index",
+    "uuid": "gpu.id",
+    "model": "gpu.model",
+    "vendor": "gpu.vendor",
+    "gpu_instance": "gpu.mig.instance",
+    "driver_version": "gpu.driver.version",
+    "pci_bus_id": "gpu.pci.bus_id",
+    "serial": "gpu.serial",
+    "namespace": "k8s.namespace.name",
+    "pod": "k8s.pod.name",
+    "container": "k8s.container.name",
+    "pod_uid": "k8s.pod.uid",
+    "slurm_job_id": "slurm.job.id",
+    "owner_kind": "k8s.workload.kind",
+    "owner_name": "k8s.workload.name",
+    "pid": "process.pid",
+    "comm": "process.executable.name",
+    "collector": "l9gpu.collector",
+    "type": "gpu.ecc.type",
+    "xid": "gpu.xid",
+    "reason": "gpu.throttle.reason",
+    "result": "l9gpu.result",
+    "version": "service.version",
+}
+
+# Prometheus unit word (as in the metric name) -> UCUM unit for OTLP.
+UCUM: dict[str, str] = {
+    "bytes": "By",
+    "bytes_per_second": "By/s",
+    "watts": "W",
+    "joules": "J",
+    "celsius": "Cel",
+    "hertz": "Hz",
+    "seconds": "s",
+    "ratio": "1",
+    "": "1",
+}
+
+GAUGE = "gauge"
+COUNTER = "counter"
+INFO = "info"  # rendered as a gauge named *_info with value 1
+
+# Where a family's values come from; `render` has one loop per scope.
+DEVICE = "device"
+WORKLOAD = "workload"
+UNATTRIBUTED = "unattributed"
+PROCESS = "process"
+SELF = "self"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric family.
+
+    Attributes:
+        name: the Prometheus family name (counters include ``_total``).
+        type: GAUGE, COUNTER or INFO.
+        unit: the Prometheus unit word ("bytes", "watts", ...; "" for counts).
+        help: the HELP text.
+        labels: label names, in order.
+        scope: which rows feed it (DEVICE, WORKLOAD, UNATTRIBUTED, PROCESS, SELF).
+        source: attribute of the row that holds the value. For a mapping-valued
+            attribute the last label takes the mapping's keys (e.g. ECC ``type``).
+        dcgm: the nearest DCGM exporter field and the factor from our unit to its unit,
+            for users moving dashboards over ("" where DCGM has none).
+        default_enabled: exported unless disabled; False means opt-in.
+        vendors_note: which vendors cannot provide it (docs only).
+    """
+
+    name: str
+    type: str
+    unit: str
+    help: str
+    labels: tuple[str, ...]
+    scope: str
+    source: str = ""
+    dcgm: tuple[str, float] = ("", 1.0)
+    default_enabled: bool = True
+    vendors_note: str = ""
+
+    @property
+    def ucum(self) -> str:
+        """The OTLP unit (UCUM) for this family."""
+        return UCUM[self.unit]
+
+    @property
+    def otel_attributes(self) -> tuple[str, ...]:
+        """The OTLP attribute key of each label, in label order."""
+        return tuple(otel_attribute(label) for label in self.labels)
+
+
+def otel_attribute(label: str) -> str:
+    """Map a Prometheus label key to its OpenTelemetry attribute key.
+
+    Pod labels copied with ``--pod-label`` (``label_team``) become ``k8s.pod.label.team``.
+    """
+    if label in LABEL_ATTRIBUTES:
+        return LABEL_ATTRIBUTES[label]
+    if label.startswith("label_"):
+        return "k8s.pod.label." + label[len("label_"):]
+    return label
+
+
+D = DEVICE_LABELS
+W = WORKLOAD_LABELS
+
+METRICS: tuple[MetricSpec, ...] = (
+    # ---- device -------------------------------------------------------------------
+    MetricSpec("gpu_info", INFO, "", "Facts about a GPU; value is always 1.",
+               D + ("vendor", "driver_version", "pci_bus_id", "serial"), DEVICE),
+    MetricSpec("gpu_up", GAUGE, "", "1 if the GPU was read in the last pass, 0 if it failed (lost, driver error).",
+               D, DEVICE, "up"),
+    MetricSpec("gpu_utilization_ratio", GAUGE, "ratio",
+               "Fraction of the last sample period during which one or more kernels ran on the GPU.",
+               D, DEVICE, "utilization", ("DCGM_FI_DEV_GPU_UTIL", 100.0)),
+    MetricSpec("gpu_memory_utilization_ratio", GAUGE, "ratio",
+               "Fraction of the last sample period during which device memory was read or written.",
+               D, DEVICE, "memory_utilization", ("DCGM_FI_DEV_MEM_COPY_UTIL", 100.0)),
+    MetricSpec("gpu_memory_used_bytes", GAUGE, "bytes", "Device memory in use, in bytes.",
+               D, DEVICE, "memory_used_bytes", ("DCGM_FI_DEV_FB_USED", 1.0 / 2**20)),
+    MetricSpec("gpu_memory_total_bytes", GAUGE, "bytes", "Total device memory, in bytes.",
+               D, DEVICE, "memory_total_bytes", ("DCGM_FI_DEV_FB_TOTAL", 1.0 / 2**20)),
+    MetricSpec("gpu_temperature_celsius", GAUGE, "celsius", "GPU die temperature, in degrees Celsius.",
+               D, DEVICE, "temperature_celsius", ("DCGM_FI_DEV_GPU_TEMP", 1.0)),
+    MetricSpec("gpu_memory_temperature_celsius", GAUGE, "celsius", "Device memory (HBM) temperature, in degrees Celsius.",
+               D, DEVICE, "memory_temperature_celsius", ("DCGM_FI_DEV_MEMORY_TEMP", 1.0),
+               vendors_note="not on consumer NVIDIA cards"),
+    MetricSpec("gpu_power_watts", GAUGE, "watts", "Power draw, in watts.",
+               D, DEVICE, "power_watts", ("DCGM_FI_DEV_POWER_USAGE", 1.0)),
+    MetricSpec("gpu_power_limit_watts", GAUGE, "watts", "Enforced power limit, in watts.",
+               D, DEVICE, "power_limit_watts", ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", 1.0)),
+    MetricSpec("gpu_energy_joules_total", COUNTER, "joules",
+               "Energy consumed by the GPU, in joules (the device counter where it has one, else integrated power).",
+               D, DEVICE, "", ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 1000.0)),
+    MetricSpec("gpu_sm_clock_hertz", GAUGE, "hertz", "SM (graphics engine) clock, in hertz.",
+               D, DEVICE, "sm_clock_hertz", ("DCGM_FI_DEV_SM_CLOCK", 1e-6)),
+    MetricSpec("gpu_memory_clock_hertz", GAUGE, "hertz", "Memory clock, in hertz.",
+               D, DEVICE, "memory_clock_hertz", ("DCGM_FI_DEV_MEM_CLOCK", 1e-6)),
+    MetricSpec("gpu_pcie_rx_bytes_per_second", GAUGE, "bytes_per_second",
+               "PCIe receive throughput over the driver's last sample window, in bytes per second.",
+               D, DEVICE, "pcie_rx_bytes_per_second", ("DCGM_FI_PROF_PCIE_RX_BYTES", 1.0)),
+    MetricSpec("gpu_pcie_tx_bytes_per_second", GAUGE, "bytes_per_second",
+               "PCIe transmit throughput over the driver's last sample window, in bytes per second.",
+               D, DEVICE, "pcie_tx_bytes_per_second", ("DCGM_FI_PROF_PCIE_TX_BYTES", 1.0)),
+    MetricSpec("gpu_fan_speed_ratio", GAUGE, "ratio", "Fan speed as a fraction of its maximum (cards with fans only).",
+               D, DEVICE, "fan_speed_ratio", ("DCGM_FI_DEV_FAN_SPEED", 100.0),
+               vendors_note="absent on passively cooled data-centre cards"),
+    MetricSpec("gpu_ecc_errors_total", COUNTER, "", "ECC errors since the driver loaded, by type (corrected, uncorrected).",
+               D + ("type",), DEVICE, "ecc_errors", ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", 1.0)),
+    MetricSpec("gpu_xid_errors_total", COUNTER, "", "XID error events seen since the agent started, by XID code.",
+               D + ("xid",), DEVICE, "xid_errors", ("DCGM_FI_DEV_XID_ERRORS", 1.0),
+               vendors_note="NVIDIA only"),
+    MetricSpec("gpu_clock_throttle_active", GAUGE, "", "1 while the named reason is holding the clocks down, else 0.",
+               D + ("reason",), DEVICE, "throttle_reasons", ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 1.0),
+               vendors_note="NVIDIA only"),
+    # ---- workload -----------------------------------------------------------------
+    MetricSpec("container_gpu_memory_used_bytes", GAUGE, "bytes",
+               "Device memory held by the workload's processes on this GPU, in bytes.",
+               W, WORKLOAD, "memory_used_bytes", ("DCGM_FI_DEV_FB_USED", 1.0 / 2**20)),
+    MetricSpec("container_gpu_utilization_ratio", GAUGE, "ratio",
+               "The workload's share of this GPU's SM time over the last interval, from per-process samples.",
+               W, WORKLOAD, "utilization", ("DCGM_FI_DEV_GPU_UTIL", 100.0)),
+    MetricSpec("container_gpu_processes", GAUGE, "", "Number of the workload's processes on this GPU.",
+               W, WORKLOAD, "processes"),
+    MetricSpec("container_gpu_idle_seconds", GAUGE, "seconds",
+               "How long the workload has held GPU memory with zero SM utilisation (0 while it computes).",
+               W, WORKLOAD, "idle_seconds"),
+    MetricSpec("container_gpu_usage_seconds_total", COUNTER, "seconds",
+               "Integral of the workload's SM share over time: GPU-seconds of compute.",
+               W, WORKLOAD, "usage_seconds_total"),
+    MetricSpec("container_gpu_allocation_seconds_total", COUNTER, "seconds",
+               "Time the workload has held memory on this GPU, in seconds.",
+               W, WORKLOAD, "allocation_seconds_total"),
+    MetricSpec("container_gpu_energy_joules_total", COUNTER, "joules",
+               "The workload's share of the GPU's energy, in joules (busy energy by SM share, idle energy by memory share).",
+               W, WORKLOAD, "energy_joules_total"),
+    # ---- unattributed -------------------------------------------------------------
+    MetricSpec("gpu_unattributed_memory_used_bytes", GAUGE, "bytes",
+               "Device memory held by GPU processes that belong to no workload (host processes, unresolved PIDs).",
+               D, UNATTRIBUTED, "memory_used_bytes"),
+    MetricSpec("gpu_unattributed_energy_joules_total", COUNTER, "joules",
+               "Energy of this GPU that belongs to no workload: idle with no holder, or used by unattributed processes.",
+               D, UNATTRIBUTED, "energy_joules_total"),
+    # ---- per process (opt-in, for debugging) --------------------------------------
+    MetricSpec("gpu_process_memory_used_bytes", GAUGE, "bytes", "Device memory held by one process, in bytes.",
+               PROCESS_LABELS, PROCESS, "used_memory_bytes", default_enabled=False),
+    MetricSpec("gpu_process_utilization_ratio", GAUGE, "ratio", "One process's share of the GPU's SM time over the last interval.",
+               PROCESS_LABELS, PROCESS, "sm_utilization", default_enabled=False),
+    # ---- self ---------------------------------------------------------------------
+    MetricSpec("l9gpu_collector_success", GAUGE, "", "1 if the named collector succeeded in the last pass.",
+               ("collector",), SELF),
+    MetricSpec("l9gpu_collector_duration_seconds", GAUGE, "seconds", "Duration of the named collector in the last pass.",
+               ("collector",), SELF),
+    MetricSpec("l9gpu_snapshot_age_seconds", GAUGE, "seconds", "Age of the snapshot this scrape serves.",
+               (), SELF),
+    MetricSpec("l9gpu_unattributed_processes", GAUGE, "", "GPU processes on this node that belong to no workload.",
+               ("node",), SELF),
+    MetricSpec("l9gpu_build_info", INFO, "", "Version of the agent; value is always 1.",
+               ("version", "python_version"), SELF),
+)
+
+BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in METRICS}
+
+
+def get(name: str) -> MetricSpec:
+    """Return the spec of a family by name (KeyError when unknown)."""
+    return BY_NAME[name]
+
+
+def enabled_names(enable: Iterable[str] = (), disable: Iterable[str] = ()) -> frozenset[str]:
+    """The families to export: defaults, plus ``enable``, minus ``disable``.
+
+    Raises:
+        ValueError: naming an unknown family.
+    """
+    enable, disable = list(enable), list(disable)
+    for name in enable + disable:
+        if name not in BY_NAME:
+            raise ValueError(f"unknown metric {name!r} (see docs/METRICS.md)")
+    names = {spec.name for spec in METRICS if spec.default_enabled}
+    return frozenset((names | set(enable)) - set(disable))
+
+
+def _fmt_scale(scale: float) -> str:
+    if scale == 1.0:
+        return ""
+    if scale == 1.0 / 2**20:
+        return " (÷ 2^20, MiB)"
+    return f" (× {scale:g})"
+
+
+def markdown() -> str:
+    """Render the catalogue as docs/METRICS.md."""
+    out = [
+        "# Metrics",
+        "",
+        "Generated from `exporter/catalogue.py` by `python -m exporter.catalogue > docs/METRICS.md`;",
+        "do not edit by hand (a test fails when this file and the catalogue disagree).",
+        "",
+        "Every GPU series carries `" + "`, `".join(DEVICE_LABELS) + "`; workload series add `"
+        + "`, `".join(WORKLOAD_ID_LABELS) + "` (empty where not applicable), plus `owner_kind`, "
+        "`owner_name` and `label_<key>` when configured. Values a device cannot provide are "
+        "omitted, never exported as 0.",
+        "",
+    ]
+    sections = [
+        (DEVICE, "Device"), (WORKLOAD, "Workload"), (UNATTRIBUTED, "Unattributed (per GPU)"),
+        (PROCESS, "Per process (opt-in: `--process-metrics`)"), (SELF, "Agent self-metrics"),
+    ]
+    for scope, title in sections:
+        out += [f"## {title}", "", "| name | type | unit (OTLP) | labels | description | DCGM exporter equivalent |",
+                "|---|---|---|---|---|---|"]
+        for spec in METRICS:
+            if spec.scope != scope:
+                continue
+            base = {DEVICE: D, WORKLOAD: W, PROCESS: PROCESS_LABELS}.get(scope, ())
+            extra = spec.labels[len(base):] if base and spec.labels[: len(base)] == base else spec.labels
+            labels = {DEVICE: "device", WORKLOAD: "workload", PROCESS: "workload"}.get(scope, "")
+            label_text = ", ".join(filter(None, [f"*{labels}*" if labels else ""] + [f"`{x}`" for x in extra]))
+            dcgm = f"`{spec.dcgm[0]}`{_fmt_scale(spec.dcgm[1])}" if spec.dcgm[0] else ""
+            help_text = spec.help + (f" Note: {spec.vendors_note}." if spec.vendors_note else "")
+            out.append(f"| `{spec.name}` | {spec.type} | {spec.ucum} | {label_text} | {help_text} | {dcgm} |")
+        out.append("")
+    out += ["## OTLP attribute names", "", "| Prometheus label | OTLP attribute |", "|---|---|"]
+    out += [f"| `{k}` | `{v}` |" for k, v in LABEL_ATTRIBUTES.items()]
+    out += ["| `label_<key>` | `k8s.pod.label.<key>` |", ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())

@@ -1,0 +1,39 @@
+"""The one small interface every device backend implements."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from exporter.model import DeviceSample
+
+
+class BackendUnavailable(Exception):
+    """The backend's library or tool is missing, or it sees no devices.
+
+    The message is shown to the user as is: say what is missing and how to fix it.
+    """
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A source of `DeviceSample`s for one vendor.
+
+    Lifecycle: `open()` once (raises `BackendUnavailable`), then `sample()` once per
+    collection pass from the collector thread only, then `close()`.
+
+    `sample()` must not raise for a single failing device: that device comes back with
+    ``up=False`` and an ``error`` and the others carry on. It may raise for a failure of
+    the whole backend (the driver went away), which the collector reports as a failed
+    collector and retries on the next pass.
+    """
+
+    name: str
+
+    def open(self) -> None:
+        """Load the vendor library and find the devices."""
+
+    def sample(self, now: float) -> list[DeviceSample]:
+        """Read every device once. ``now`` is the pass's monotonic time in seconds."""
+
+    def close(self) -> None:
+        """Release the vendor library."""

@@ -1,0 +1,221 @@
+"""Immutable data that flows from the device backends to rendering.
+
+One collection pass produces `DeviceSample`s (with their `ProcessSample`s), attribution
+maps PIDs to `Workload`s, and `derive` folds both into a `Snapshot`, the only object a
+scrape ever reads. Everything here is a frozen dataclass: a snapshot published by the
+collector thread can be read by any number of readers without locks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+_EMPTY: Mapping[str, object] = MappingProxyType({})
+
+
+def frozen_mapping(values: Mapping | None = None) -> Mapping:
+    """Return a read-only copy of ``values`` (an empty mapping for None)."""
+    if not values:
+        return _EMPTY
+    return MappingProxyType(dict(values))
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One process that holds a GPU, as the vendor library reports it.
+
+    Attributes:
+        pid: host PID (NVML and amdsmi report PIDs in the host's PID namespace).
+        used_memory_bytes: device memory held by the process, in bytes; None when the
+            driver does not report it (e.g. Windows WDDM or some MIG setups).
+        sm_utilization: the process's share of SM (compute engine) time over the last
+            interval, 0-1; None when the device cannot sample per-process utilisation.
+        memory_utilization: the process's share of memory-controller time, 0-1, or None.
+        kind: "compute" or "graphics".
+    """
+
+    pid: int
+    used_memory_bytes: int | None = None
+    sm_utilization: float | None = None
+    memory_utilization: float | None = None
+    kind: str = "compute"
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """One GPU (or one MIG instance) read once.
+
+    Every optional value is None when the device or driver cannot give it; rendering
+    omits such values rather than exporting 0. Units are base units: bytes, watts,
+    joules, degrees Celsius, hertz, and ratios 0-1.
+
+    Attributes:
+        index: the device index (``gpu`` label), as the vendor library numbers it.
+        uuid: stable device id (``GPU-...`` for NVIDIA, ``MIG-...`` for MIG instances).
+        gpu_instance: MIG GPU instance id, "" for a whole GPU.
+        up: False when the device could not be read this pass (lost, driver error).
+        error: a short reason when ``up`` is False.
+        energy_joules: the device's own cumulative energy counter (NVML: millijoules
+            since the driver loaded, converted to joules here), None when it has none.
+        ecc_errors: cumulative ECC error counts by type ("corrected", "uncorrected").
+        xid_errors: XID events seen since the agent started, by XID code.
+        throttle_reasons: clock throttle (clock event) reasons by name, True if active.
+    """
+
+    index: int
+    uuid: str
+    model: str = ""
+    vendor: str = ""
+    gpu_instance: str = ""
+    up: bool = True
+    error: str = ""
+    driver_version: str = ""
+    pci_bus_id: str = ""
+    serial: str = ""
+    utilization: float | None = None
+    memory_utilization: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    temperature_celsius: float | None = None
+    memory_temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    fan_speed_ratio: float | None = None
+    ecc_errors: Mapping[str, int] = field(default_factory=frozen_mapping)
+    xid_errors: Mapping[str, int] = field(default_factory=frozen_mapping)
+    throttle_reasons: Mapping[str, bool] = field(default_factory=frozen_mapping)
+    processes: tuple[ProcessSample, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """Identity of the device across passes (UUID, or index when it has none)."""
+        return self.uuid or f"index-{self.index}-{self.gpu_instance}"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The owner of a GPU process: a Kubernetes container, a Slurm job, or nothing.
+
+    ``kind`` is one of "kubernetes", "slurm", "systemd", "docker", "host" or
+    "unknown". Only kubernetes and slurm workloads get workload series; the rest count
+    as unattributed so that per-GPU totals still add up.
+    """
+
+    kind: str = "unknown"
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    pod_uid: str = ""
+    container_id: str = ""
+    slurm_job_id: str = ""
+    slurm_step: str = ""
+    slurm_user: str = ""
+    slurm_partition: str = ""
+    slurm_account: str = ""
+    unit: str = ""
+    owner_kind: str = ""
+    owner_name: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def attributed(self) -> bool:
+        """True for workloads that get their own series (pods and Slurm jobs)."""
+        return self.kind in ("kubernetes", "slurm")
+
+
+UNKNOWN = Workload()
+HOST = Workload(kind="host")
+
+
+@dataclass(frozen=True)
+class ProcessRow:
+    """A GPU process joined to its owner, for `l9gpu snapshot` and per-PID series."""
+
+    device_key: str
+    pid: int
+    comm: str
+    workload: Workload
+    used_memory_bytes: int | None
+    sm_utilization: float | None
+
+
+@dataclass(frozen=True)
+class WorkloadUsage:
+    """One workload on one GPU, with its derived counters.
+
+    Attributes:
+        device_key: the `DeviceSample.key` of the GPU.
+        labels: the workload label values, in `catalogue.WORKLOAD_LABELS` order plus
+            any configured extras (see `derive.workload_labels`).
+        memory_used_bytes: sum of its processes' device memory, bytes.
+        utilization: sum of its processes' SM shares, 0-1 (None when unavailable).
+        processes: number of its processes on this GPU (0 while in its grace period).
+        idle_seconds: how long it has held memory with zero SM utilisation.
+        usage_seconds_total: integral of its SM share over time (GPU-seconds).
+        allocation_seconds_total: time it has held memory on this GPU.
+        energy_joules_total: its share of the device's energy (see docs/ATTRIBUTION.md).
+    """
+
+    device_key: str
+    labels: tuple[str, ...]
+    memory_used_bytes: int
+    utilization: float | None
+    processes: int
+    idle_seconds: float
+    usage_seconds_total: float
+    allocation_seconds_total: float
+    energy_joules_total: float
+
+
+@dataclass(frozen=True)
+class Unattributed:
+    """Per GPU: what belongs to no workload, so that the parts add up to the device."""
+
+    device_key: str
+    memory_used_bytes: int
+    processes: int
+    energy_joules_total: float
+
+
+@dataclass(frozen=True)
+class CollectorStatus:
+    """Outcome of one named collector in the last pass (node_exporter style)."""
+
+    name: str
+    success: bool
+    duration_seconds: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything a scrape serves, produced by one collection pass.
+
+    Attributes:
+        seq: increases by one with every published snapshot.
+        timestamp: wall-clock time (Unix seconds) at which the pass read ``now``.
+        devices: the device samples of this pass.
+        device_energy_joules: per device key, the agent's monotonic energy counter.
+        workloads: per (GPU, workload) usage, including workloads in their grace period.
+        unattributed: per GPU, what belongs to no workload.
+        processes: every GPU process joined to its owner.
+        collectors: success and duration of each collector.
+        info: free-form self facts (e.g. "host_pids_visible": 1.0).
+    """
+
+    seq: int
+    node: str
+    timestamp: float
+    devices: tuple[DeviceSample, ...] = ()
+    device_energy_joules: Mapping[str, float] = field(default_factory=frozen_mapping)
+    workloads: tuple[WorkloadUsage, ...] = ()
+    unattributed: tuple[Unattributed, ...] = ()
+    processes: tuple[ProcessRow, ...] = ()
+    collectors: tuple[CollectorStatus, ...] = ()
+    info: Mapping[str, float] = field(default_factory=frozen_mapping)
