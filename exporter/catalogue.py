@@ -47,6 +47,7 @@ LABEL_ATTRIBUTES: dict[str, str] = {
     "xid": "gpu.xid",
     "reason": "gpu.throttle.reason",
     "result": "l9gpu.result",
+    "backend": "l9gpu.backend",
     "version": "service.version",
 }
 
@@ -218,6 +219,9 @@ METRICS: tuple[MetricSpec, ...] = (
                ("collector",), SELF),
     MetricSpec("l9gpu_collector_duration_seconds", GAUGE, "seconds", "Duration of the named collector in the last pass.",
                ("collector",), SELF),
+    MetricSpec("l9gpu_backend_errors_total", COUNTER, "",
+               "Errors a device backend met and survived (bad tool output, timeouts, lost devices), by reason.",
+               ("backend", "reason"), SELF),
     MetricSpec("l9gpu_snapshot_age_seconds", GAUGE, "seconds", "Age of the snapshot this scrape serves.",
                (), SELF),
     MetricSpec("l9gpu_unattributed_processes", GAUGE, "", "GPU processes on this node that belong to no workload.",

@@ -206,6 +206,7 @@ class Snapshot:
         unattributed: per GPU, what belongs to no workload.
         processes: every GPU process joined to its owner.
         collectors: success and duration of each collector.
+        backend_errors: cumulative (backend, reason) -> count from the backends.
         info: free-form self facts (e.g. "host_pids_visible": 1.0).
     """
 
@@ -218,4 +219,5 @@ class Snapshot:
     unattributed: tuple[Unattributed, ...] = ()
     processes: tuple[ProcessRow, ...] = ()
     collectors: tuple[CollectorStatus, ...] = ()
+    backend_errors: Mapping[tuple[str, str], int] = field(default_factory=frozen_mapping)
     info: Mapping[str, float] = field(default_factory=frozen_mapping)

@@ -25,6 +25,10 @@ class Backend(Protocol):
     ``up=False`` and an ``error`` and the others carry on. It may raise for a failure of
     the whole backend (the driver went away), which the collector reports as a failed
     collector and retries on the next pass.
+
+    Backends may also offer ``errors() -> Mapping[str, int]``: cumulative counts of
+    problems they survived, by short reason ("timeout", "malformed_line", "gpu_lost"),
+    exported as ``l9gpu_backend_errors_total{backend, reason}``.
     """
 
     name: str
