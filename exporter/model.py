@@ -152,8 +152,8 @@ class WorkloadUsage:
 
     Attributes:
         device_key: the `DeviceSample.key` of the GPU.
-        labels: the workload label values, in `catalogue.WORKLOAD_LABELS` order plus
-            any configured extras (see `derive.workload_labels`).
+        labels: the label values, in `catalogue.WORKLOAD_LABELS` order (device labels
+            first) followed by the configured extras (see `derive.Labeller`).
         memory_used_bytes: sum of its processes' device memory, bytes.
         utilization: sum of its processes' SM shares, 0-1 (None when unavailable).
         processes: number of its processes on this GPU (0 while in its grace period).
@@ -161,6 +161,8 @@ class WorkloadUsage:
         usage_seconds_total: integral of its SM share over time (GPU-seconds).
         allocation_seconds_total: time it has held memory on this GPU.
         energy_joules_total: its share of the device's energy (see docs/ATTRIBUTION.md).
+        present: False while the workload is gone but its counters are kept for the
+            grace period; only counter families are exported then.
     """
 
     device_key: str
@@ -172,6 +174,7 @@ class WorkloadUsage:
     usage_seconds_total: float
     allocation_seconds_total: float
     energy_joules_total: float
+    present: bool = True
 
 
 @dataclass(frozen=True)

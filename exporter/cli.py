@@ -1,0 +1,391 @@
+"""Command line: ``l9gpu serve`` runs the agent, ``l9gpu snapshot`` prints one pass.
+
+Every flag can also come from an environment variable ``L9GPU_<FLAG>`` (dashes become
+underscores, e.g. ``L9GPU_INTERVAL=2s``; repeatable flags take comma-separated values;
+switches take true/false). A flag on the command line wins over the environment.
+Bad flags or values exit with status 2 and one line saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from typing import Any, Callable, Sequence
+
+from exporter import __version__
+from exporter import catalogue as cat
+from exporter.config import parse_listen, parse_positive_duration
+
+log = logging.getLogger("l9gpu")
+
+ENV_PREFIX = "L9GPU_"
+DEFAULT_LISTEN = "0.0.0.0:9835"
+
+
+class UsageError(Exception):
+    """A user mistake in flags, environment or files: printed as one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one clear line, not the usage dump
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def _add_device_args(parser: argparse.ArgumentParser) -> None:
+    from exporter import attribution
+
+    group = parser.add_argument_group("devices")
+    group.add_argument("--backend", default="auto",
+                       help="auto, nvml, amd, gaudi, simulated, or a comma-separated list for mixed nodes (default: auto)")
+    group.add_argument("--scenario", metavar="FILE", help="scenario file for --backend simulated (default: built-in node)")
+    group.add_argument("--hl-smi", default="hl-smi", metavar="PATH", help="hl-smi executable for --backend gaudi")
+    group.add_argument("--hl-smi-timeout", default="5s", type=_checked(parse_positive_duration), metavar="DURATION",
+                       help="kill hl-smi after this long (default: 5s)")
+    group.add_argument("--node-name", default=None,
+                       help="value of the node label (default: $NODE_NAME, then the simulated scenario's node, "
+                            "then the hostname)")
+    group.add_argument("--interval", default="1s", type=_checked(parse_positive_duration), metavar="DURATION",
+                       help="time between collection passes, e.g. 500ms, 2s, 1m (default: 1s)")
+    group.add_argument("--process-metrics", action="store_true",
+                       help="also export per-process series (pid, comm) for debugging")
+    group.add_argument("--enable-metric", action="append", default=[], metavar="NAME",
+                       help="export an opt-in family (repeatable; see docs/METRICS.md)")
+    group.add_argument("--disable-metric", action="append", default=[], metavar="NAME",
+                       help="do not export this family (repeatable)")
+    group.add_argument("--workload-grace", default="5m", type=_checked(parse_positive_duration), metavar="DURATION",
+                       help="keep counters of a workload that has gone for this long (default: 5m)")
+    group.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       type=str.lower, help="log level (default: info)")
+    group.add_argument("--log-format", default="text", choices=["text", "json"], help="log format (default: text)")
+    attribution.add_arguments(parser.add_argument_group("attribution"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``l9gpu`` parser with its ``serve`` and ``snapshot`` subcommands."""
+    parser = _Parser(prog="l9gpu", description="GPU telemetry with per-pod and per-Slurm-job attribution.")
+    parser.add_argument("--version", action="version", version=f"l9gpu {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    serve = sub.add_parser("serve", help="run the agent: collect every interval, serve /metrics")
+    _add_device_args(serve)
+    web = serve.add_argument_group("http")
+    web.add_argument("--listen", default=DEFAULT_LISTEN, type=_checked(parse_listen), metavar="HOST:PORT",
+                     help=f"address for /metrics, /healthz, /readyz (default: {DEFAULT_LISTEN})")
+    web.add_argument("--no-metrics-endpoint", action="store_true",
+                     help="serve no /metrics (push-only over OTLP); /healthz and /readyz stay")
+    _add_bridge_args(serve)
+    snap = sub.add_parser("snapshot", help="collect once and print a table (or JSON) for an on-call engineer")
+    _add_device_args(snap)
+    snap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    for action in (serve, snap):
+        _apply_environment(action)
+    return parser
+
+
+def _add_bridge_args(parser: argparse.ArgumentParser) -> None:
+    try:
+        from bridge import cli as bridge_cli
+    except ImportError:
+        return
+    bridge_cli.add_arguments(parser)
+
+
+def _truthy(name: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise UsageError(f"l9gpu: environment variable {name}={text!r} is not a boolean (use true or false)")
+
+
+def _apply_environment(parser: argparse.ArgumentParser) -> None:
+    """Take defaults from L9GPU_<FLAG> environment variables."""
+    for action in parser._actions:  # noqa: SLF001 - argparse offers no public walk
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or action.dest in ("help", "version"):
+            continue
+        name = ENV_PREFIX + longs[0][2:].upper().replace("-", "_")
+        if name not in os.environ:
+            continue
+        raw = os.environ[name]
+        if isinstance(action, argparse._StoreTrueAction):  # noqa: SLF001
+            action.default = _truthy(name, raw)
+        elif isinstance(action, argparse._AppendAction):  # noqa: SLF001
+            items = [x.strip() for x in raw.split(",") if x.strip()]
+            action.default = [_env_value(name, action, x) for x in items]
+        else:
+            action.default = _env_value(name, action, raw)
+
+
+def _env_value(name: str, action: argparse.Action, raw: str) -> Any:
+    value: Any = raw
+    if action.type is not None:
+        try:
+            value = action.type(raw)  # type: ignore[operator]
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise UsageError(f"l9gpu: environment variable {name}: {exc}") from None
+    if action.choices is not None and value not in action.choices:
+        raise UsageError(f"l9gpu: environment variable {name}={raw!r}: choose from {', '.join(map(str, action.choices))}")
+    return value
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line (time, level, logger, message) for log pipelines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _open(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Open the backend and the attributor the flags ask for."""
+    from exporter import attribution
+    from exporter.devices import BackendUnavailable, open_backend
+
+    options = {"scenario": args.scenario, "proc_root": args.proc_root, "hl_smi": args.hl_smi,
+               "hl_smi_timeout": args.hl_smi_timeout}
+    try:
+        backend = open_backend(args.backend, options)
+    except BackendUnavailable as exc:
+        raise UsageError(f"l9gpu: {exc}") from None
+    if not args.node_name:
+        scenario = getattr(backend, "scenario", None)
+        args.node_name = os.environ.get("NODE_NAME") or getattr(scenario, "node", "") or socket.gethostname()
+    try:
+        attributor = attribution.build_attributor(args, backend, args.node_name)
+    except ValueError as exc:
+        backend.close()
+        raise UsageError(f"l9gpu: {exc}") from None
+    return backend, attributor
+
+
+def _collector(args: argparse.Namespace, backend: Any, attributor: Any, on_snapshot: Any = None):  # type: ignore[no-untyped-def]
+    from exporter.collector import Collector
+    from exporter.derive import label_schema
+
+    extra_names, labeller = label_schema(getattr(args, "pod_label", []) or [])
+    collector = Collector(backend, args.node_name, args.interval, attributor, labeller,
+                          grace_seconds=args.workload_grace, on_snapshot=on_snapshot)
+    return collector, extra_names
+
+
+def _enabled(args: argparse.Namespace) -> frozenset[str]:
+    enable = list(args.enable_metric)
+    if args.process_metrics:
+        enable += [s.name for s in cat.METRICS if s.scope == cat.PROCESS]
+    try:
+        return cat.enabled_names(enable, args.disable_metric)
+    except ValueError as exc:
+        raise UsageError(f"l9gpu: {exc}") from None
+
+
+def build_registry(get_snapshot: Callable[[], Any], enabled: frozenset[str], extra_labels: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    """The registry /metrics and the OTLP bridge both read: snapshot + process metrics."""
+    from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+
+    from exporter.render import SnapshotCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(get_snapshot, enabled, extra_labels))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the agent until SIGTERM or SIGINT."""
+    from aiohttp import web
+
+    from exporter.server import Exposition, make_app
+
+    enabled = _enabled(args)
+    backend, attributor = _open(args)
+    holder: dict[str, Any] = {}
+    collector, extra_names = _collector(args, backend, attributor,
+                                        on_snapshot=lambda snap: holder["exposition"].warm(snap)
+                                        if "exposition" in holder else None)
+    registry = build_registry(lambda: collector.snapshot, enabled, extra_names)
+    if not args.no_metrics_endpoint:
+        holder["exposition"] = Exposition(registry, lambda: collector.snapshot, max_age=args.interval)
+    bridge = None
+    try:
+        from bridge import cli as bridge_cli
+
+        bridge = bridge_cli.start_from_args(args, registry, args.node_name)
+    except ImportError:
+        pass
+    except ValueError as exc:
+        backend.close()
+        raise UsageError(f"l9gpu: {exc}") from None
+    app = make_app(holder.get("exposition"), lambda: collector.snapshot, collector.alive, args.node_name)
+    host, port = args.listen
+
+    async def run() -> None:
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, shutdown_timeout=0.2)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise UsageError(f"l9gpu: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        collector.start()
+        log.info("l9gpu %s serving node %s with backend %s on http://%s:%d/metrics (interval %gs)",
+                 __version__, args.node_name, backend.name, host, port, args.interval)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("shutting down")
+        await runner.cleanup()
+
+    try:
+        asyncio.run(run())
+    finally:
+        collector.stop(timeout=0.5)
+        if bridge is not None:
+            bridge.stop()
+        attributor.close()
+        backend.close()
+    return 0
+
+
+def snapshot(args: argparse.Namespace) -> int:
+    """Collect once and print the node's GPUs and their processes' owners."""
+    backend, attributor = _open(args)
+    try:
+        collector, _ = _collector(args, backend, attributor)
+        snap = collector.collect_once()
+    finally:
+        attributor.close()
+        backend.close()
+    if args.json:
+        print(json.dumps(snapshot_dict(snap), indent=2))
+    else:
+        print(format_table(snap))
+    return 0
+
+
+def _owner(row: Any) -> str:
+    w = row.workload
+    if w.kind == "kubernetes":
+        name = f"{w.namespace}/{w.pod}" if w.pod else f"pod {w.pod_uid or '?'}"
+        return f"{name}/{w.container}" if w.container else name
+    if w.kind == "slurm":
+        return f"slurm job {w.slurm_job_id}" + (f" step {w.slurm_step}" if w.slurm_step else "") + (
+            f" ({w.slurm_user})" if w.slurm_user else "")
+    if w.kind in ("systemd", "docker"):
+        return f"{w.kind} {w.unit or w.container_id[:12]}"
+    return w.kind
+
+
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.1f}"
+
+
+def format_table(snap: Any) -> str:
+    """A plain-text table: one line per GPU, then one indented line per process."""
+    lines = [f"node {snap.node}",
+             f"{'GPU':<4} {'MODEL':<28} {'UTIL':>5} {'MEMORY GiB':>14} {'POWER W':>8}  PROCESSES"]
+    by_device: dict[str, list[Any]] = {}
+    for row in snap.processes:
+        by_device.setdefault(row.device_key, []).append(row)
+    for d in snap.devices:
+        gpu = f"{d.index}" + (f"/{d.gpu_instance}" if d.gpu_instance else "")
+        if not d.up:
+            lines.append(f"{gpu:<4} {d.model[:28]:<28} DOWN: {d.error}")
+            continue
+        util = "-" if d.utilization is None else f"{d.utilization * 100:.0f}%"
+        mem = f"{_gib(d.memory_used_bytes)}/{_gib(d.memory_total_bytes)}"
+        power = "-" if d.power_watts is None else f"{d.power_watts:.0f}"
+        rows = by_device.get(d.key, [])
+        lines.append(f"{gpu:<4} {d.model[:28]:<28} {util:>5} {mem:>14} {power:>8}  {len(rows)}")
+        for row in rows:
+            sm = "-" if row.sm_utilization is None else f"{row.sm_utilization * 100:.0f}%"
+            lines.append(f"       pid {row.pid:<8} {row.comm[:16]:<16} {_gib(row.used_memory_bytes):>6} GiB  "
+                         f"sm {sm:>4}  {_owner(row)}")
+    return "\n".join(lines)
+
+
+def snapshot_dict(snap: Any) -> dict[str, Any]:
+    """The snapshot as plain JSON-able data (units in the key names)."""
+    by_device: dict[str, list[Any]] = {}
+    for row in snap.processes:
+        by_device.setdefault(row.device_key, []).append(row)
+    gpus = []
+    for d in snap.devices:
+        gpus.append({
+            "index": d.index, "uuid": d.uuid, "model": d.model, "vendor": d.vendor,
+            "gpu_instance": d.gpu_instance, "up": d.up, "error": d.error,
+            "utilization_ratio": d.utilization, "memory_used_bytes": d.memory_used_bytes,
+            "memory_total_bytes": d.memory_total_bytes, "power_watts": d.power_watts,
+            "temperature_celsius": d.temperature_celsius,
+            "processes": [{
+                "pid": r.pid, "comm": r.comm, "memory_used_bytes": r.used_memory_bytes,
+                "sm_utilization_ratio": r.sm_utilization, "owner": _owner(r), "kind": r.workload.kind,
+                "namespace": r.workload.namespace, "pod": r.workload.pod, "container": r.workload.container,
+                "pod_uid": r.workload.pod_uid, "slurm_job_id": r.workload.slurm_job_id,
+            } for r in by_device.get(d.key, [])],
+        })
+    return {"node": snap.node, "timestamp": snap.timestamp, "gpus": gpus}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``l9gpu`` console script; returns the exit status."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        setup_logging(args.log_level, args.log_format)
+        if args.command == "serve":
+            return serve(args)
+        return snapshot(args)
+    except UsageError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""State that needs memory across passes, as pure transitions.
+
+`step(state, ...)` takes the previous `DeriveState` and one pass's inputs (the device
+samples, each PID's owner, and ``now``) and returns the next state plus what the
+snapshot shows: the monotonic device energy counters, per (GPU, workload) usage and
+counters, and per GPU the part that belongs to no workload. Nothing here reads a clock
+or does I/O, so every rule is tested with plain values.
+
+Energy split (documented for operators in docs/ATTRIBUTION.md): per GPU and pass, with
+ΔE the device's energy delta and u_p each process's SM share (0-1),
+  busy = min(1, Σ u_p);  busy energy ΔE·busy is split in proportion to u_p;
+  idle energy ΔE·(1 - busy) is split in proportion to each process's memory;
+  with no process memory (or no processes) the idle energy is unattributed.
+When a device reports no per-process utilisation, all of ΔE is split by memory.
+Each process's part goes to its workload, or to the GPU's unattributed bucket. The parts
+add up to ΔE exactly (up to float rounding), which the tests hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping, Sequence
+
+from exporter.model import DeviceSample, Unattributed, UNKNOWN, Workload, WorkloadUsage
+
+# Label values a workload series gets beyond the device labels: a function of the
+# owner, so configured extras (owner, pod labels) stay out of this module.
+Labeller = Callable[[Workload], tuple[str, ...]]
+
+
+def default_labeller(workload: Workload) -> tuple[str, ...]:
+    """namespace, pod, container, pod_uid, slurm_job_id (see catalogue.WORKLOAD_ID_LABELS)."""
+    return (workload.namespace, workload.pod, workload.container, workload.pod_uid, workload.slurm_job_id)
+
+
+OWNER_LABELS: tuple[str, ...] = ("owner_kind", "owner_name")
+
+
+def label_schema(pod_labels: Sequence[str] = ()) -> tuple[tuple[str, ...], Labeller]:
+    """Extra workload label names and the matching labeller.
+
+    Workload series always carry the owner (``owner_kind``, ``owner_name``: Deployment,
+    StatefulSet, Job, ...); each ``--pod-label KEY`` adds ``label_<key>`` with the pod's
+    label value ("" when the pod has no such label).
+    """
+    keys = list(dict.fromkeys(pod_labels))
+    names = OWNER_LABELS + tuple("label_" + sanitize_label_name(k) for k in keys)
+
+    def labeller(workload: Workload) -> tuple[str, ...]:
+        pod_labels_map = dict(workload.labels)
+        return default_labeller(workload) + (workload.owner_kind, workload.owner_name) + tuple(
+            pod_labels_map.get(k, "") for k in keys)
+
+    return names, labeller
+
+
+def sanitize_label_name(key: str) -> str:
+    """A Kubernetes label key as a Prometheus label name suffix (like kube-state-metrics)."""
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in key)
+
+
+def device_label_values(node: str, device: DeviceSample) -> tuple[str, ...]:
+    """Values for catalogue.DEVICE_LABELS."""
+    return (node, str(device.index), device.uuid, device.model, device.gpu_instance)
+
+
+@dataclass(frozen=True)
+class WorkloadCounters:
+    usage_seconds: float = 0.0
+    allocation_seconds: float = 0.0
+    energy_joules: float = 0.0
+    idle_since: float | None = None
+    last_seen: float = 0.0
+
+
+@dataclass(frozen=True)
+class DeriveState:
+    """Everything `step` remembers between passes."""
+
+    last_now: float | None = None
+    energy_raw: Mapping[str, float] = field(default_factory=dict)
+    energy_total: Mapping[str, float] = field(default_factory=dict)
+    unattributed_energy: Mapping[str, float] = field(default_factory=dict)
+    workloads: Mapping[tuple[str, tuple[str, ...]], WorkloadCounters] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """What one pass contributes to the snapshot."""
+
+    device_energy_joules: Mapping[str, float]
+    workloads: tuple[WorkloadUsage, ...]
+    unattributed: tuple[Unattributed, ...]
+    unattributed_processes: int
+
+
+def advance_energy(raw_before: float | None, total_before: float | None, device: DeviceSample,
+                   dt: float) -> tuple[float | None, float | None]:
+    """Next (raw reading, monotonic total) of a device's energy counter.
+
+    The device's own counter is used where it has one (a drop, e.g. after a driver
+    reload, adds nothing rather than going backwards); otherwise power is integrated
+    over ``dt`` seconds. Returns (None, total_before) when neither is known.
+    """
+    if device.energy_joules is not None:
+        raw = device.energy_joules
+        if total_before is None:
+            return raw, raw
+        if raw_before is None:
+            return raw, total_before
+        return raw, total_before + max(0.0, raw - raw_before)
+    if device.power_watts is not None:
+        return None, (total_before or 0.0) + device.power_watts * dt
+    return None, total_before
+
+
+def split_energy(delta: float, shares: Sequence[tuple[float | None, int | None]]) -> tuple[list[float], float]:
+    """Split one GPU's energy delta over its processes.
+
+    Args:
+        delta: joules the device used in this pass.
+        shares: per process (SM share 0-1 or None, memory bytes or None).
+
+    Returns:
+        (joules per process, joules that belong to nobody: idle with no holder).
+    """
+    parts = [0.0] * len(shares)
+    if delta <= 0 or not shares:
+        return parts, max(0.0, delta)
+    known = [u for u, _ in shares if u is not None]
+    util_sum = sum(max(0.0, u) for u in known)
+    busy = min(1.0, util_sum) if known else 0.0
+    busy_energy = delta * busy
+    if util_sum > 0:
+        for i, (u, _) in enumerate(shares):
+            if u is not None and u > 0:
+                parts[i] += busy_energy * u / util_sum
+    idle_energy = delta - busy_energy
+    memory_sum = sum(max(0, m or 0) for _, m in shares)
+    if memory_sum > 0:
+        for i, (_, m) in enumerate(shares):
+            if m:
+                parts[i] += idle_energy * max(0, m) / memory_sum
+        return parts, 0.0
+    return parts, idle_energy
+
+
+def step(
+    state: DeriveState,
+    now: float,
+    node: str,
+    devices: Sequence[DeviceSample],
+    owners: Mapping[int, Workload],
+    labeller: Labeller = default_labeller,
+    grace_seconds: float = 300.0,
+) -> tuple[DeriveState, Derived]:
+    """Fold one pass into the state.
+
+    Args:
+        state: the previous state (`DeriveState()` at start).
+        now: the pass's monotonic time, seconds.
+        node: the node name (first label of every series).
+        devices: this pass's samples; devices that are down keep their counters.
+        owners: owner of each PID; PIDs missing here are unknown (unattributed).
+        labeller: workload label values after the device labels.
+        grace_seconds: how long counters of a vanished workload are still exported.
+    """
+    dt = 0.0 if state.last_now is None else max(0.0, now - state.last_now)
+    energy_raw = dict(state.energy_raw)
+    energy_total = dict(state.energy_total)
+    unattributed_energy = dict(state.unattributed_energy)
+    counters = dict(state.workloads)
+    usages: list[WorkloadUsage] = []
+    unattributed: list[Unattributed] = []
+    unattributed_count = 0
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+
+    for device in devices:
+        key = device.key
+        before = energy_total.get(key)
+        raw, total = advance_energy(energy_raw.get(key), before, device, dt)
+        if raw is not None:
+            energy_raw[key] = raw
+        if total is not None:
+            energy_total[key] = total
+        delta = (total - before) if (total is not None and before is not None) else 0.0
+        if not device.up:
+            continue
+
+        procs = device.processes
+        parts, nobody = split_energy(delta, [(p.sm_utilization, p.used_memory_bytes) for p in procs])
+        dev_labels = device_label_values(node, device)
+        groups: dict[tuple[str, ...], list[int]] = {}
+        rest_memory, rest_count, rest_energy = 0, 0, nobody
+        for i, proc in enumerate(procs):
+            owner = owners.get(proc.pid, UNKNOWN)
+            if owner.attributed:
+                groups.setdefault(dev_labels + labeller(owner), []).append(i)
+            else:
+                rest_count += 1
+                rest_memory += proc.used_memory_bytes or 0
+                rest_energy += parts[i]
+        unattributed_count += rest_count
+        unattributed_energy[key] = unattributed_energy.get(key, 0.0) + rest_energy
+        unattributed.append(Unattributed(key, rest_memory, rest_count, unattributed_energy[key]))
+
+        for labels, members in groups.items():
+            wkey = (key, labels)
+            seen.add(wkey)
+            memory = sum(procs[i].used_memory_bytes or 0 for i in members)
+            utils = [procs[i].sm_utilization for i in members if procs[i].sm_utilization is not None]
+            util = min(1.0, sum(utils)) if utils else None
+            old = counters.get(wkey, WorkloadCounters())
+            idle_since = old.idle_since
+            if memory > 0 and util == 0.0:
+                idle_since = now if idle_since is None else idle_since
+            else:
+                idle_since = None
+            new = WorkloadCounters(
+                usage_seconds=old.usage_seconds + (util or 0.0) * dt,
+                allocation_seconds=old.allocation_seconds + (dt if memory > 0 else 0.0),
+                energy_joules=old.energy_joules + sum(parts[i] for i in members),
+                idle_since=idle_since,
+                last_seen=now,
+            )
+            counters[wkey] = new
+            usages.append(WorkloadUsage(
+                device_key=key, labels=labels, memory_used_bytes=memory, utilization=util,
+                processes=len(members), idle_seconds=(now - idle_since) if idle_since is not None else 0.0,
+                usage_seconds_total=new.usage_seconds, allocation_seconds_total=new.allocation_seconds,
+                energy_joules_total=new.energy_joules,
+            ))
+
+    # Vanished workloads: counters stay exported for the grace period, then go.
+    for wkey, old in list(counters.items()):
+        if wkey in seen:
+            continue
+        if now - old.last_seen > grace_seconds:
+            del counters[wkey]
+            continue
+        usages.append(WorkloadUsage(
+            device_key=wkey[0], labels=wkey[1], memory_used_bytes=0, utilization=None, processes=0,
+            idle_seconds=0.0, usage_seconds_total=old.usage_seconds,
+            allocation_seconds_total=old.allocation_seconds, energy_joules_total=old.energy_joules,
+            present=False,
+        ))
+        counters[wkey] = replace(old, idle_since=None)
+
+    new_state = DeriveState(now, energy_raw, energy_total, unattributed_energy, counters)
+    return new_state, Derived(dict(energy_total), tuple(usages), tuple(unattributed), unattributed_count)

@@ -1,0 +1,854 @@
+"""NVIDIA GPUs through NVML (``--backend nvml``), via the ``pynvml`` binding.
+
+A thin shim in the spirit of nvitop's ``libnvml``: every NVML call goes through
+`_Nvml.call`, which turns "this device or driver cannot tell" into a *not available*
+sentinel instead of an exception. Such values are left as None in the `DeviceSample`
+and omitted from the output, never exported as 0. Not available means:
+
+* ``NVML_ERROR_NOT_SUPPORTED`` (e.g. fan speed on a passively cooled card, ECC on a
+  consumer card, utilisation on a MIG instance),
+* ``NVML_ERROR_NOT_FOUND`` and ``NVML_ERROR_FUNCTION_NOT_FOUND`` (a driver older than
+  the binding), and a function the installed binding does not have at all. A missing
+  function is logged once, at info level, and then stays quiet.
+
+Versioned functions fall back to older ones: ``nvmlDeviceGetComputeRunningProcesses_v3``
+-> ``_v2`` -> plain (same for graphics processes), ``nvmlDeviceGetMemoryInfo`` version 2
+-> version 1, ``nvmlDeviceGetTemperatureV`` -> ``nvmlDeviceGetTemperature``,
+``nvmlDeviceGetCurrentClocksEventReasons`` -> ``...ClocksThrottleReasons``.
+
+Units. NVML reports in driver units; everything is converted to base units here:
+
+===============================  ==================  ==========================
+value                            NVML unit           DeviceSample
+===============================  ==================  ==========================
+power usage, enforced limit      milliwatts          watts (÷ 1000)
+total energy consumption         millijoules         joules (÷ 1000)
+SM and memory clocks             MHz                 hertz (× 10^6)
+PCIe rx/tx throughput            KB/s (1024 bytes)   bytes per second (× 1024)
+GPU / memory utilisation, fan    percent             ratio 0-1 (÷ 100)
+per-process SM / memory util     percent per sample  ratio 0-1, mean of samples
+memory                           bytes               bytes
+temperatures                     degrees Celsius     degrees Celsius
+===============================  ==================  ==========================
+
+Per-process utilisation. ``nvmlDeviceGetProcessUtilization(handle, lastSeenTimeStamp)``
+returns the driver's samples newer than ``lastSeenTimeStamp`` (microseconds). The
+backend keeps the newest timestamp it has seen per device and, each pass, averages every
+sample of the interval per PID (``smUtil`` and ``memUtil``, percent -> 0-1). The rule
+for processes without a sample:
+
+* the call answered ``NVML_ERROR_NOT_FOUND`` (no samples since the last pass), or it
+  returned samples that do not include this PID: the device does sample processes and
+  this one did not run a kernel, so it gets ``sm_utilization = 0.0`` (idle). Holding
+  memory at 0 SM is exactly what ``container_gpu_idle_seconds`` is about.
+* the call is not supported (or missing), or the device is a MIG instance: per-process
+  utilisation is unknown, so ``sm_utilization`` stays None.
+
+MIG. On a GPU in MIG mode every MIG device becomes its own `DeviceSample` (the parent's
+``index``, the MIG ``uuid``, ``gpu_instance`` = its GPU instance id, its own memory and
+processes). The parent GPU is still reported for whole-board values (power, energy,
+temperature, clocks, ECC, XIDs) but without processes, so that no process is counted
+twice.
+
+XIDs. At ``open()`` an NVML event set is registered for critical XID events on every
+device that supports them; each pass drains it without waiting and counts events per
+device and XID code, cumulatively since the agent started.
+
+Failures. A device whose core queries fail (``NVML_ERROR_GPU_IS_LOST``, or any other
+unexpected NVML error) comes back ``up=False`` with the error text and no values; the
+other devices carry on. Such problems are counted by reason in `NvmlBackend.errors`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections import Counter, defaultdict
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from exporter.devices.base import BackendUnavailable
+from exporter.model import DeviceSample, ProcessSample, frozen_mapping
+
+log = logging.getLogger(__name__)
+
+# NVML return codes (nvml.h). Read from the binding when it has them; these are the
+# values every NVML release has used.
+_NVML_SUCCESS = 0
+_NVML_ERROR_NOT_SUPPORTED = 3
+_NVML_ERROR_NOT_FOUND = 6
+_NVML_ERROR_DRIVER_NOT_LOADED = 9
+_NVML_ERROR_TIMEOUT = 10
+_NVML_ERROR_LIBRARY_NOT_FOUND = 12
+_NVML_ERROR_FUNCTION_NOT_FOUND = 13
+_NVML_ERROR_GPU_IS_LOST = 15
+_NVML_ERROR_RESET_REQUIRED = 16
+_NVML_ERROR_NO_PERMISSION = 4
+
+# Other NVML constants, with their nvml.h values as fallbacks for old bindings.
+_CONSTANTS: dict[str, int] = {
+    "NVML_TEMPERATURE_GPU": 0,
+    "NVML_CLOCK_SM": 1,
+    "NVML_CLOCK_MEM": 2,
+    "NVML_PCIE_UTIL_TX_BYTES": 0,
+    "NVML_PCIE_UTIL_RX_BYTES": 1,
+    "NVML_MEMORY_ERROR_TYPE_CORRECTED": 0,
+    "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1,
+    "NVML_AGGREGATE_ECC": 1,
+    "NVML_FI_DEV_MEMORY_TEMP": 82,
+    "NVML_DEVICE_MIG_ENABLE": 1,
+    "nvmlEventTypeXidCriticalError": 0x8,
+    "nvmlMemory_v2": 0x02000028,
+}
+
+# NVML_VALUE_NOT_AVAILABLE for unsigned long long: how old bindings report "unknown
+# process memory" (newer ones already turn it into None).
+_ULL_NOT_AVAILABLE = 2**64 - 1
+
+# Clock event (throttle) reason bits, from nvml.h (nvmlClocksEventReason*).
+THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
+
+# Field value types (nvmlValueType_t) -> the member of c_nvmlValue_t that holds it.
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+_COMPUTE_PROCESS_FUNCTIONS = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
+_GRAPHICS_PROCESS_FUNCTIONS = (
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+)
+_THROTTLE_FUNCTIONS = (
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+)
+
+# Events drained per pass at most, so that a storm of events cannot stall a pass.
+_MAX_EVENTS_PER_PASS = 10_000
+
+
+class _NotAvailable:
+    """The value of an NVML query the device or driver cannot answer."""
+
+    _instance: _NotAvailable | None = None
+
+    def __new__(cls) -> _NotAvailable:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "NA"
+
+
+NA: Any = _NotAvailable()
+
+
+class _NoSuchError(Exception):
+    """Stands in for an exception class the binding does not define (never raised)."""
+
+
+class _Nvml:
+    """Every NVML call of the backend, with "not available" folded into `NA`.
+
+    Args:
+        module: the ``pynvml`` module (or a fake with the same API).
+    """
+
+    def __init__(self, module: Any):
+        self.module = module
+        self.error: type[BaseException] = getattr(module, "NVMLError", _NoSuchError)
+        # pynvml raises this (not an NVMLError) from an unversioned function whose
+        # versioned C symbol the driver lacks.
+        self.mismatch: type[BaseException] = getattr(module, "NVMLLibraryMismatchError", _NoSuchError)
+        self.na_codes = frozenset(
+            self.const(name, default)
+            for name, default in (
+                ("NVML_ERROR_NOT_SUPPORTED", _NVML_ERROR_NOT_SUPPORTED),
+                ("NVML_ERROR_NOT_FOUND", _NVML_ERROR_NOT_FOUND),
+                ("NVML_ERROR_FUNCTION_NOT_FOUND", _NVML_ERROR_FUNCTION_NOT_FOUND),
+            )
+        )
+        self.function_not_found = self.const("NVML_ERROR_FUNCTION_NOT_FOUND", _NVML_ERROR_FUNCTION_NOT_FOUND)
+        self._reported_missing: set[str] = set()
+        self._lock = threading.Lock()
+
+    def const(self, name: str, default: int | None = None) -> int:
+        """An NVML constant from the binding, or its nvml.h value."""
+        value = getattr(self.module, name, None)
+        if isinstance(value, int):
+            return value
+        if default is None:
+            return _CONSTANTS[name]
+        return default
+
+    def has(self, name: str) -> bool:
+        return callable(getattr(self.module, name, None))
+
+    def code(self, exc: BaseException) -> int | None:
+        """The NVML return code of an NVMLError."""
+        value = getattr(exc, "value", None)
+        return value if isinstance(value, int) else None
+
+    def _missing(self, name: str, why: str) -> None:
+        with self._lock:
+            if name in self._reported_missing:
+                return
+            self._reported_missing.add(name)
+        log.info("NVML function %s is not available (%s); its values are omitted", name, why)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``name`` on the binding.
+
+        Returns:
+            The result, or `NA` when the function is missing or NVML answers
+            NOT_SUPPORTED, NOT_FOUND or FUNCTION_NOT_FOUND.
+
+        Raises:
+            NVMLError: any other NVML error (lost GPU, permissions, driver trouble).
+        """
+        fn: Callable[..., Any] | None = getattr(self.module, name, None)
+        if not callable(fn):
+            self._missing(name, "not in the installed nvidia-ml-py")
+            return NA
+        try:
+            return fn(*args, **kwargs)
+        except self.mismatch:
+            self._missing(name, "the driver lacks it")
+            return NA
+        except self.error as exc:
+            code = self.code(exc)
+            if code in self.na_codes:
+                if code == self.function_not_found:
+                    self._missing(name, "the driver lacks it")
+                return NA
+            raise
+
+    def first(self, names: Sequence[str], *args: Any) -> Any:
+        """Call the first of ``names`` that gives an answer (newest version first)."""
+        for name in names:
+            result = self.call(name, *args)
+            if result is not NA:
+                return result
+        return NA
+
+
+def _text(value: Any) -> str:
+    """NVML strings come back as bytes from older bindings and str from newer ones."""
+    if value is NA or value is None:
+        return ""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).split(b"\0", 1)[0].decode("utf-8", "replace")
+    return str(value)
+
+
+def _handle_key(handle: Any) -> Any:
+    """A hashable identity for a device handle.
+
+    Real handles are ctypes pointers: two pointer objects to the same device are
+    different objects, so compare the address they hold.
+    """
+    if isinstance(handle, ctypes._Pointer):  # type: ignore[attr-defined]
+        return ("ptr", ctypes.cast(handle, ctypes.c_void_p).value)
+    try:
+        hash(handle)
+    except TypeError:
+        return ("id", id(handle))
+    return handle
+
+
+def _scaled(value: Any, factor: float) -> float | None:
+    if value is NA or value is None:
+        return None
+    return float(value) * factor
+
+
+def _ratio(percent: Any) -> float | None:
+    if percent is NA or percent is None:
+        return None
+    return min(max(float(percent) / 100.0, 0.0), 1.0)
+
+
+class _DeviceDown(Exception):
+    """A device cannot be read this pass; carries the error-count reason."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class NvmlBackend:
+    """NVIDIA GPUs (and MIG instances) through NVML.
+
+    Args:
+        nvml: a module with the ``pynvml`` API. Default: ``import pynvml`` (the
+            ``nvidia-ml-py`` package) in `open`. Tests pass a fake.
+    """
+
+    name = "nvml"
+
+    def __init__(self, nvml: Any = None):
+        self._module = nvml
+        self._nvml: _Nvml | None = None
+        self._count = 0
+        self._handles: dict[int, Any] = {}
+        self._static: dict[int, dict[str, Any]] = {}
+        self._driver_version = ""
+        self._event_set: Any = None
+        self._xid_devices: dict[Any, int] = {}
+        self._xid_counts: dict[int, Counter[str]] = defaultdict(Counter)
+        self._last_seen: dict[int, int] = {}
+        self._errors: Counter[str] = Counter()
+        self._initialized = False
+
+    # ---- lifecycle --------------------------------------------------------------
+
+    def open(self) -> None:
+        """Load NVML, find the GPUs and register for XID events.
+
+        Raises:
+            BackendUnavailable: nvidia-ml-py or the NVIDIA driver is missing, or NVML
+                sees no GPU.
+        """
+        module = self._module
+        if module is None:
+            try:
+                import pynvml as module  # type: ignore[no-redef]
+            except ImportError as exc:
+                raise BackendUnavailable(
+                    f"the NVIDIA backend needs the nvidia-ml-py package ({exc}); "
+                    "install it with `pip install nvidia-ml-py`"
+                ) from exc
+            self._module = module
+        nvml = _Nvml(module)
+        self._nvml = nvml
+        try:
+            nvml.module.nvmlInit()
+        except nvml.error as exc:
+            raise BackendUnavailable(self._init_message(nvml, exc)) from exc
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot load the NVIDIA management library: {exc}") from exc
+        self._initialized = True
+        try:
+            self._count = int(nvml.module.nvmlDeviceGetCount())
+        except nvml.error as exc:
+            self.close()
+            raise BackendUnavailable(f"NVML cannot count the GPUs: {exc}") from exc
+        if self._count <= 0:
+            self.close()
+            raise BackendUnavailable(
+                "NVML sees no NVIDIA GPU. In a container, check that the GPUs are exposed "
+                "to it (NVIDIA container runtime, NVIDIA_VISIBLE_DEVICES)."
+            )
+        try:
+            self._driver_version = _text(nvml.call("nvmlSystemGetDriverVersion"))
+        except nvml.error:
+            log.debug("NVML driver version unavailable", exc_info=True)
+        for index in range(self._count):
+            self._get_handle(index)
+        self._register_xid_events()
+        log.info("NVML: %d GPU(s), driver %s", self._count, self._driver_version or "unknown")
+
+    @staticmethod
+    def _init_message(nvml: _Nvml, exc: BaseException) -> str:
+        code = nvml.code(exc)
+        if code == nvml.const("NVML_ERROR_LIBRARY_NOT_FOUND", _NVML_ERROR_LIBRARY_NOT_FOUND):
+            return (
+                "the NVIDIA management library (libnvidia-ml.so.1) was not found: install the "
+                "NVIDIA driver, or run the container with the NVIDIA container runtime so the "
+                "driver libraries are mounted"
+            )
+        if code == nvml.const("NVML_ERROR_DRIVER_NOT_LOADED", _NVML_ERROR_DRIVER_NOT_LOADED):
+            return "the NVIDIA kernel driver is not loaded (is there an NVIDIA GPU, and is the driver installed?)"
+        if code == nvml.const("NVML_ERROR_NO_PERMISSION", _NVML_ERROR_NO_PERMISSION):
+            return "no permission to open the NVIDIA devices (/dev/nvidia*)"
+        return f"NVML failed to initialise: {exc}"
+
+    def close(self) -> None:
+        """Free the event set and shut NVML down."""
+        nvml = self._nvml
+        if nvml is None:
+            return
+        if self._event_set is not None:
+            try:
+                nvml.call("nvmlEventSetFree", self._event_set)
+            except Exception:  # noqa: BLE001 - closing must not fail
+                log.debug("nvmlEventSetFree failed", exc_info=True)
+            self._event_set = None
+        if self._initialized:
+            try:
+                nvml.call("nvmlShutdown")
+            except Exception:  # noqa: BLE001
+                log.debug("nvmlShutdown failed", exc_info=True)
+            self._initialized = False
+
+    def errors(self) -> Mapping[str, int]:
+        """Problems survived since start, by reason (``gpu_lost``, ``device_error``, ...)."""
+        return dict(self._errors)
+
+    # ---- sampling ---------------------------------------------------------------
+
+    def sample(self, now: float) -> list[DeviceSample]:
+        """Read every GPU (and MIG instance) once; ``now`` is not needed by NVML."""
+        nvml = self._require()
+        self._drain_xid_events(nvml)
+        samples: list[DeviceSample] = []
+        for index in range(self._count):
+            try:
+                samples.extend(self._sample_gpu(nvml, index))
+            except _DeviceDown as down:
+                self._errors[down.reason] += 1
+                self._handles.pop(index, None)  # get a fresh handle next pass
+                static = self._static.get(index, {})
+                log.debug("GPU %d not readable: %s", index, down)
+                samples.append(
+                    DeviceSample(
+                        index=index,
+                        uuid=static.get("uuid", ""),
+                        model=static.get("model", ""),
+                        vendor="nvidia",
+                        up=False,
+                        error=str(down),
+                        driver_version=self._driver_version,
+                        pci_bus_id=static.get("pci_bus_id", ""),
+                        serial=static.get("serial", ""),
+                        xid_errors=frozen_mapping(self._xid_counts.get(index)),
+                    )
+                )
+        return samples
+
+    def _require(self) -> _Nvml:
+        if self._nvml is None or not self._initialized:
+            raise RuntimeError("NvmlBackend.sample() called before open()")
+        return self._nvml
+
+    def _down(self, nvml: _Nvml, exc: BaseException) -> _DeviceDown:
+        code = nvml.code(exc)
+        if code == nvml.const("NVML_ERROR_GPU_IS_LOST", _NVML_ERROR_GPU_IS_LOST):
+            return _DeviceDown("gpu_lost", f"GPU is lost: {exc}")
+        if code == nvml.const("NVML_ERROR_RESET_REQUIRED", _NVML_ERROR_RESET_REQUIRED):
+            return _DeviceDown("reset_required", f"GPU requires reset: {exc}")
+        return _DeviceDown("device_error", f"NVML error {code}: {exc}")
+
+    def _get_handle(self, index: int) -> Any:
+        nvml = self._require()
+        handle = self._handles.get(index)
+        if handle is not None:
+            return handle
+        try:
+            handle = nvml.module.nvmlDeviceGetHandleByIndex(index)
+        except nvml.error as exc:
+            log.debug("no NVML handle for GPU %d: %s", index, exc)
+            return None
+        self._handles[index] = handle
+        if self._event_set is not None and _handle_key(handle) not in self._xid_devices:
+            self._register_xid(nvml, index, handle)
+        return handle
+
+    def _guard(self, nvml: _Nvml, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run an optional query: a lost GPU stops the device, other errors give NA."""
+        try:
+            return fn(*args)
+        except nvml.error as exc:
+            code = nvml.code(exc)
+            if code in (
+                nvml.const("NVML_ERROR_GPU_IS_LOST", _NVML_ERROR_GPU_IS_LOST),
+                nvml.const("NVML_ERROR_RESET_REQUIRED", _NVML_ERROR_RESET_REQUIRED),
+            ):
+                raise self._down(nvml, exc) from exc
+            self._errors["query_error"] += 1
+            log.debug("NVML query %s failed: %s", getattr(fn, "__name__", fn), exc)
+            return NA
+
+    def _opt(self, nvml: _Nvml, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self._guard(nvml, lambda: nvml.call(name, *args, **kwargs))
+
+    def _static_info(self, nvml: _Nvml, index: int, handle: Any) -> dict[str, Any]:
+        """Facts that do not change while the driver is loaded; read once per GPU."""
+        static = self._static.get(index)
+        if static is not None and static.get("uuid"):
+            return static
+        uuid = _text(nvml.call("nvmlDeviceGetUUID", handle))
+        model = _text(nvml.call("nvmlDeviceGetName", handle))
+        serial = _text(self._opt(nvml, "nvmlDeviceGetSerial", handle))
+        pci = self._opt(nvml, "nvmlDeviceGetPciInfo", handle)
+        bus_id = _text(getattr(pci, "busId", None)) if pci is not NA else ""
+        static = {"uuid": uuid, "model": model, "serial": serial, "pci_bus_id": bus_id}
+        self._static[index] = static
+        return static
+
+    def _sample_gpu(self, nvml: _Nvml, index: int) -> list[DeviceSample]:
+        handle = self._get_handle(index)
+        if handle is None:
+            raise _DeviceDown("device_error", "no NVML handle for this GPU")
+        try:
+            static = self._static_info(nvml, index, handle)
+            memory = self._memory_info(nvml, handle)
+            utilization = nvml.call("nvmlDeviceGetUtilizationRates", handle)
+        except nvml.error as exc:
+            raise self._down(nvml, exc) from exc
+
+        mig_mode = self._opt(nvml, "nvmlDeviceGetMigMode", handle)
+        mig_enabled = (
+            mig_mode is not NA
+            and bool(mig_mode)
+            and mig_mode[0] == nvml.const("NVML_DEVICE_MIG_ENABLE")
+        )
+
+        throttle = self._guard(nvml, lambda: nvml.first(_THROTTLE_FUNCTIONS, handle))
+
+        values: dict[str, Any] = {
+            "utilization": _ratio(getattr(utilization, "gpu", None)) if utilization is not NA else None,
+            "memory_utilization": _ratio(getattr(utilization, "memory", None)) if utilization is not NA else None,
+            "memory_used_bytes": _int_or_none(getattr(memory, "used", None)) if memory is not NA else None,
+            "memory_total_bytes": _int_or_none(getattr(memory, "total", None)) if memory is not NA else None,
+            "temperature_celsius": _scaled(self._temperature(nvml, handle), 1.0),
+            "memory_temperature_celsius": self._memory_temperature(nvml, handle),
+            "power_watts": _scaled(self._opt(nvml, "nvmlDeviceGetPowerUsage", handle), 1e-3),
+            "power_limit_watts": _scaled(self._opt(nvml, "nvmlDeviceGetEnforcedPowerLimit", handle), 1e-3),
+            "energy_joules": _scaled(self._opt(nvml, "nvmlDeviceGetTotalEnergyConsumption", handle), 1e-3),
+            "sm_clock_hertz": _scaled(
+                self._opt(nvml, "nvmlDeviceGetClockInfo", handle, nvml.const("NVML_CLOCK_SM")), 1e6
+            ),
+            "memory_clock_hertz": _scaled(
+                self._opt(nvml, "nvmlDeviceGetClockInfo", handle, nvml.const("NVML_CLOCK_MEM")), 1e6
+            ),
+            "pcie_rx_bytes_per_second": _scaled(
+                self._opt(nvml, "nvmlDeviceGetPcieThroughput", handle, nvml.const("NVML_PCIE_UTIL_RX_BYTES")),
+                1024.0,
+            ),
+            "pcie_tx_bytes_per_second": _scaled(
+                self._opt(nvml, "nvmlDeviceGetPcieThroughput", handle, nvml.const("NVML_PCIE_UTIL_TX_BYTES")),
+                1024.0,
+            ),
+            "fan_speed_ratio": _ratio(self._opt(nvml, "nvmlDeviceGetFanSpeed", handle)),
+            "ecc_errors": frozen_mapping(self._ecc(nvml, handle)),
+            "throttle_reasons": frozen_mapping(decode_throttle_reasons(throttle) if throttle is not NA else None),
+            "xid_errors": frozen_mapping(self._xid_counts.get(index)),
+        }
+        processes: tuple[ProcessSample, ...] = ()
+        if not mig_enabled:
+            processes = self._processes(nvml, index, handle, per_process_util=True)
+        parent = DeviceSample(
+            index=index,
+            uuid=static["uuid"],
+            model=static["model"],
+            vendor="nvidia",
+            driver_version=self._driver_version,
+            pci_bus_id=static["pci_bus_id"],
+            serial=static["serial"],
+            processes=processes,
+            **values,
+        )
+        samples = [parent]
+        if mig_enabled:
+            samples.extend(self._sample_mig(nvml, index, handle, static))
+        return samples
+
+    def _memory_info(self, nvml: _Nvml, handle: Any) -> Any:
+        """Memory info, version 2 where the driver has it (``used`` without reserved)."""
+        version = getattr(nvml.module, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                memory = nvml.call("nvmlDeviceGetMemoryInfo", handle, version=version)
+            except TypeError:  # a binding without the version argument
+                memory = NA
+            except nvml.error as exc:
+                # ARGUMENT_VERSION_MISMATCH and friends: the driver predates version 2.
+                if nvml.code(exc) == nvml.const("NVML_ERROR_GPU_IS_LOST", _NVML_ERROR_GPU_IS_LOST):
+                    raise
+                memory = NA
+            if memory is not NA:
+                return memory
+        return nvml.call("nvmlDeviceGetMemoryInfo", handle)
+
+    def _temperature(self, nvml: _Nvml, handle: Any) -> Any:
+        sensor = nvml.const("NVML_TEMPERATURE_GPU")
+        value = self._opt(nvml, "nvmlDeviceGetTemperatureV", handle, sensor)
+        if value is NA:
+            value = self._opt(nvml, "nvmlDeviceGetTemperature", handle, sensor)
+        return value
+
+    def _memory_temperature(self, nvml: _Nvml, handle: Any) -> float | None:
+        field = nvml.const("NVML_FI_DEV_MEMORY_TEMP")
+        values = self._opt(nvml, "nvmlDeviceGetFieldValues", handle, [field])
+        if values is NA or not values:
+            return None
+        value = values[0]
+        if getattr(value, "nvmlReturn", _NVML_SUCCESS) != _NVML_SUCCESS:
+            return None
+        member = _VALUE_MEMBERS.get(getattr(value, "valueType", 1), "uiVal")
+        number = getattr(getattr(value, "value", None), member, None)
+        return float(number) if number is not None else None
+
+    def _ecc(self, nvml: _Nvml, handle: Any) -> dict[str, int]:
+        counters: dict[str, int] = {}
+        aggregate = nvml.const("NVML_AGGREGATE_ECC")
+        for name, error_type in (
+            ("corrected", nvml.const("NVML_MEMORY_ERROR_TYPE_CORRECTED")),
+            ("uncorrected", nvml.const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED")),
+        ):
+            count = self._opt(nvml, "nvmlDeviceGetTotalEccErrors", handle, error_type, aggregate)
+            if count is not NA and count is not None:
+                counters[name] = int(count)
+        return counters
+
+    # ---- processes --------------------------------------------------------------
+
+    def _processes(
+        self, nvml: _Nvml, index: int, handle: Any, per_process_util: bool
+    ) -> tuple[ProcessSample, ...]:
+        found: dict[int, tuple[int | None, str]] = {}
+        for kind, functions in (("compute", _COMPUTE_PROCESS_FUNCTIONS), ("graphics", _GRAPHICS_PROCESS_FUNCTIONS)):
+            infos = self._guard(nvml, lambda fns=functions: nvml.first(fns, handle))
+            if infos is NA or infos is None:
+                continue
+            for info in infos:
+                pid = int(getattr(info, "pid", 0) or 0)
+                if pid <= 0:
+                    continue
+                memory = _process_memory(getattr(info, "usedGpuMemory", None))
+                if pid in found:
+                    known_memory, known_kind = found[pid]
+                    # Compute and graphics contexts of one process share its memory
+                    # figure; keep the first kind and a figure if either has one.
+                    found[pid] = (known_memory if known_memory is not None else memory, known_kind)
+                else:
+                    found[pid] = (memory, kind)
+        if not found:
+            # Still advance the sample window so stale samples are not read later.
+            if per_process_util:
+                self._process_utilization(nvml, index, handle)
+            return ()
+        util: dict[int, tuple[float, float]] | None = None
+        if per_process_util:
+            util = self._process_utilization(nvml, index, handle)
+        processes = []
+        for pid in sorted(found):
+            memory, kind = found[pid]
+            if util is None:
+                sm = mem = None
+            else:
+                sm, mem = util.get(pid, (0.0, 0.0))
+            processes.append(
+                ProcessSample(pid=pid, used_memory_bytes=memory, sm_utilization=sm, memory_utilization=mem, kind=kind)
+            )
+        return tuple(processes)
+
+    def _process_utilization(self, nvml: _Nvml, index: int, handle: Any) -> dict[int, tuple[float, float]] | None:
+        """Mean SM and memory utilisation (0-1) per PID over the samples since last pass.
+
+        Returns:
+            PID -> (sm, memory) for PIDs with samples; an empty dict when the device
+            samples processes but has none new (NOT_FOUND: all idle); None when the
+            device cannot sample processes at all.
+        """
+        last_seen = self._last_seen.get(index, 0)
+        fn = getattr(nvml.module, "nvmlDeviceGetProcessUtilization", None)
+        if not callable(fn):
+            nvml.call("nvmlDeviceGetProcessUtilization")  # logs the missing function once
+            return None
+        try:
+            samples = fn(handle, last_seen)
+        except nvml.mismatch:
+            return None
+        except nvml.error as exc:
+            code = nvml.code(exc)
+            # NOT_FOUND: no sample newer than last_seen. pynvml raises NVMLError(SUCCESS)
+            # when the driver answers "success, zero samples" to its sizing call.
+            if code in (nvml.const("NVML_ERROR_NOT_FOUND", _NVML_ERROR_NOT_FOUND), _NVML_SUCCESS):
+                return {}
+            if code in (
+                nvml.const("NVML_ERROR_NOT_SUPPORTED", _NVML_ERROR_NOT_SUPPORTED),
+                nvml.function_not_found,
+            ):
+                return None
+            if code in (
+                nvml.const("NVML_ERROR_GPU_IS_LOST", _NVML_ERROR_GPU_IS_LOST),
+                nvml.const("NVML_ERROR_RESET_REQUIRED", _NVML_ERROR_RESET_REQUIRED),
+            ):
+                raise self._down(nvml, exc) from exc
+            self._errors["query_error"] += 1
+            log.debug("nvmlDeviceGetProcessUtilization failed: %s", exc)
+            return None
+        return self._aggregate_utilization(index, last_seen, samples or ())
+
+    def _aggregate_utilization(
+        self, index: int, last_seen: int, samples: Iterable[Any]
+    ) -> dict[int, tuple[float, float]]:
+        sums: dict[int, list[float]] = {}
+        newest = last_seen
+        for sample in samples:
+            stamp = int(getattr(sample, "timeStamp", 0) or 0)
+            newest = max(newest, stamp)
+            if stamp <= last_seen:
+                continue  # the driver promises newer samples only; be safe anyway
+            pid = int(getattr(sample, "pid", 0) or 0)
+            acc = sums.setdefault(pid, [0.0, 0.0, 0.0])
+            acc[0] += float(getattr(sample, "smUtil", 0) or 0)
+            acc[1] += float(getattr(sample, "memUtil", 0) or 0)
+            acc[2] += 1
+        self._last_seen[index] = newest
+        return {
+            pid: (min(sm / n / 100.0, 1.0), min(mem / n / 100.0, 1.0))
+            for pid, (sm, mem, n) in sums.items()
+        }
+
+    # ---- MIG --------------------------------------------------------------------
+
+    def _sample_mig(self, nvml: _Nvml, index: int, handle: Any, parent: Mapping[str, Any]) -> list[DeviceSample]:
+        count = self._opt(nvml, "nvmlDeviceGetMaxMigDeviceCount", handle)
+        if count is NA:
+            return []
+        samples = []
+        for slot in range(int(count)):
+            mig = self._opt(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+            if mig is NA or mig is None:
+                continue  # an empty slot
+            try:
+                uuid = _text(nvml.call("nvmlDeviceGetUUID", mig))
+                instance = nvml.call("nvmlDeviceGetGpuInstanceId", mig)
+                memory = nvml.call("nvmlDeviceGetMemoryInfo", mig)
+            except nvml.error as exc:
+                down = self._down(nvml, exc)
+                if down.reason != "device_error":
+                    raise down from exc
+                self._errors["mig_error"] += 1
+                log.debug("MIG device %d/%d not readable: %s", index, slot, exc)
+                continue
+            utilization = self._opt(nvml, "nvmlDeviceGetUtilizationRates", mig)
+            samples.append(
+                DeviceSample(
+                    index=index,
+                    uuid=uuid,
+                    model=parent["model"],
+                    vendor="nvidia",
+                    gpu_instance="" if instance is NA else str(instance),
+                    driver_version=self._driver_version,
+                    pci_bus_id=parent["pci_bus_id"],
+                    serial=parent["serial"],
+                    utilization=_ratio(getattr(utilization, "gpu", None)) if utilization is not NA else None,
+                    memory_utilization=(
+                        _ratio(getattr(utilization, "memory", None)) if utilization is not NA else None
+                    ),
+                    memory_used_bytes=_int_or_none(getattr(memory, "used", None)) if memory is not NA else None,
+                    memory_total_bytes=_int_or_none(getattr(memory, "total", None)) if memory is not NA else None,
+                    # NVML has no per-process utilisation on MIG devices.
+                    processes=self._processes(nvml, index, mig, per_process_util=False),
+                )
+            )
+        return samples
+
+    # ---- XID events -------------------------------------------------------------
+
+    def _register_xid_events(self) -> None:
+        nvml = self._require()
+        try:
+            event_set = nvml.call("nvmlEventSetCreate")
+        except nvml.error as exc:
+            log.info("NVML event set unavailable, XID errors will not be counted: %s", exc)
+            return
+        if event_set is NA:
+            return
+        self._event_set = event_set
+        for index, handle in list(self._handles.items()):
+            self._register_xid(nvml, index, handle)
+        if not self._xid_devices:
+            log.info("no GPU supports XID events; XID errors will not be counted")
+
+    def _register_xid(self, nvml: _Nvml, index: int, handle: Any) -> None:
+        xid = nvml.const("nvmlEventTypeXidCriticalError")
+        try:
+            supported = nvml.call("nvmlDeviceGetSupportedEventTypes", handle)
+            if supported is not NA and not int(supported) & xid:
+                log.debug("GPU %d does not report XID events", index)
+                return
+            if nvml.call("nvmlDeviceRegisterEvents", handle, xid, self._event_set) is NA:
+                log.debug("GPU %d does not support XID events", index)
+                return
+        except nvml.error as exc:
+            log.debug("cannot register XID events on GPU %d: %s", index, exc)
+            return
+        self._xid_devices[_handle_key(handle)] = index
+
+    def _drain_xid_events(self, nvml: _Nvml) -> None:
+        if self._event_set is None:
+            return
+        timeout = nvml.const("NVML_ERROR_TIMEOUT", _NVML_ERROR_TIMEOUT)
+        xid = nvml.const("nvmlEventTypeXidCriticalError")
+        for _ in range(_MAX_EVENTS_PER_PASS):
+            try:
+                event = nvml.call("nvmlEventSetWait", self._event_set, 0)
+            except nvml.error as exc:
+                if nvml.code(exc) != timeout:
+                    self._errors["event_wait_error"] += 1
+                    log.debug("nvmlEventSetWait failed: %s", exc)
+                return
+            if event is NA:
+                return
+            if not int(getattr(event, "eventType", 0) or 0) & xid:
+                continue
+            index = self._event_device(nvml, getattr(event, "device", None))
+            if index is None:
+                self._errors["xid_unknown_device"] += 1
+                continue
+            code = str(int(getattr(event, "eventData", 0) or 0))
+            self._xid_counts[index][code] += 1
+            log.warning("GPU %d: XID %s", index, code)
+
+    def _event_device(self, nvml: _Nvml, device: Any) -> int | None:
+        """Map an event's device handle back to a GPU index."""
+        if device is None:
+            return None
+        index = self._xid_devices.get(_handle_key(device))
+        if index is not None:
+            return index
+        try:
+            uuid = _text(nvml.call("nvmlDeviceGetUUID", device))
+        except nvml.error:
+            return None
+        for known, static in self._static.items():
+            if uuid and static.get("uuid") == uuid:
+                return known
+        return None
+
+
+def decode_throttle_reasons(mask: int) -> dict[str, bool]:
+    """Turn an NVML clock event reason bit mask into reason name -> active."""
+    mask = int(mask)
+    return {name: bool(mask & bit) for name, bit in THROTTLE_REASONS}
+
+
+def _int_or_none(value: Any) -> int | None:
+    if value is None or value is NA:
+        return None
+    return int(value)
+
+
+def _process_memory(value: Any) -> int | None:
+    """usedGpuMemory in bytes; None when NVML cannot tell (WDDM, some MIG setups)."""
+    if value is None or value is NA:
+        return None
+    value = int(value)
+    if value >= _ULL_NOT_AVAILABLE or value < 0:
+        return None
+    return value
+
+
+__all__ = ["NvmlBackend", "THROTTLE_REASONS", "decode_throttle_reasons"]

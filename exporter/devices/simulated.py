@@ -1,0 +1,283 @@
+"""A simulated GPU node driven by a scenario file, for the demo and the tests.
+
+The scenario (YAML) describes the GPUs (model, memory, power curve) and the processes
+on them over time: memory that is constant or grows towards a ceiling, utilisation that
+is constant or waves. Values are pure functions of the time since the backend opened,
+so tests can predict them; energy is the integral of the simulated power.
+
+Each process may name its workload (Kubernetes pod and container, or Slurm job); the
+attribution layer reads those through `SimulatedBackend.scenario`.
+
+Scenario format (see ``exporter/scenarios/default.yaml``)::
+
+    node: sim-node-01
+    gpus: {count: 8, model: ..., memory_gib: 80, driver_version: ...,
+           power: {idle_watts: 72, max_watts: 700, limit_watts: 700},
+           reserved_memory_mib: 512}
+    processes:
+      - name: vllm            # the process's comm
+        gpus: [0, 1]          # one process per listed GPU, PIDs pid, pid+1, ...
+        pid: 41001
+        memory_gib: 72.5      # or memory: {start_gib, growth_gib_per_hour, max_gib}
+        utilization: 0.5      # or utilization: {wave: {min, max, period}}
+        workload: {...}       # free-form, read by attribution
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from exporter.config import parse_positive_duration
+from exporter.model import DeviceSample, ProcessSample, frozen_mapping
+
+GIB = 2**30
+MIB = 2**20
+DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "default.yaml"
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    index: int
+    model: str
+    memory_bytes: int
+    idle_watts: float
+    max_watts: float
+    limit_watts: float
+    driver_version: str
+    reserved_bytes: int
+
+    @property
+    def uuid(self) -> str:
+        # Stable, realistic-looking UUIDs so dashboards and tests can key on them.
+        return f"GPU-1b849e72-{self.index:04x}-4c1d-9a3e-5f0c2d7b{self.index:04x}"
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One scenario process on one GPU."""
+
+    pid: int
+    gpu: int
+    name: str
+    memory: Callable[[float], float]
+    utilization: Callable[[float], float]
+    workload: Mapping[str, Any] = field(default_factory=frozen_mapping)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    node: str
+    gpus: tuple[GpuSpec, ...]
+    processes: tuple[ProcessSpec, ...]
+
+
+def _number(where: str, value: Any, minimum: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+        raise ScenarioError(f"{where}: expected a number >= {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _memory_curve(where: str, spec: Mapping[str, Any]) -> Callable[[float], float]:
+    """Memory in bytes as a function of seconds since start."""
+    if "memory_gib" in spec:
+        constant = _number(f"{where}.memory_gib", spec["memory_gib"]) * GIB
+        return lambda t: constant
+    memory = spec.get("memory")
+    if not isinstance(memory, Mapping):
+        raise ScenarioError(f"{where}: needs memory_gib or memory: {{start_gib, growth_gib_per_hour, max_gib}}")
+    start = _number(f"{where}.memory.start_gib", memory.get("start_gib", 0)) * GIB
+    growth = _number(f"{where}.memory.growth_gib_per_hour", memory.get("growth_gib_per_hour", 0)) * GIB / 3600
+    ceiling = _number(f"{where}.memory.max_gib", memory.get("max_gib", 1e9)) * GIB
+    return lambda t: min(ceiling, start + growth * t)
+
+
+def _utilization_curve(where: str, value: Any) -> Callable[[float], float]:
+    """SM share 0-1 as a function of seconds since start."""
+    if isinstance(value, Mapping) and "wave" in value:
+        wave = value["wave"]
+        if not isinstance(wave, Mapping):
+            raise ScenarioError(f"{where}.wave: expected {{min, max, period}}")
+        low = _number(f"{where}.wave.min", wave.get("min", 0.0))
+        high = _number(f"{where}.wave.max", wave.get("max", 1.0))
+        try:
+            period = parse_positive_duration(str(wave.get("period", "60s")))
+        except ValueError as exc:
+            raise ScenarioError(f"{where}.wave.period: {exc}") from None
+        if not low <= high <= 1.0:
+            raise ScenarioError(f"{where}.wave: need 0 <= min <= max <= 1")
+        mid, amp = (low + high) / 2, (high - low) / 2
+        return lambda t: mid + amp * math.sin(2 * math.pi * t / period)
+    constant = _number(where, value)
+    if constant > 1.0:
+        raise ScenarioError(f"{where}: utilisation is a ratio 0-1, got {value!r}")
+    return lambda t: constant
+
+
+def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
+    """Validate a loaded scenario document (pure; raises `ScenarioError`)."""
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"{source}: expected a mapping with 'gpus' and 'processes'")
+    gpus_doc = data.get("gpus")
+    if not isinstance(gpus_doc, Mapping):
+        raise ScenarioError(f"{source}: 'gpus' must be a mapping (count, model, memory_gib, power)")
+    count = int(_number(f"{source}: gpus.count", gpus_doc.get("count", 1), 1))
+    power = gpus_doc.get("power", {}) or {}
+    if not isinstance(power, Mapping):
+        raise ScenarioError(f"{source}: gpus.power must be a mapping")
+    idle = _number(f"{source}: gpus.power.idle_watts", power.get("idle_watts", 60))
+    peak = _number(f"{source}: gpus.power.max_watts", power.get("max_watts", 700))
+    gpus = tuple(
+        GpuSpec(
+            index=i,
+            model=str(gpus_doc.get("model", "NVIDIA H100 80GB HBM3")),
+            memory_bytes=int(_number(f"{source}: gpus.memory_gib", gpus_doc.get("memory_gib", 80), 1) * GIB),
+            idle_watts=idle,
+            max_watts=max(idle, peak),
+            limit_watts=_number(f"{source}: gpus.power.limit_watts", power.get("limit_watts", peak)),
+            driver_version=str(gpus_doc.get("driver_version", "550.54.15")),
+            reserved_bytes=int(_number(f"{source}: gpus.reserved_memory_mib", gpus_doc.get("reserved_memory_mib", 512)) * MIB),
+        )
+        for i in range(count)
+    )
+    processes: list[ProcessSpec] = []
+    next_pid = 40000
+    seen: set[int] = set()
+    for n, proc in enumerate(data.get("processes") or []):
+        where = f"{source}: processes[{n}]"
+        if not isinstance(proc, Mapping):
+            raise ScenarioError(f"{where}: expected a mapping")
+        on = proc.get("gpus", [])
+        if not isinstance(on, list) or not on or not all(isinstance(g, int) and 0 <= g < count for g in on):
+            raise ScenarioError(f"{where}.gpus: expected a non-empty list of GPU indexes 0-{count - 1}")
+        base_pid = int(_number(f"{where}.pid", proc.get("pid", next_pid), 2))
+        memory = _memory_curve(where, proc)
+        utilization = _utilization_curve(f"{where}.utilization", proc.get("utilization", 0.0))
+        workload = proc.get("workload") or {}
+        if not isinstance(workload, Mapping):
+            raise ScenarioError(f"{where}.workload: expected a mapping")
+        for offset, gpu in enumerate(on):
+            pid = base_pid + offset
+            if pid in seen:
+                raise ScenarioError(f"{where}: PID {pid} is used twice")
+            seen.add(pid)
+            processes.append(ProcessSpec(pid, gpu, str(proc.get("name", "python")), memory, utilization,
+                                         frozen_mapping(workload)))
+        next_pid = max(next_pid, base_pid + len(on)) + 100
+    for gpu in gpus:
+        peak_memory = sum(p.memory(1e9) for p in processes if p.gpu == gpu.index) + gpu.reserved_bytes
+        if peak_memory > gpu.memory_bytes:
+            raise ScenarioError(f"{source}: processes on GPU {gpu.index} can use more memory than it has")
+    return Scenario(str(data.get("node", "")), gpus, tuple(processes))
+
+
+def load_scenario(path: str | Path | None = None) -> Scenario:
+    """Read and validate a scenario file (the built-in default when None)."""
+    target = Path(path) if path else DEFAULT_SCENARIO
+    try:
+        text = target.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"cannot read scenario {target}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"scenario {target} is not valid YAML: {exc}") from None
+    return parse_scenario(data, str(target))
+
+
+class SimulatedBackend:
+    """Serves a scenario as if it were a real node (vendor "nvidia", NVML-like values).
+
+    Args:
+        scenario: path of a scenario file; the built-in default when None.
+        clock: monotonic clock in seconds; time zero is when `open()` runs.
+    """
+
+    name = "simulated"
+
+    def __init__(self, scenario: str | Path | None = None, clock: Callable[[], float] = time.monotonic):
+        self._path = scenario
+        self._clock = clock
+        self.scenario: Scenario | None = None
+        self._start = 0.0
+        self._last: float | None = None
+        self._energy: dict[int, float] = {}
+
+    def open(self) -> None:
+        from exporter.devices.base import BackendUnavailable
+
+        try:
+            self.scenario = load_scenario(self._path)
+        except ScenarioError as exc:
+            raise BackendUnavailable(str(exc)) from None
+        self._start = self._clock()
+        # Like NVML's counter, energy starts at what the GPU used since the driver loaded.
+        self._energy = {g.index: 3.6e6 * (1 + g.index) for g in self.scenario.gpus}
+
+    def close(self) -> None:
+        return None
+
+    def elapsed(self, now: float) -> float:
+        """Seconds since the backend opened, at pass time ``now``."""
+        return max(0.0, now - self._start)
+
+    def sample(self, now: float) -> list[DeviceSample]:
+        assert self.scenario is not None, "open() first"
+        t = self.elapsed(now)
+        dt = 0.0 if self._last is None else max(0.0, now - self._last)
+        self._last = now
+        samples = []
+        for gpu in self.scenario.gpus:
+            procs = [p for p in self.scenario.processes if p.gpu == gpu.index]
+            shares = [min(1.0, max(0.0, p.utilization(t))) for p in procs]
+            memories = [int(p.memory(t)) for p in procs]
+            busy = min(1.0, sum(shares))
+            power = gpu.idle_watts + (gpu.max_watts - gpu.idle_watts) * busy
+            self._energy[gpu.index] += power * dt
+            samples.append(
+                DeviceSample(
+                    index=gpu.index,
+                    uuid=gpu.uuid,
+                    model=gpu.model,
+                    vendor="nvidia",
+                    driver_version=gpu.driver_version,
+                    pci_bus_id=f"00000000:{0x18 + 0x10 * gpu.index:02X}:00.0",
+                    serial=f"165232{gpu.index:07d}",
+                    utilization=busy,
+                    memory_utilization=0.6 * busy,
+                    memory_used_bytes=gpu.reserved_bytes + sum(memories),
+                    memory_total_bytes=gpu.memory_bytes,
+                    temperature_celsius=round(31 + 45 * busy, 1),
+                    memory_temperature_celsius=round(35 + 40 * busy, 1),
+                    power_watts=round(power, 3),
+                    power_limit_watts=gpu.limit_watts,
+                    energy_joules=self._energy[gpu.index],
+                    sm_clock_hertz=(1980e6 if busy > 0 else 345e6),
+                    memory_clock_hertz=2619e6,
+                    pcie_rx_bytes_per_second=2.5e8 * busy,
+                    pcie_tx_bytes_per_second=1.2e8 * busy,
+                    ecc_errors=frozen_mapping({"corrected": 0, "uncorrected": 0}),
+                    throttle_reasons=frozen_mapping({
+                        "gpu_idle": busy == 0,
+                        "sw_power_cap": power >= gpu.limit_watts,
+                        "hw_slowdown": False,
+                        "sw_thermal_slowdown": False,
+                        "hw_thermal_slowdown": False,
+                    }),
+                    processes=tuple(
+                        ProcessSample(pid=p.pid, used_memory_bytes=m, sm_utilization=s,
+                                      memory_utilization=0.6 * s)
+                        for p, m, s in zip(procs, memories, shares)
+                    ),
+                )
+            )
+        return samples

@@ -1,0 +1,163 @@
+"""Snapshot -> Prometheus metric families, driven by the catalogue.
+
+`SnapshotCollector` is a prometheus_client custom collector: every ``collect()`` yields
+fresh families built from the current snapshot, so a pod that vanished vanishes from the
+output (no ``Gauge.labels().set()`` bookkeeping). `families()` is the pure part.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from typing import Callable, Iterator, Mapping
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter import __version__
+from exporter import catalogue as cat
+from exporter.derive import default_labeller, device_label_values
+from exporter.model import DeviceSample, Snapshot
+
+
+def _family(spec: cat.MetricSpec, labels: tuple[str, ...]) -> Metric:
+    unit = spec.unit if spec.unit and spec.unit != "ratio" else ""
+    if spec.type == cat.COUNTER:
+        return CounterMetricFamily(spec.name, spec.help, labels=labels, unit=unit)
+    return GaugeMetricFamily(spec.name, spec.help, labels=labels, unit=unit)
+
+
+def _number(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    return float(value)  # type: ignore[arg-type]
+
+
+def families(
+    snapshot: Snapshot,
+    enabled: frozenset[str],
+    extra_labels: tuple[str, ...] = (),
+    now: float | None = None,
+) -> Iterator[Metric]:
+    """Yield every enabled family for ``snapshot``.
+
+    Args:
+        snapshot: what the collector published.
+        enabled: family names to export (`catalogue.enabled_names`).
+        extra_labels: names of the workload labels after the catalogue's
+            (owner, ``label_*``), matching the snapshot's workload label values.
+        now: wall-clock time for ``l9gpu_snapshot_age_seconds`` (default: time.time()).
+    """
+    devices = {d.key: d for d in snapshot.devices}
+    dev_labels = {d.key: device_label_values(snapshot.node, d) for d in snapshot.devices}
+    for spec in cat.METRICS:
+        if spec.name not in enabled:
+            continue
+        if spec.scope == cat.DEVICE:
+            family = _device_family(spec, snapshot, dev_labels)
+        elif spec.scope == cat.WORKLOAD:
+            family = _family(spec, spec.labels + extra_labels)
+            for usage in snapshot.workloads:
+                if not usage.present and spec.type != cat.COUNTER:
+                    continue
+                value = _number(getattr(usage, spec.source))
+                if value is not None:
+                    family.add_metric(usage.labels, value)
+        elif spec.scope == cat.UNATTRIBUTED:
+            family = _family(spec, spec.labels)
+            for rest in snapshot.unattributed:
+                if rest.device_key in dev_labels:
+                    family.add_metric(dev_labels[rest.device_key], float(getattr(rest, spec.source)))
+        elif spec.scope == cat.PROCESS:
+            family = _family(spec, spec.labels)
+            for row in snapshot.processes:
+                value = _number(getattr(row, spec.source))
+                if value is not None and row.device_key in dev_labels:
+                    labels = dev_labels[row.device_key] + default_labeller(row.workload) + (str(row.pid), row.comm)
+                    family.add_metric(labels, value)
+        else:
+            family = _self_family(spec, snapshot, devices, now)
+        yield family
+
+
+def _device_family(spec: cat.MetricSpec, snapshot: Snapshot,
+                   dev_labels: Mapping[str, tuple[str, ...]]) -> Metric:
+    family = _family(spec, spec.labels)
+    for device in snapshot.devices:
+        labels = dev_labels[device.key]
+        if spec.name == "gpu_info":
+            family.add_metric(labels + (device.vendor, device.driver_version, device.pci_bus_id, device.serial), 1.0)
+        elif spec.name == "gpu_up":
+            family.add_metric(labels, 1.0 if device.up else 0.0)
+        elif spec.name == "gpu_energy_joules_total":
+            energy = snapshot.device_energy_joules.get(device.key)
+            if energy is not None:
+                family.add_metric(labels, energy)
+        elif not device.up:
+            continue
+        else:
+            value = getattr(device, spec.source)
+            if isinstance(value, Mapping):
+                for key in sorted(value):
+                    family.add_metric(labels + (str(key),), float(value[key]))
+            else:
+                number = _number(value)
+                if number is not None:
+                    family.add_metric(labels, number)
+    return family
+
+
+def _self_family(spec: cat.MetricSpec, snapshot: Snapshot, devices: Mapping[str, DeviceSample],
+                 now: float | None) -> Metric:
+    family = _family(spec, spec.labels)
+    if spec.name == "l9gpu_collector_success":
+        for status in snapshot.collectors:
+            family.add_metric((status.name,), 1.0 if status.success else 0.0)
+    elif spec.name == "l9gpu_collector_duration_seconds":
+        for status in snapshot.collectors:
+            family.add_metric((status.name,), status.duration_seconds)
+    elif spec.name == "l9gpu_snapshot_age_seconds":
+        family.add_metric((), max(0.0, (time.time() if now is None else now) - snapshot.timestamp))
+    elif spec.name == "l9gpu_unattributed_processes":
+        family.add_metric((snapshot.node,), float(snapshot.info.get("unattributed_processes", 0)))
+    elif spec.name == "l9gpu_backend_errors_total":
+        for (backend, reason), count in sorted(snapshot.backend_errors.items()):
+            family.add_metric((backend, reason), float(count))
+    elif spec.name == "l9gpu_build_info":
+        family.add_metric((__version__, platform.python_version()), 1.0)
+    return family
+
+
+class SnapshotCollector(Collector):
+    """A prometheus_client collector that serves whatever snapshot is current.
+
+    Args:
+        get_snapshot: returns the current snapshot (None before the first pass, which
+            yields nothing).
+        enabled: family names to export.
+        extra_labels: extra workload label names (see `families`).
+        extra_families: more families derived from the snapshot by optional parts
+            (e.g. attribution's own self-metrics), called with the snapshot.
+    """
+
+    def __init__(
+        self,
+        get_snapshot: Callable[[], Snapshot | None],
+        enabled: frozenset[str] | None = None,
+        extra_labels: tuple[str, ...] = (),
+    ):
+        self._get_snapshot = get_snapshot
+        self._enabled = enabled if enabled is not None else cat.enabled_names()
+        self._extra_labels = extra_labels
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._get_snapshot()
+        if snapshot is None:
+            return iter(())
+        return families(snapshot, self._enabled, self._extra_labels)
+
+    def describe(self) -> Iterator[Metric]:
+        # Declaring no families keeps registration free of a first collect() pass.
+        return iter(())
