@@ -65,7 +65,8 @@ import ctypes
 import logging
 import threading
 from collections import Counter, defaultdict
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from exporter.devices.base import BackendUnavailable
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
@@ -141,14 +142,7 @@ _MAX_EVENTS_PER_PASS = 10_000
 
 
 class _NotAvailable:
-    """The value of an NVML query the device or driver cannot answer."""
-
-    _instance: _NotAvailable | None = None
-
-    def __new__(cls) -> _NotAvailable:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    """The value of an NVML query the device or driver cannot answer (one instance, `NA`)."""
 
     def __bool__(self) -> bool:
         return False
@@ -211,7 +205,7 @@ class _Nvml:
             if name in self._reported_missing:
                 return
             self._reported_missing.add(name)
-        log.info("NVML function %s is not available (%s); its values are omitted", name, why)
+        log.info("NVML function %s is not available (%s); using a fallback or omitting its values", name, why)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``name`` on the binding.
@@ -329,7 +323,7 @@ class NvmlBackend:
         module = self._module
         if module is None:
             try:
-                import pynvml as module  # type: ignore[no-redef]
+                import pynvml as module  # type: ignore[no-redef,import-untyped]
             except ImportError as exc:
                 raise BackendUnavailable(
                     f"the NVIDIA backend needs the nvidia-ml-py package ({exc}); "
@@ -388,13 +382,13 @@ class NvmlBackend:
         if self._event_set is not None:
             try:
                 nvml.call("nvmlEventSetFree", self._event_set)
-            except Exception:  # noqa: BLE001 - closing must not fail
+            except Exception:
                 log.debug("nvmlEventSetFree failed", exc_info=True)
             self._event_set = None
         if self._initialized:
             try:
                 nvml.call("nvmlShutdown")
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.debug("nvmlShutdown failed", exc_info=True)
             self._initialized = False
 
@@ -851,4 +845,4 @@ def _process_memory(value: Any) -> int | None:
     return value
 
 
-__all__ = ["NvmlBackend", "THROTTLE_REASONS", "decode_throttle_reasons"]
+__all__ = ["THROTTLE_REASONS", "NvmlBackend", "decode_throttle_reasons"]

@@ -1,0 +1,751 @@
+"""A fake of the ``pynvml`` module (nvidia-ml-py) for tests, no GPU needed.
+
+It reproduces the real binding's shapes: the ``NVMLError`` class whose constructor
+picks the subclass from the code (``NVMLError(3)`` is an ``NVMLError_NotSupported``),
+the real return codes and constant names, struct-like results with the real field names
+(``c_nvmlMemory_t.total/free/used``, ``c_nvmlProcessInfo_t.pid/usedGpuMemory/...``,
+``c_nvmlEventData_t.device/eventType/eventData/...``), and NVML's units: milliwatts,
+millijoules, MHz, KB/s, percent.
+
+Usage::
+
+    from fake_pynvml import FakeNvml, FakeGpu, FakeProcess, FakeUtilSample  # tests/ is on sys.path
+
+    fake = FakeNvml(gpus=[
+        FakeGpu(power_mw=250_000, processes=[FakeProcess(pid=os.getpid(), used_memory=2**30)]),
+        FakeGpu(unsupported={"nvmlDeviceGetFanSpeed"}),
+    ])
+    backend = NvmlBackend(nvml=fake)          # inject it ...
+    install(monkeypatch, fake)                # ... or make `import pynvml` return it
+
+Everything is plain mutable data, so a test changes the world between two passes:
+``fake.gpus[0].energy_mj += 5000``, ``fake.gpus[1].lost = True``,
+``fake.add_util_samples(0, [FakeUtilSample(pid, timestamp, sm=80)])``,
+``fake.queue_xid(1, 79)``. ``fake.calls`` records every call as ``(name, args)``.
+
+Knobs per GPU: ``unsupported`` (function names that raise NVMLError_NotSupported),
+``errors`` (function name -> NVML error code to raise), ``lost`` (every call on the
+device raises NVMLError_GpuIsLost), ``mig_devices`` (MIG mode on), ``xid_supported``.
+Knobs per fake: ``missing`` (function names absent from the module, like an old
+binding), ``init_error`` (code raised by ``nvmlInit``), ``legacy_bytes`` (strings
+returned as bytes, as bindings before 11.5 did).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+# ---- return codes (nvml.h; the same numbers as in pynvml) ------------------------------
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_ALREADY_INITIALIZED = 5
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+NVML_ERROR_INSUFFICIENT_POWER = 8
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_IRQ_ISSUE = 11
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_CORRUPTED_INFOROM = 14
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_OPERATING_SYSTEM = 17
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_MEMORY = 20
+NVML_ERROR_NO_DATA = 21
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+NVML_ERROR_UNKNOWN = 999
+
+_ERROR_CODES = {k: v for k, v in dict(globals()).items() if k.startswith("NVML_ERROR_")}
+
+_ERROR_TEXT = {
+    NVML_ERROR_UNINITIALIZED: "Uninitialized",
+    NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+    NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+    NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+    NVML_ERROR_NOT_FOUND: "Not Found",
+    NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+    NVML_ERROR_TIMEOUT: "Timeout",
+    NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
+    NVML_ERROR_UNKNOWN: "Unknown Error",
+}
+
+# ---- other constants (same names and values as pynvml) --------------------------------
+
+NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_GRAPHICS = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_CLOCK_VIDEO = 3
+NVML_PCIE_UTIL_TX_BYTES = 0
+NVML_PCIE_UTIL_RX_BYTES = 1
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_FI_DEV_MEMORY_TEMP = 82
+NVML_VALUE_TYPE_DOUBLE = 0
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+NVML_DEVICE_MIG_DISABLE = 0
+NVML_DEVICE_MIG_ENABLE = 1
+nvmlMemory_v2 = 0x02000028
+
+nvmlEventTypeSingleBitEccError = 0x1
+nvmlEventTypeDoubleBitEccError = 0x2
+nvmlEventTypePState = 0x4
+nvmlEventTypeXidCriticalError = 0x8
+nvmlEventTypeClock = 0x10
+nvmlEventTypeNone = 0x0
+
+nvmlClocksEventReasonGpuIdle = 0x1
+nvmlClocksEventReasonApplicationsClocksSetting = 0x2
+nvmlClocksEventReasonSwPowerCap = 0x4
+nvmlClocksEventReasonHwSlowdown = 0x8
+nvmlClocksEventReasonSyncBoost = 0x10
+nvmlClocksEventReasonSwThermalSlowdown = 0x20
+nvmlClocksEventReasonHwThermalSlowdown = 0x40
+nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x80
+nvmlClocksEventReasonDisplayClockSetting = 0x100
+nvmlClocksEventReasonNone = 0x0
+# The older names of the same bits.
+nvmlClocksThrottleReasonGpuIdle = 0x1
+nvmlClocksThrottleReasonApplicationsClocksSetting = 0x2
+nvmlClocksThrottleReasonSwPowerCap = 0x4
+nvmlClocksThrottleReasonHwSlowdown = 0x8
+nvmlClocksThrottleReasonSyncBoost = 0x10
+nvmlClocksThrottleReasonSwThermalSlowdown = 0x20
+nvmlClocksThrottleReasonHwThermalSlowdown = 0x40
+nvmlClocksThrottleReasonHwPowerBrakeSlowdown = 0x80
+nvmlClocksThrottleReasonDisplayClockSetting = 0x100
+
+GiB = 2**30
+MiB = 2**20
+
+
+# ---- errors -------------------------------------------------------------------------
+
+
+class NVMLError(Exception):
+    """Like pynvml's: ``NVMLError(code)`` returns the subclass for that code, ``.value`` is the code."""
+
+    _valClassMapping: ClassVar[dict[int, type]] = {}
+
+    def __new__(cls, value: int = NVML_ERROR_UNKNOWN):  # type: ignore[no-untyped-def]
+        typ = NVMLError._valClassMapping.get(value, cls) if cls is NVMLError else cls
+        obj = Exception.__new__(typ)
+        obj.value = value
+        return obj
+
+    def __init__(self, value: int = NVML_ERROR_UNKNOWN):
+        super().__init__(value)
+
+    def __str__(self) -> str:
+        return _ERROR_TEXT.get(self.value, f"NVML Error with code {self.value}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NVMLError) and self.value == other.value
+
+    __hash__ = Exception.__hash__
+
+
+class NVMLLibraryMismatchError(Exception):
+    """pynvml raises this from an unversioned call whose versioned symbol is missing."""
+
+
+def _class_name(constant: str) -> str:
+    # NVML_ERROR_GPU_IS_LOST -> NVMLError_GpuIsLost, as pynvml names them
+    words = constant[len("NVML_ERROR_"):].split("_")
+    return "NVMLError_" + "".join(w.capitalize() for w in words)
+
+
+def _make_error_class(code: int, name: str) -> type:
+    def new(cls, *args):  # type: ignore[no-untyped-def]
+        return NVMLError.__new__(cls, code)
+
+    def init(self, *args):  # type: ignore[no-untyped-def]
+        Exception.__init__(self, code)
+
+    return type(name, (NVMLError,), {"__new__": new, "__init__": init, "__module__": __name__})
+
+
+for _constant, _code in _ERROR_CODES.items():
+    _cls = _make_error_class(_code, _class_name(_constant))
+    NVMLError._valClassMapping[_code] = _cls
+    globals()[_cls.__name__] = _cls
+
+NVMLError_NotSupported: type = NVMLError._valClassMapping[NVML_ERROR_NOT_SUPPORTED]
+NVMLError_NotFound: type = NVMLError._valClassMapping[NVML_ERROR_NOT_FOUND]
+NVMLError_Timeout: type = NVMLError._valClassMapping[NVML_ERROR_TIMEOUT]
+NVMLError_GpuIsLost: type = NVMLError._valClassMapping[NVML_ERROR_GPU_IS_LOST]
+NVMLError_FunctionNotFound: type = NVMLError._valClassMapping[NVML_ERROR_FUNCTION_NOT_FOUND]
+NVMLError_LibraryNotFound: type = NVMLError._valClassMapping[NVML_ERROR_LIBRARY_NOT_FOUND]
+NVMLError_DriverNotLoaded: type = NVMLError._valClassMapping[NVML_ERROR_DRIVER_NOT_LOADED]
+
+
+# ---- result structs (real field names) ------------------------------------------------
+
+
+class _Struct:
+    _fields_: tuple[str, ...] = ()
+
+    def __init__(self, **values: Any):
+        for name in self._fields_:
+            setattr(self, name, values.pop(name, 0))
+        if values:
+            raise TypeError(f"{type(self).__name__} has no fields {sorted(values)}")
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}: {getattr(self, n)!r}" for n in self._fields_)
+        return f"{type(self).__name__}({inner})"
+
+
+class c_nvmlMemory_t(_Struct):
+    _fields_ = ("total", "free", "used")
+
+
+class c_nvmlMemory_v2_t(_Struct):
+    _fields_ = ("version", "total", "reserved", "free", "used")
+
+
+class c_nvmlUtilization_t(_Struct):
+    _fields_ = ("gpu", "memory")
+
+
+class c_nvmlProcessInfo_t(_Struct):
+    _fields_ = ("pid", "usedGpuMemory", "gpuInstanceId", "computeInstanceId")
+
+
+class c_nvmlProcessUtilizationSample_t(_Struct):
+    _fields_ = ("pid", "timeStamp", "smUtil", "memUtil", "encUtil", "decUtil")
+
+
+class c_nvmlEventData_t(_Struct):
+    _fields_ = ("device", "eventType", "eventData", "gpuInstanceId", "computeInstanceId")
+
+
+class nvmlPciInfo_t(_Struct):
+    _fields_ = ("busIdLegacy", "domain", "bus", "device", "pciDeviceId", "pciSubSystemId", "busId")
+
+
+c_nvmlPciInfo_t = nvmlPciInfo_t
+
+
+class c_nvmlValue_t(_Struct):
+    _fields_ = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+class c_nvmlFieldValue_t(_Struct):
+    _fields_ = ("fieldId", "scopeId", "timestamp", "latencyUsec", "valueType", "nvmlReturn", "value")
+
+
+class c_nvmlEventSet_t:
+    """An event set handle; holds the devices registered on it."""
+
+    def __init__(self) -> None:
+        self.registered: dict[int, int] = {}  # gpu index -> event type mask
+        self.freed = False
+
+
+@dataclass(frozen=True)
+class FakeHandle:
+    """A device handle. Equal (not identical) handles name the same device, as two
+    ctypes pointers to one device do."""
+
+    index: int
+    mig: int | None = None
+
+
+# ---- the configurable world -----------------------------------------------------------
+
+
+@dataclass
+class FakeProcess:
+    """A process holding a GPU. ``used_memory`` in bytes; None = NVML cannot tell."""
+
+    pid: int
+    used_memory: int | None = 1 * GiB
+    kind: str = "compute"  # or "graphics"
+    gpu_instance_id: int = 0xFFFFFFFF
+    compute_instance_id: int = 0xFFFFFFFF
+
+
+@dataclass
+class FakeUtilSample:
+    """One driver sample of a process: timestamp in microseconds, utilisation in percent."""
+
+    pid: int
+    timestamp: int
+    sm: int = 0
+    mem: int = 0
+    enc: int = 0
+    dec: int = 0
+
+
+@dataclass
+class FakeMig:
+    """A MIG device (one GPU instance) on a parent GPU."""
+
+    uuid: str
+    gpu_instance_id: int
+    memory_total: int = 10 * GiB
+    memory_used: int = 0
+    processes: list[FakeProcess] = field(default_factory=list)
+    name: str = "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+    compute_instance_id: int = 0
+
+
+@dataclass
+class FakeGpu:
+    """One GPU, in NVML's own units (mW, mJ, MHz, KB/s, percent)."""
+
+    name: str = "NVIDIA H100 80GB HBM3"
+    uuid: str = ""  # filled in from the index when empty
+    serial: str = "1650923000000"
+    bus_id: str = ""  # filled in from the index when empty
+    memory_total: int = 80 * GiB
+    memory_used: int = 10 * GiB
+    memory_reserved: int = 512 * MiB
+    utilization_gpu: int = 50
+    utilization_memory: int = 20
+    temperature: int = 45
+    memory_temperature: int | None = 52
+    power_mw: int = 250_000
+    power_limit_mw: int = 700_000
+    energy_mj: int = 123_456_789
+    sm_clock_mhz: int = 1980
+    mem_clock_mhz: int = 2619
+    pcie_rx_kbs: int = 1000
+    pcie_tx_kbs: int = 500
+    fan_percent: int = 30
+    ecc_corrected: int = 2
+    ecc_uncorrected: int = 0
+    clock_reasons: int = 0
+    processes: list[FakeProcess] = field(default_factory=list)
+    util_samples: list[FakeUtilSample] = field(default_factory=list)
+    mig_devices: list[FakeMig] = field(default_factory=list)
+    mig_capable: bool = False  # MIG mode query supported (disabled) even without MIG devices
+    xid_supported: bool = True
+    lost: bool = False
+    unsupported: set[str] = field(default_factory=set)
+    errors: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def mig_enabled(self) -> bool:
+        return bool(self.mig_devices)
+
+
+# Functions that take a device handle first: the fake checks lost/unsupported/errors.
+_DEVICE_FUNCTIONS = frozenset(
+    {
+        "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetSerial", "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetTemperatureV", "nvmlDeviceGetFieldValues", "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetPcieThroughput", "nvmlDeviceGetFanSpeed", "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2",
+        "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents",
+    }
+)
+
+# What a MIG device handle cannot answer (NOT_SUPPORTED on real hardware).
+_MIG_UNSUPPORTED = frozenset(
+    {
+        "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetFanSpeed",
+    }
+)
+
+
+class FakeNvml:
+    """A stand-in for the ``pynvml`` module: its functions, constants and errors.
+
+    Args:
+        gpus: the GPUs, index = position in the list.
+        driver_version: what ``nvmlSystemGetDriverVersion`` returns.
+        missing: function names the module does not have (``getattr`` raises
+            AttributeError), as with an old nvidia-ml-py.
+        init_error: an NVML error code ``nvmlInit`` raises (e.g. LIBRARY_NOT_FOUND).
+        legacy_bytes: return strings as bytes, like bindings before 11.5.
+    """
+
+    def __init__(
+        self,
+        gpus: Iterable[FakeGpu] = (),
+        driver_version: str = "550.54.15",
+        missing: Iterable[str] = (),
+        init_error: int | None = None,
+        legacy_bytes: bool = False,
+    ):
+        self.gpus = list(gpus)
+        for index, gpu in enumerate(self.gpus):
+            if not gpu.uuid:
+                gpu.uuid = f"GPU-{index:08x}-1111-2222-3333-444444444444"
+            if not gpu.bus_id:
+                gpu.bus_id = f"00000000:{0x17 + index:02X}:00.0"
+        self.driver_version = driver_version
+        self.missing = set(missing)
+        self.init_error = init_error
+        self.legacy_bytes = legacy_bytes
+        self.initialized = False
+        self.init_calls = 0
+        self.shutdown_calls = 0
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.event_sets: list[c_nvmlEventSet_t] = []
+        self._events: list[c_nvmlEventData_t] = []
+
+    # Module attributes: constants, error classes and structs come from this file.
+    def __getattribute__(self, name: str) -> Any:
+        if not name.startswith("_") and name in object.__getattribute__(self, "__dict__").get("missing", ()):
+            raise AttributeError(f"module 'pynvml' has no attribute {name!r}")
+        return object.__getattribute__(self, name)
+
+    def __getattr__(self, name: str) -> Any:
+        module = sys.modules[__name__]
+        missing = object.__getattribute__(self, "__dict__").get("missing", ())
+        if name.startswith("_") or name in missing or not hasattr(module, name):
+            raise AttributeError(f"module 'pynvml' has no attribute {name!r}")
+        return getattr(module, name)
+
+    # ---- test helpers ---------------------------------------------------------------
+
+    def queue_xid(self, gpu_index: int, xid: int, gpu_instance_id: int = 0xFFFFFFFF) -> None:
+        """Make an XID critical error event on a GPU, as the driver would."""
+        self._events.append(
+            c_nvmlEventData_t(
+                device=FakeHandle(gpu_index),
+                eventType=nvmlEventTypeXidCriticalError,
+                eventData=xid,
+                gpuInstanceId=gpu_instance_id,
+                computeInstanceId=0xFFFFFFFF,
+            )
+        )
+
+    def add_util_samples(self, gpu_index: int, samples: Iterable[FakeUtilSample]) -> None:
+        """Add per-process utilisation samples to a GPU's driver buffer."""
+        self.gpus[gpu_index].util_samples.extend(samples)
+
+    def called(self, name: str) -> list[tuple[Any, ...]]:
+        """The argument tuples of every call to ``name``."""
+        return [args for n, args in self.calls if n == name]
+
+    # ---- plumbing -------------------------------------------------------------------
+
+    def _str(self, value: str) -> Any:
+        return value.encode() if self.legacy_bytes else value
+
+    def _enter(self, name: str, args: tuple[Any, ...]) -> None:
+        self.calls.append((name, args))
+        if not self.initialized and name not in ("nvmlInit", "nvmlInitWithFlags"):
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+
+    def _device(self, name: str, handle: Any, *args: Any) -> tuple[FakeGpu, FakeMig | None]:
+        self._enter(name, (handle,) + args)
+        if not isinstance(handle, FakeHandle) or not 0 <= handle.index < len(self.gpus):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.gpus[handle.index]
+        if gpu.lost:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        if name in gpu.errors:
+            raise NVMLError(gpu.errors[name])
+        if name in gpu.unsupported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        mig = None
+        if handle.mig is not None:
+            if handle.mig >= len(gpu.mig_devices):
+                raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+            mig = gpu.mig_devices[handle.mig]
+            if name in _MIG_UNSUPPORTED:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu, mig
+
+    # ---- init -----------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self._enter("nvmlInit", ())
+        if self.init_error is not None:
+            raise NVMLError(self.init_error)
+        self.initialized = True
+        self.init_calls += 1
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self.nvmlInit()
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown", ())
+        self.initialized = False
+        self.shutdown_calls += 1
+
+    def nvmlSystemGetDriverVersion(self) -> Any:
+        self._enter("nvmlSystemGetDriverVersion", ())
+        return self._str(self.driver_version)
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount", ())
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+        self._enter("nvmlDeviceGetHandleByIndex", (index,))
+        if not 0 <= index < len(self.gpus):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return FakeHandle(index)
+
+    # ---- identity -------------------------------------------------------------------
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> Any:
+        gpu, mig = self._device("nvmlDeviceGetUUID", handle)
+        return self._str(mig.uuid if mig else gpu.uuid)
+
+    def nvmlDeviceGetName(self, handle: Any) -> Any:
+        gpu, mig = self._device("nvmlDeviceGetName", handle)
+        return self._str(mig.name if mig else gpu.name)
+
+    def nvmlDeviceGetSerial(self, handle: Any) -> Any:
+        gpu, _ = self._device("nvmlDeviceGetSerial", handle)
+        return self._str(gpu.serial)
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> nvmlPciInfo_t:
+        gpu, _ = self._device("nvmlDeviceGetPciInfo", handle)
+        bus = int(gpu.bus_id.split(":")[1], 16)
+        # c_char arrays come back as bytes from the real binding, whatever its version.
+        return nvmlPciInfo_t(busIdLegacy=gpu.bus_id.encode()[:16], domain=0, bus=bus, device=0,
+                             pciDeviceId=0x233010DE, pciSubSystemId=0x16C110DE, busId=gpu.bus_id.encode())
+
+    # ---- memory and utilisation ------------------------------------------------------
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
+        gpu, mig = self._device("nvmlDeviceGetMemoryInfo", handle, version)
+        if mig is not None:
+            if version:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            return c_nvmlMemory_t(total=mig.memory_total, free=mig.memory_total - mig.memory_used,
+                                  used=mig.memory_used)
+        if version:
+            if "nvmlDeviceGetMemoryInfo_v2" in gpu.unsupported or "nvmlDeviceGetMemoryInfo_v2" in self.missing:
+                raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+            return c_nvmlMemory_v2_t(version=version, total=gpu.memory_total, reserved=gpu.memory_reserved,
+                                     free=gpu.memory_total - gpu.memory_reserved - gpu.memory_used,
+                                     used=gpu.memory_used)
+        # Version 1 counts the driver's reserved memory as used.
+        used = gpu.memory_used + gpu.memory_reserved
+        return c_nvmlMemory_t(total=gpu.memory_total, free=gpu.memory_total - used, used=used)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> c_nvmlUtilization_t:
+        gpu, _ = self._device("nvmlDeviceGetUtilizationRates", handle)
+        return c_nvmlUtilization_t(gpu=gpu.utilization_gpu, memory=gpu.utilization_memory)
+
+    # ---- thermal, power, clocks -------------------------------------------------------
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        gpu, _ = self._device("nvmlDeviceGetTemperature", handle, sensor)
+        if sensor != NVML_TEMPERATURE_GPU:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.temperature
+
+    def nvmlDeviceGetTemperatureV(self, handle: Any, sensor: int, version: int = 0x1000010) -> int:
+        gpu, _ = self._device("nvmlDeviceGetTemperatureV", handle, sensor)
+        if sensor != NVML_TEMPERATURE_GPU:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.temperature
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[Any]) -> list[c_nvmlFieldValue_t]:
+        gpu, _ = self._device("nvmlDeviceGetFieldValues", handle, list(field_ids))
+        out = []
+        for field_id in field_ids:
+            if isinstance(field_id, tuple):
+                field_id = field_id[0]
+            value = c_nvmlFieldValue_t(fieldId=field_id, valueType=NVML_VALUE_TYPE_UNSIGNED_INT,
+                                       value=c_nvmlValue_t())
+            if field_id == NVML_FI_DEV_MEMORY_TEMP and gpu.memory_temperature is not None:
+                value.value.uiVal = gpu.memory_temperature
+                value.nvmlReturn = NVML_SUCCESS
+            else:
+                value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+            out.append(value)
+        return out
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        gpu, _ = self._device("nvmlDeviceGetPowerUsage", handle)
+        return gpu.power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        gpu, _ = self._device("nvmlDeviceGetEnforcedPowerLimit", handle)
+        return gpu.power_limit_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        gpu, _ = self._device("nvmlDeviceGetTotalEnergyConsumption", handle)
+        return gpu.energy_mj
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
+        gpu, _ = self._device("nvmlDeviceGetClockInfo", handle, clock_type)
+        if clock_type == NVML_CLOCK_SM:
+            return gpu.sm_clock_mhz
+        if clock_type == NVML_CLOCK_MEM:
+            return gpu.mem_clock_mhz
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: int) -> int:
+        gpu, _ = self._device("nvmlDeviceGetPcieThroughput", handle, counter)
+        return gpu.pcie_rx_kbs if counter == NVML_PCIE_UTIL_RX_BYTES else gpu.pcie_tx_kbs
+
+    def nvmlDeviceGetFanSpeed(self, handle: Any) -> int:
+        gpu, _ = self._device("nvmlDeviceGetFanSpeed", handle)
+        return gpu.fan_percent
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int:
+        gpu, _ = self._device("nvmlDeviceGetTotalEccErrors", handle, error_type, counter_type)
+        return gpu.ecc_corrected if error_type == NVML_MEMORY_ERROR_TYPE_CORRECTED else gpu.ecc_uncorrected
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        gpu, _ = self._device("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        return gpu.clock_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
+        gpu, _ = self._device("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        return gpu.clock_reasons
+
+    # ---- processes --------------------------------------------------------------------
+
+    def _process_list(self, name: str, handle: Any, kind: str) -> list[c_nvmlProcessInfo_t]:
+        gpu, mig = self._device(name, handle)
+        processes = mig.processes if mig is not None else gpu.processes
+        out = []
+        for proc in processes:
+            if proc.kind != kind:
+                continue
+            out.append(c_nvmlProcessInfo_t(
+                pid=proc.pid,
+                usedGpuMemory=proc.used_memory,  # None, as pynvml turns NVML_VALUE_NOT_AVAILABLE into
+                gpuInstanceId=mig.gpu_instance_id if mig is not None else proc.gpu_instance_id,
+                computeInstanceId=mig.compute_instance_id if mig is not None else proc.compute_instance_id,
+            ))
+        return out
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[c_nvmlProcessInfo_t]:
+        return self._process_list("nvmlDeviceGetComputeRunningProcesses_v3", handle, "compute")
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[c_nvmlProcessInfo_t]:
+        return self._process_list("nvmlDeviceGetComputeRunningProcesses_v2", handle, "compute")
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[c_nvmlProcessInfo_t]:
+        return self._process_list("nvmlDeviceGetComputeRunningProcesses", handle, "compute")
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: Any) -> list[c_nvmlProcessInfo_t]:
+        return self._process_list("nvmlDeviceGetGraphicsRunningProcesses_v3", handle, "graphics")
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: Any) -> list[c_nvmlProcessInfo_t]:
+        return self._process_list("nvmlDeviceGetGraphicsRunningProcesses_v2", handle, "graphics")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[c_nvmlProcessInfo_t]:
+        return self._process_list("nvmlDeviceGetGraphicsRunningProcesses", handle, "graphics")
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[c_nvmlProcessUtilizationSample_t]:
+        """Samples newer than ``timeStamp`` (µs); NOT_FOUND when there are none, like NVML."""
+        gpu, _ = self._device("nvmlDeviceGetProcessUtilization", handle, timeStamp)
+        newer = [s for s in gpu.util_samples if s.timestamp > timeStamp]
+        if not newer:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return [
+            c_nvmlProcessUtilizationSample_t(pid=s.pid, timeStamp=s.timestamp, smUtil=s.sm, memUtil=s.mem,
+                                             encUtil=s.enc, decUtil=s.dec)
+            for s in newer
+        ]
+
+    # ---- MIG ----------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        gpu, mig = self._device("nvmlDeviceGetMigMode", handle)
+        if mig is not None or not (gpu.mig_capable or gpu.mig_enabled):
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        mode = NVML_DEVICE_MIG_ENABLE if gpu.mig_enabled else NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        gpu, mig = self._device("nvmlDeviceGetMaxMigDeviceCount", handle)
+        if mig is not None or not (gpu.mig_capable or gpu.mig_enabled):
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> FakeHandle:
+        gpu, _ = self._device("nvmlDeviceGetMigDeviceHandleByIndex", handle, index)
+        if not gpu.mig_enabled:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if index >= len(gpu.mig_devices):
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return FakeHandle(handle.index, index)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+        _, mig = self._device("nvmlDeviceGetGpuInstanceId", handle)
+        if mig is None:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return mig.gpu_instance_id
+
+    # ---- events -------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> c_nvmlEventSet_t:
+        self._enter("nvmlEventSetCreate", ())
+        event_set = c_nvmlEventSet_t()
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlEventSetFree(self, event_set: c_nvmlEventSet_t) -> None:
+        self._enter("nvmlEventSetFree", (event_set,))
+        event_set.freed = True
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        gpu, _ = self._device("nvmlDeviceGetSupportedEventTypes", handle)
+        types = nvmlEventTypePState | nvmlEventTypeClock
+        if gpu.xid_supported:
+            types |= nvmlEventTypeXidCriticalError
+        return types
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: c_nvmlEventSet_t) -> None:
+        gpu, _ = self._device("nvmlDeviceRegisterEvents", handle, event_types, event_set)
+        if event_types & nvmlEventTypeXidCriticalError and not gpu.xid_supported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        event_set.registered[handle.index] = event_set.registered.get(handle.index, 0) | event_types
+
+    def nvmlEventSetWait(self, event_set: c_nvmlEventSet_t, timeoutms: int) -> c_nvmlEventData_t:
+        """The next queued event for a device registered on the set; NVMLError_Timeout if none."""
+        self._enter("nvmlEventSetWait", (event_set, timeoutms))
+        for position, event in enumerate(self._events):
+            mask = event_set.registered.get(event.device.index, 0)
+            if mask & event.eventType:
+                del self._events[position]
+                return event
+        raise NVMLError(NVML_ERROR_TIMEOUT)
+
+
+def install(monkeypatch: Any, fake: FakeNvml) -> FakeNvml:
+    """Make ``import pynvml`` return ``fake`` for the rest of the test (pytest monkeypatch)."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
+
+
+def function_names() -> list[str]:
+    """The pynvml functions the fake implements."""
+    return sorted(n for n in dir(FakeNvml) if n.startswith("nvml") and callable(getattr(FakeNvml, n)))
+
+
+__all__ = [
+    "FakeGpu", "FakeHandle", "FakeMig", "FakeNvml", "FakeProcess", "FakeUtilSample", "NVMLError",
+    "function_names", "install",
+]
+
