@@ -252,6 +252,48 @@ def enabled_names(enable: Iterable[str] = (), disable: Iterable[str] = ()) -> fr
     return frozenset((names | set(enable)) - set(disable))
 
 
+# What each family means on each vendor (docs only): family -> (NVIDIA, AMD, Gaudi).
+# "—" marks a family the vendor cannot provide; its series are then absent, never 0.
+VENDORS: tuple[str, ...] = ("NVIDIA (`nvml`)", "AMD (`amd`, amdsmi)", "Intel Gaudi (`gaudi`, hl-smi)")
+VENDOR_NOTES: dict[str, tuple[str, str, str]] = {
+    "gpu_info": ("`vendor=\"nvidia\"`; `pci_bus_id` from NVML; `serial` board serial",
+                 "`vendor=\"amd\"`; `pci_bus_id` is the AMD device plugin's device id; `serial` ASIC serial",
+                 "`vendor=\"gaudi\"`; `serial` is the Habana device plugin's device id"),
+    "gpu_up": ("device handle readable", "any amdsmi read succeeds", "device listed by hl-smi"),
+    "gpu_utilization_ratio": ("NVML GPU utilisation (kernel running)", "`gfx_activity` (graphics/compute engine busy)",
+                              "`utilization.aip` (AIP busy)"),
+    "gpu_memory_utilization_ratio": ("NVML memory-controller utilisation", "`umc_activity` (memory controller busy)", "—"),
+    "gpu_memory_used_bytes": ("framebuffer used", "VRAM used", "HBM used (`memory.used`, MiB converted)"),
+    "gpu_memory_total_bytes": ("framebuffer total", "VRAM total", "HBM total (`memory.total`, MiB converted)"),
+    "gpu_temperature_celsius": ("GPU die", "junction (hotspot) sensor, edge where there is none", "`temperature.aip`"),
+    "gpu_memory_temperature_celsius": ("HBM (data-centre cards)", "VRAM (HBM) sensor", "—"),
+    "gpu_power_watts": ("board power", "socket power (current on MI300+, average before)", "`power.draw`"),
+    "gpu_power_limit_watts": ("enforced limit", "`power_limit`", "—"),
+    "gpu_energy_joules_total": ("NVML energy counter", "amdsmi energy accumulator", "integrated from `power.draw`"),
+    "gpu_sm_clock_hertz": ("SM clock", "GFX clock", "—"),
+    "gpu_memory_clock_hertz": ("memory clock", "memory (MEM) clock", "—"),
+    "gpu_pcie_rx_bytes_per_second": ("NVML PCIe throughput", "—", "—"),
+    "gpu_pcie_tx_bytes_per_second": ("NVML PCIe throughput", "—", "—"),
+    "gpu_fan_speed_ratio": ("fan speed (cards with fans)", "—", "—"),
+    "gpu_ecc_errors_total": ("volatile ECC counts", "RAS total correctable/uncorrectable counts", "—"),
+    "gpu_xid_errors_total": ("XID events", "—", "—"),
+    "gpu_clock_throttle_active": ("clock event reasons", "—", "—"),
+    "container_gpu_memory_used_bytes": ("per-process used memory", "per-process VRAM (`vram_mem`)",
+                                        "— (hl-smi has no per-process memory)"),
+    "container_gpu_utilization_ratio": ("per-process SM samples", "per-process GFX engine time over the interval",
+                                        "— (no per-process utilisation)"),
+    "container_gpu_processes": ("NVML compute and graphics processes", "amdsmi process list",
+                                "processes holding `/dev/accel/accel<N>` open"),
+    "container_gpu_idle_seconds": ("memory held at 0 SM", "VRAM held at 0 GFX time", "—"),
+    "container_gpu_usage_seconds_total": ("integral of SM share", "integral of GFX-time share", "—"),
+    "container_gpu_allocation_seconds_total": ("time holding memory", "time holding VRAM", "—"),
+    "container_gpu_energy_joules_total": ("split by SM and memory share", "split by GFX and VRAM share",
+                                          "— (energy counts as unattributed)"),
+    "gpu_process_memory_used_bytes": ("as NVML reports", "`vram_mem`", "—"),
+    "gpu_process_utilization_ratio": ("NVML per-process SM samples", "GFX engine time over the interval", "—"),
+}
+
+
 def _fmt_scale(scale: float) -> str:
     if scale == 1.0:
         return ""
@@ -292,6 +334,11 @@ def markdown() -> str:
             help_text = spec.help + (f" Note: {spec.vendors_note}." if spec.vendors_note else "")
             out.append(f"| `{spec.name}` | {spec.type} | {spec.ucum} | {label_text} | {help_text} | {dcgm} |")
         out.append("")
+    out += ["## Per vendor", "", "What each family means on each backend; \u2014 where the vendor cannot provide it "
+            "(the series is absent, never 0).", "", "| family | " + " | ".join(VENDORS) + " |",
+            "|---|" + "---|" * len(VENDORS)]
+    out += [f"| `{name}` | " + " | ".join(texts) + " |" for name, texts in VENDOR_NOTES.items()]
+    out += [""]
     out += ["## OTLP attribute names", "", "| Prometheus label | OTLP attribute |", "|---|---|"]
     out += [f"| `{k}` | `{v}` |" for k, v in LABEL_ATTRIBUTES.items()]
     out += ["| `label_<key>` | `k8s.pod.label.<key>` |", ""]
