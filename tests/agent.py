@@ -1,0 +1,120 @@
+"""Run the real agent as a subprocess on a free loopback port and scrape it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Sample name -> [(labels, value)] from a text exposition."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+def pick(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> list[float]:
+    """Values of ``name`` whose labels include ``labels``."""
+    return [v for lab, v in samples.get(name, []) if all(lab.get(k) == want for k, want in labels.items())]
+
+
+class AgentProcess:
+    """`python -m exporter serve ...` with stdout/stderr to a log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, log_path: Path | None = None):
+        self.port = free_port()
+        self.args = args
+        self.env = dict(os.environ)
+        self.env["PYTHONPATH"] = str(REPO) + os.pathsep + self.env.get("PYTHONPATH", "")
+        self.env.update(env or {})
+        self.log_path = log_path or Path(f"/tmp/l9gpu-agent-{self.port}.log")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, wait_ready: bool = True, timeout: float = 20.0) -> None:
+        cmd = [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{self.port}", *self.args]
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+        if wait_ready:
+            self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"agent not ready after {timeout}s:\n{self.log()}")
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        request = urllib.request.Request(self.url + path, headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read()
+
+    def scrape(self) -> str:
+        status, _, body = self.get("/metrics")
+        assert status == 200, body
+        return body.decode()
+
+    def samples(self):  # type: ignore[no-untyped-def]
+        return parse_metrics(self.scrape())
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 5.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def run_cli(args: Iterable[str], env: dict[str, str] | None = None, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    """Run `python -m exporter ARGS` to completion."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "exporter", *args], cwd=REPO, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)

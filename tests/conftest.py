@@ -1,0 +1,52 @@
+"""Shared fixtures: free ports, running the agent as a real subprocess, scraping it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from agent import AgentProcess  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def need_tool(name: str) -> str:
+    """Path of a required tool; skip without it, but fail in CI, where `make test` installs it."""
+    import shutil
+
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (Debian package prometheus; `make test` installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture
+def agent_factory(tmp_path):
+    """Start `l9gpu serve` subprocesses; every one is stopped at teardown."""
+    started: list[AgentProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, wait_ready: bool = True) -> AgentProcess:
+        proc = AgentProcess(list(args), env=env, log_path=tmp_path / f"agent-{len(started)}.log")
+        started.append(proc)
+        proc.start(wait_ready=wait_ready)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_l9gpu_env(monkeypatch):
+    """Tests must not pick up L9GPU_* or OTEL_* settings from the machine."""
+    for name in list(os.environ):
+        if name.startswith(("L9GPU_", "OTEL_")) or name == "NODE_NAME":
+            monkeypatch.delenv(name, raising=False)

@@ -1,0 +1,80 @@
+"""The command line as a user meets it: clear errors, env vars, snapshot, clean shutdown."""
+
+import json
+import signal
+import time
+
+import pytest
+
+from agent import AgentProcess, run_cli
+
+
+@pytest.mark.parametrize("args,message", [
+    (["serve", "--interval", "fast"], "invalid duration 'fast'"),
+    (["serve", "--interval", "0s"], "greater than zero"),
+    (["serve", "--listen", "9835"], "use HOST:PORT"),
+    (["serve", "--log-format", "xml"], "invalid choice: 'xml'"),
+    (["serve", "--bogus"], "unrecognized arguments: --bogus"),
+    (["serve", "--backend", "cuda"], "unknown backend 'cuda'"),
+    (["serve", "--backend", "simulated", "--disable-metric", "gpu_nope"], "unknown metric 'gpu_nope'"),
+    (["snapshot", "--backend", "simulated", "--scenario", "/nonexistent.yaml"], "cannot read scenario"),
+])
+def test_bad_flags_exit_2_with_one_clear_line(args, message):
+    result = run_cli(args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_environment_value_names_the_variable():
+    result = run_cli(["serve", "--backend", "simulated"], env={"L9GPU_INTERVAL": "soon"})
+    assert result.returncode == 2
+    assert "L9GPU_INTERVAL" in result.stderr and "invalid duration" in result.stderr
+
+
+def test_auto_without_gpus_points_to_the_demo():
+    result = run_cli(["snapshot", "--backend", "auto"], env={"PATH": "/nonexistent"})
+    assert result.returncode == 2
+    assert "--backend simulated" in result.stderr
+
+
+def test_snapshot_table_and_json():
+    table = run_cli(["snapshot", "--backend", "simulated", "--node-name", "gpu-node-7"])
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0] == "node gpu-node-7"
+    assert "NVIDIA H100 80GB HBM3" in table.stdout and "pid 61001" in table.stdout
+    doc = json.loads(run_cli(["snapshot", "--backend", "simulated", "--json"]).stdout)
+    assert doc["node"] == "sim-node-01"  # the scenario's node when no name is given
+    assert len(doc["gpus"]) == 8
+    zombie = [p for g in doc["gpus"] for p in g["processes"] if p["pid"] == 61001][0]
+    assert zombie["memory_used_bytes"] == 70 * 2**30 and zombie["sm_utilization_ratio"] == 0.0
+
+
+def test_flags_come_from_the_environment(agent_factory):
+    agent = agent_factory("--backend", "simulated", env={"L9GPU_NODE_NAME": "env-node", "L9GPU_PROCESS_METRICS": "true",
+                                                         "L9GPU_DISABLE_METRIC": "gpu_fan_speed_ratio,gpu_power_watts"})
+    m = agent.samples()
+    assert {lab["node"] for lab, _ in m["gpu_up"]} == {"env-node"}
+    assert "gpu_process_memory_used_bytes" in m
+    assert "gpu_power_watts" not in m
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_shut_down_cleanly_within_one_second(tmp_path, sig):
+    agent = AgentProcess(["--backend", "simulated", "--interval", "200ms"], log_path=tmp_path / "a.log")
+    agent.start()
+    started = time.monotonic()
+    code = agent.stop(sig)
+    assert time.monotonic() - started < 1.0
+    assert code == 0, agent.log()
+    assert "Traceback" not in agent.log()
+
+
+def test_port_in_use_is_a_clear_error(agent_factory):
+    first = agent_factory("--backend", "simulated")
+    result = run_cli(["serve", "--backend", "simulated", "--listen", f"127.0.0.1:{first.port}"])
+    assert result.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{first.port}" in result.stderr

@@ -1,0 +1,144 @@
+"""Derived counters and the split rules, with plain values (no clock, no I/O)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter.derive import DeriveState, label_schema, split_energy, step
+from exporter.model import DeviceSample, ProcessSample, Workload
+
+GIB = 2**30
+
+
+def pod(name, ns="team-a", **kw):
+    return Workload(kind="kubernetes", namespace=ns, pod=name, container="main", pod_uid=f"uid-{name}", **kw)
+
+
+def gpu(energy=None, power=None, procs=(), up=True, index=0):
+    return DeviceSample(index=index, uuid=f"GPU-{index}", model="H100", energy_joules=energy, power_watts=power,
+                        processes=tuple(procs), up=up)
+
+
+def by_pod(derived):
+    return {u.labels[6]: u for u in derived.workloads}
+
+
+def test_device_energy_counter_follows_device_and_survives_a_reset():
+    state = DeriveState()
+    state, d = step(state, 0.0, "n", [gpu(energy=1000.0)], {})
+    assert d.device_energy_joules["GPU-0"] == 1000.0
+    state, d = step(state, 1.0, "n", [gpu(energy=1500.0)], {})
+    assert d.device_energy_joules["GPU-0"] == 1500.0
+    state, d = step(state, 2.0, "n", [gpu(energy=100.0)], {})  # driver reloaded: counter restarted
+    assert d.device_energy_joules["GPU-0"] == 1500.0
+    state, d = step(state, 3.0, "n", [gpu(energy=300.0)], {})
+    assert d.device_energy_joules["GPU-0"] == 1700.0
+
+
+def test_energy_integrates_power_when_the_device_has_no_counter():
+    state, _ = step(DeriveState(), 0.0, "n", [gpu(power=300.0)], {})
+    state, d = step(state, 2.0, "n", [gpu(power=300.0)], {})
+    assert d.device_energy_joules["GPU-0"] == pytest.approx(600.0)
+
+
+def test_time_sliced_pods_get_their_own_honest_numbers():
+    procs = [ProcessSample(1, 2 * GIB, 0.5), ProcessSample(2, 1 * GIB, 0.2), ProcessSample(3, 4 * GIB, 0.1)]
+    owners = {1: pod("a"), 2: pod("b"), 3: pod("c")}
+    state, _ = step(DeriveState(), 0.0, "n", [gpu(energy=0.0, procs=procs)], owners)
+    state, d = step(state, 10.0, "n", [gpu(energy=1000.0, procs=procs)], owners)
+    pods = by_pod(d)
+    assert {k: v.memory_used_bytes for k, v in pods.items()} == {"a": 2 * GIB, "b": 1 * GIB, "c": 4 * GIB}
+    assert {k: v.utilization for k, v in pods.items()} == {"a": 0.5, "b": 0.2, "c": 0.1}
+    assert pods["a"].usage_seconds_total == pytest.approx(5.0)
+    assert pods["b"].allocation_seconds_total == pytest.approx(10.0)
+    # busy = 0.8: 800 J by SM share (5:2:1), 200 J idle by memory share (2:1:4)
+    assert pods["a"].energy_joules_total == pytest.approx(500 + 200 * 2 / 7)
+    assert pods["b"].energy_joules_total == pytest.approx(200 + 200 * 1 / 7)
+    assert pods["c"].energy_joules_total == pytest.approx(100 + 200 * 4 / 7)
+    assert sum(p.energy_joules_total for p in pods.values()) + d.unattributed[0].energy_joules_total == pytest.approx(1000)
+
+
+def test_zombie_idle_seconds_grow_and_reset_when_it_computes():
+    owners = {7: pod("nb")}
+    idle = [ProcessSample(7, 70 * GIB, 0.0)]
+    state, d = step(DeriveState(), 100.0, "n", [gpu(procs=idle)], owners)
+    assert by_pod(d)["nb"].idle_seconds == 0.0
+    state, d = step(state, 160.0, "n", [gpu(procs=idle)], owners)
+    assert by_pod(d)["nb"].idle_seconds == 60.0
+    state, d = step(state, 161.0, "n", [gpu(procs=[ProcessSample(7, 70 * GIB, 0.3)])], owners)
+    assert by_pod(d)["nb"].idle_seconds == 0.0
+
+
+def test_unattributed_processes_keep_the_totals_honest():
+    procs = [ProcessSample(1, 3 * GIB, 0.4), ProcessSample(2, 1 * GIB, 0.4)]
+    state, _ = step(DeriveState(), 0.0, "n", [gpu(energy=0.0, procs=procs)], {1: pod("a")})
+    state, d = step(state, 1.0, "n", [gpu(energy=100.0, procs=procs)], {1: pod("a")})
+    assert d.unattributed[0].memory_used_bytes == 1 * GIB
+    assert d.unattributed[0].processes == 1
+    assert d.unattributed_processes == 1
+    total = by_pod(d)["a"].energy_joules_total + d.unattributed[0].energy_joules_total
+    assert total == pytest.approx(100.0)
+
+
+def test_a_pod_on_two_gpus_gets_one_series_per_gpu_and_processes_are_summed():
+    owners = {1: pod("t"), 2: pod("t"), 3: pod("t")}
+    devices = [gpu(index=0, procs=[ProcessSample(1, GIB, 0.3), ProcessSample(2, GIB, 0.3)]),
+               gpu(index=1, procs=[ProcessSample(3, GIB, 0.9)])]
+    _, d = step(DeriveState(), 0.0, "n", devices, owners)
+    rows = sorted((u.labels[1], u.processes, u.memory_used_bytes, u.utilization) for u in d.workloads)
+    assert rows == [("0", 2, 2 * GIB, 0.6), ("1", 1, GIB, 0.9)]
+
+
+def test_vanished_workload_keeps_counters_for_the_grace_period_then_goes():
+    owners = {1: pod("a")}
+    procs = [ProcessSample(1, GIB, 1.0)]
+    state, _ = step(DeriveState(), 0.0, "n", [gpu(procs=procs)], owners, grace_seconds=30)
+    state, d = step(state, 10.0, "n", [gpu(procs=procs)], owners, grace_seconds=30)
+    assert by_pod(d)["a"].usage_seconds_total == 10.0
+    state, d = step(state, 20.0, "n", [gpu()], {}, grace_seconds=30)
+    gone = by_pod(d)["a"]
+    assert not gone.present and gone.usage_seconds_total == 10.0 and gone.processes == 0
+    state, d = step(state, 41.0, "n", [gpu()], {}, grace_seconds=30)
+    assert "a" not in by_pod(d)
+
+
+def test_down_device_keeps_energy_but_reports_no_workloads():
+    owners = {1: pod("a")}
+    state, _ = step(DeriveState(), 0.0, "n", [gpu(energy=10.0, procs=[ProcessSample(1, GIB, 0.5)])], owners)
+    state, d = step(state, 1.0, "n", [gpu(up=False)], owners)
+    assert d.device_energy_joules["GPU-0"] == 10.0
+    assert [u.present for u in d.workloads] == [False]
+
+
+def test_label_schema_adds_owner_and_pod_labels():
+    names, labeller = label_schema(["team", "app.kubernetes.io/name"])
+    assert names == ("owner_kind", "owner_name", "label_team", "label_app_kubernetes_io_name")
+    w = pod("a", owner_kind="Deployment", owner_name="web", labels=(("team", "search"),))
+    assert labeller(w)[-4:] == ("Deployment", "web", "search", "")
+
+
+shares = st.lists(st.tuples(st.one_of(st.none(), st.floats(0, 1)), st.one_of(st.none(), st.integers(0, 80 * GIB))),
+                  max_size=12)
+
+
+@given(delta=st.floats(0, 1e6), procs=shares)
+@settings(max_examples=300, deadline=None)
+def test_energy_split_conserves_the_delta(delta, procs):
+    parts, nobody = split_energy(delta, procs)
+    assert all(p >= 0 for p in parts) and nobody >= 0
+    assert sum(parts) + nobody == pytest.approx(delta, rel=1e-9, abs=1e-6)
+
+
+@given(procs=st.lists(st.tuples(st.integers(1, 50), st.integers(0, 8 * GIB), st.floats(0, 1)), max_size=10),
+       attributed=st.sets(st.integers(1, 50)), energy=st.floats(0, 1e5))
+@settings(max_examples=200, deadline=None)
+def test_per_gpu_conservation_of_memory_and_energy(procs, attributed, energy):
+    unique = {pid: (mem, util) for pid, mem, util in procs}
+    samples = [ProcessSample(pid, mem, util) for pid, (mem, util) in unique.items()]
+    owners = {pid: pod(f"p{pid % 3}") for pid in unique if pid in attributed}
+    state, _ = step(DeriveState(), 0.0, "n", [gpu(energy=0.0, procs=samples)], owners)
+    _, d = step(state, 1.0, "n", [gpu(energy=energy, procs=samples)], owners)
+    memory = sum(u.memory_used_bytes for u in d.workloads) + d.unattributed[0].memory_used_bytes
+    assert memory == sum(m for m, _ in unique.values())
+    joules = sum(u.energy_joules_total for u in d.workloads) + d.unattributed[0].energy_joules_total
+    assert joules == pytest.approx(energy, rel=1e-9, abs=1e-6)

@@ -1,0 +1,86 @@
+"""End to end: the real agent as a subprocess on the simulated node, scraped over HTTP.
+
+The values are checked against the default scenario (exporter/scenarios/default.yaml)
+and the whole exposition is linted with `promtool check metrics`, like node_exporter's
+end-to-end test.
+"""
+
+import subprocess
+import time
+
+import pytest
+
+from agent import pick
+from conftest import need_tool
+
+GIB = 2**30
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from agent import AgentProcess
+
+    agent = AgentProcess(["--backend", "simulated", "--interval", "250ms", "--process-metrics"],
+                         log_path=tmp_path_factory.mktemp("e2e") / "agent.log")
+    agent.start()
+    yield agent
+    agent.stop()
+
+
+def test_device_values_match_the_scenario(demo):
+    m = demo.samples()
+    assert sorted(int(lab["gpu"]) for lab, _ in m["gpu_up"]) == list(range(8))
+    assert {lab["node"] for lab, _ in m["gpu_up"]} == {"sim-node-01"}
+    assert set(pick(m, "gpu_memory_total_bytes", model=H100)) == {80 * GIB}
+    assert pick(m, "gpu_utilization_ratio", gpu="7") == [0.0]
+    assert pick(m, "gpu_power_watts", gpu="7") == [72.0]
+    assert pick(m, "gpu_power_limit_watts", gpu="0") == [700.0]
+    assert pick(m, "gpu_utilization_ratio", gpu="2") == [0.92]
+    assert pick(m, "gpu_power_watts", gpu="2") == [pytest.approx(72 + 628 * 0.92)]
+    assert pick(m, "gpu_clock_throttle_active", gpu="7", reason="gpu_idle") == [1.0]
+    assert pick(m, "gpu_clock_throttle_active", gpu="2", reason="gpu_idle") == [0.0]
+    assert pick(m, "gpu_sm_clock_hertz", gpu="2") == [1.98e9]
+    info = [lab for lab, _ in m["gpu_info"] if lab["gpu"] == "0"][0]
+    assert info["vendor"] == "nvidia" and info["driver_version"] == "550.54.15" and info["uuid"].startswith("GPU-")
+    # the zombie notebook: 70 GiB held at 0% SM on the time-sliced GPU 6
+    assert pick(m, "gpu_process_memory_used_bytes", gpu="6", pid="61001") == [70 * GIB]
+    assert pick(m, "gpu_process_utilization_ratio", gpu="6", pid="61001") == [0.0]
+    assert pick(m, "gpu_process_utilization_ratio", gpu="6", pid="62001") == [0.45]
+    assert pick(m, "gpu_process_utilization_ratio", gpu="6", pid="62101") == [0.2]
+    assert pick(m, "l9gpu_build_info")
+    assert pick(m, "l9gpu_collector_success", collector="simulated") == [1.0]
+    assert "process_resident_memory_bytes" in m  # prometheus_client's process metrics
+
+
+def test_values_change_between_passes(demo):
+    first = demo.samples()
+    time.sleep(0.6)
+    second = demo.samples()
+    e1 = pick(first, "gpu_energy_joules_total", gpu="0")[0]
+    e2 = pick(second, "gpu_energy_joules_total", gpu="0")[0]
+    assert e2 > e1
+    assert pick(first, "gpu_utilization_ratio", gpu="0") != pick(second, "gpu_utilization_ratio", gpu="0")  # the wave
+    assert pick(second, "l9gpu_snapshot_age_seconds")[0] < 1.0
+
+
+def test_openmetrics_and_gzip_are_negotiated(demo):
+    status, headers, body = demo.get("/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert status == 200 and headers["Content-Type"].startswith("application/openmetrics-text")
+    assert body.decode().rstrip().endswith("# EOF")
+    status, headers, body = demo.get("/metrics", {"Accept-Encoding": "gzip"})
+    assert headers.get("Content-Encoding") == "gzip" and body[:2] == b"\x1f\x8b"
+
+
+def test_promtool_accepts_the_exposition(demo):
+    promtool = need_tool("promtool")
+    text = demo.scrape()
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "" and result.stderr.strip() == "", result.stdout + result.stderr
+
+
+def test_health_endpoints(demo):
+    assert demo.get("/healthz")[0] == 200
+    assert demo.get("/readyz")[0] == 200
+    assert b"/metrics" in demo.get("/")[2]

@@ -1,0 +1,217 @@
+"""Rendering from snapshots and the HTTP endpoints, in process."""
+
+import asyncio
+import gzip
+
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+
+from agent import parse_metrics, pick
+from exporter import catalogue as cat
+from exporter.collector import Collector
+from exporter.derive import label_schema
+from exporter.devices.simulated import SimulatedBackend
+from exporter.model import DeviceSample, ProcessSample, Snapshot, Workload
+from exporter.render import SnapshotCollector
+from exporter.server import Exposition, make_app
+from prometheus_client.exposition import generate_latest
+
+
+class Clock:
+    def __init__(self, t=0.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+class StaticBackend:
+    name = "static"
+
+    def __init__(self, devices):
+        self.devices = devices
+        self.fail = False
+
+    def open(self):
+        pass
+
+    def sample(self, now):
+        if self.fail:
+            raise RuntimeError("driver went away")
+        return list(self.devices)
+
+    def close(self):
+        pass
+
+
+class Owners:
+    def __init__(self, owners):
+        self.owners = owners
+
+    def resolve(self, pids, now):
+        return {p: self.owners[p] for p in pids if p in self.owners}
+
+    def comm(self, pid):
+        return "python3"
+
+    def statuses(self):
+        return {"kubernetes": True}
+
+    def info(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def render(collector, enabled=None, extra=()):
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: collector.snapshot, enabled, extra))
+    return parse_metrics(generate_latest(registry).decode())
+
+
+def test_values_nvml_cannot_give_are_omitted_not_zero():
+    device = DeviceSample(index=0, uuid="GPU-a", model="T4", utilization=0.5, power_watts=None, fan_speed_ratio=None)
+    c = Collector(StaticBackend([device]), "node-1", clock=Clock())
+    c.collect_once()
+    m = render(c)
+    assert pick(m, "gpu_utilization_ratio", gpu="0", uuid="GPU-a", model="T4", node="node-1") == [0.5]
+    assert "gpu_power_watts" not in m and "gpu_fan_speed_ratio" not in m
+    assert pick(m, "gpu_up", uuid="GPU-a") == [1.0]
+
+
+def test_lost_gpu_is_down_and_the_others_carry_on():
+    devices = [DeviceSample(index=0, uuid="GPU-a", model="H100", power_watts=300.0),
+               DeviceSample(index=1, uuid="GPU-b", model="H100", up=False, error="GPU is lost")]
+    c = Collector(StaticBackend(devices), "n", clock=Clock())
+    c.collect_once()
+    m = render(c)
+    assert pick(m, "gpu_up", uuid="GPU-a") == [1.0] and pick(m, "gpu_up", uuid="GPU-b") == [0.0]
+    assert pick(m, "gpu_power_watts", uuid="GPU-a") == [300.0] and pick(m, "gpu_power_watts", uuid="GPU-b") == []
+    assert pick(m, "gpu_info", uuid="GPU-b", model="H100") == [1.0]
+
+
+def test_backend_failure_marks_known_gpus_down_and_the_collector_failed():
+    backend = StaticBackend([DeviceSample(index=0, uuid="GPU-a", model="H100", power_watts=300.0)])
+    c = Collector(backend, "n", clock=Clock())
+    c.collect_once()
+    backend.fail = True
+    c.collect_once()
+    m = render(c)
+    assert pick(m, "gpu_up", uuid="GPU-a") == [0.0]
+    assert pick(m, "l9gpu_collector_success", collector="static") == [0.0]
+    assert pick(m, "l9gpu_collector_success", collector="attribution") == [1.0]
+    assert pick(m, "l9gpu_collector_success", collector="kubernetes") == []  # NullAttributor has none
+
+
+def test_workload_series_and_a_vanished_pod_vanishes():
+    web = Workload(kind="kubernetes", namespace="shop", pod="web-1", container="app", pod_uid="u1",
+                   owner_kind="Deployment", owner_name="web", labels=(("team", "shop"),))
+    devices = [DeviceSample(index=0, uuid="GPU-a", model="H100", energy_joules=0.0,
+                            processes=(ProcessSample(10, 2**30, 0.25), ProcessSample(11, 2**29, None)))]
+    backend = StaticBackend(devices)
+    clock = Clock(0.0)
+    names, labeller = label_schema(["team"])
+    c = Collector(backend, "n", attributor=Owners({10: web}), labeller=labeller, clock=clock, grace_seconds=60)
+    c.collect_once()
+    clock.t = 4.0
+    backend.devices = [DeviceSample(index=0, uuid="GPU-a", model="H100", energy_joules=400.0,
+                                    processes=devices[0].processes)]
+    c.collect_once()
+    m = render(c, extra=names)
+    labels = dict(namespace="shop", pod="web-1", container="app", pod_uid="u1", slurm_job_id="",
+                  owner_kind="Deployment", owner_name="web", label_team="shop", gpu="0", uuid="GPU-a")
+    assert pick(m, "container_gpu_memory_used_bytes", **labels) == [2**30]
+    assert pick(m, "container_gpu_utilization_ratio", **labels) == [0.25]
+    assert pick(m, "container_gpu_processes", **labels) == [1.0]
+    assert pick(m, "container_gpu_usage_seconds_total", **labels) == [1.0]
+    assert pick(m, "gpu_unattributed_memory_used_bytes", uuid="GPU-a") == [2**29]
+    assert pick(m, "l9gpu_unattributed_processes", node="n") == [1.0]
+    energy = pick(m, "container_gpu_energy_joules_total", **labels)[0] + pick(
+        m, "gpu_unattributed_energy_joules_total", uuid="GPU-a")[0]
+    assert energy == 400.0
+    # the pod goes: gauges vanish at once, counters stay for the grace period
+    clock.t = 10.0
+    backend.devices = [DeviceSample(index=0, uuid="GPU-a", model="H100", energy_joules=400.0)]
+    c.collect_once()
+    m = render(c, extra=names)
+    assert pick(m, "container_gpu_memory_used_bytes", pod="web-1") == []
+    assert pick(m, "container_gpu_usage_seconds_total", pod="web-1") == [1.0]
+    clock.t = 100.0
+    c.collect_once()
+    assert pick(render(c, extra=names), "container_gpu_usage_seconds_total", pod="web-1") == []
+
+
+def _app(collector, max_age=60.0):
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: collector.snapshot, cat.enabled_names()))
+    exposition = Exposition(registry, lambda: collector.snapshot, max_age=max_age)
+    return make_app(exposition, lambda: collector.snapshot, lambda: True, "n"), exposition
+
+
+def _with_client(app, body):
+    async def run():
+        async with TestClient(TestServer(app)) as client:
+            return await body(client)
+
+    return asyncio.run(run())
+
+
+def test_readyz_waits_for_the_first_snapshot_and_metrics_are_served():
+    clock = Clock(10.0)
+    backend = SimulatedBackend(clock=clock)
+    backend.open()
+    c = Collector(backend, "sim", clock=clock)
+    app, _ = _app(c)
+
+    async def body(client):
+        r = await client.get("/readyz")
+        assert r.status == 503 and "first collection pass" in await r.text()
+        c.collect_once()
+        r = await client.get("/readyz")
+        assert r.status == 200
+        assert (await client.get("/healthz")).status == 200
+        r = await client.get("/metrics")
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = await r.text()
+        m = parse_metrics(text)
+        assert len(pick(m, "gpu_up")) == 8
+        r = await client.get("/metrics", headers={"Accept-Encoding": "gzip"}, auto_decompress=False)
+        assert r.headers["Content-Encoding"] == "gzip"
+        assert gzip.decompress(await r.read()).decode() == text
+        r = await client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+        om = await r.text()
+        assert om.rstrip().endswith("# EOF")
+        names = {f.name for f in parse_openmetrics(om)}
+        assert "gpu_energy_joules" in names and "gpu_power_watts" in names
+        landing = await (await client.get("/")).text()
+        assert 'href="/metrics"' in landing and 'href="/readyz"' in landing
+
+    _with_client(app, body)
+
+
+def test_bytes_are_rendered_once_per_snapshot():
+    clock = Clock(10.0)
+    backend = SimulatedBackend(clock=clock)
+    backend.open()
+    c = Collector(backend, "sim", clock=clock)
+    c.collect_once()
+    _, exposition = _app(c)
+    first, _ = exposition.render(None, False)
+    assert exposition.render(None, False)[0] is first
+    clock.t = 11.0
+    c.collect_once()
+    assert exposition.render(None, False)[0] is not first
+
+
+def test_stalled_collector_shows_a_growing_snapshot_age():
+    c = Collector(StaticBackend([]), "n", clock=Clock(), wall=lambda: 1000.0)
+    c.collect_once()
+    _, exposition = _app(c, max_age=0.0)
+    ages = []
+    for _ in range(2):
+        body, _ = exposition.render(None, False)
+        ages.append(pick(parse_metrics(body.decode()), "l9gpu_snapshot_age_seconds")[0])
+    assert ages[1] > ages[0] > 0

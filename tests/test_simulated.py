@@ -1,0 +1,93 @@
+"""The simulated node: values are predictable functions of time; bad scenarios say why."""
+
+import math
+
+import pytest
+
+from exporter.devices import open_backend
+from exporter.devices.base import BackendUnavailable
+from exporter.devices.simulated import GIB, SimulatedBackend, ScenarioError, parse_scenario
+
+
+class Clock:
+    def __init__(self, t=1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def test_default_scenario_is_the_documented_node():
+    clock = Clock()
+    backend = SimulatedBackend(clock=clock)
+    backend.open()
+    devices = backend.sample(clock.t)
+    assert len(devices) == 8
+    assert {d.model for d in devices} == {"NVIDIA H100 80GB HBM3"}
+    assert all(d.memory_total_bytes == 80 * GIB for d in devices)
+    by_index = {d.index: d for d in devices}
+    assert [len(by_index[i].processes) for i in range(8)][:2] == [1, 1]
+    zombie = [p for p in by_index[6].processes if p.used_memory_bytes == 70 * GIB]
+    assert zombie and zombie[0].sm_utilization == 0.0
+    assert len(by_index[6].processes) >= 4  # time-sliced: three small pods beside the notebook
+    assert len({p.sm_utilization for p in by_index[6].processes}) >= 3
+    assert by_index[7].processes == () and by_index[7].utilization == 0.0
+    assert by_index[7].power_watts == 72.0
+
+
+def test_training_memory_creeps_up_and_energy_integrates_power():
+    clock = Clock(0.0)
+    backend = SimulatedBackend(clock=clock)
+    backend.open()
+    first = backend.sample(0.0)[2]
+    clock.t = 3600.0
+    later = backend.sample(3600.0)[2]
+    trainer_before = max(p.used_memory_bytes for p in first.processes)
+    trainer_after = max(p.used_memory_bytes for p in later.processes)
+    assert trainer_after - trainer_before == 12 * GIB
+    assert later.energy_joules - first.energy_joules == pytest.approx(later.power_watts * 3600.0)
+
+
+def test_values_follow_the_scenario_exactly():
+    doc = {
+        "gpus": {"count": 2, "model": "Test GPU", "memory_gib": 16, "power": {"idle_watts": 50, "max_watts": 250},
+                 "reserved_memory_mib": 256},
+        "processes": [
+            {"name": "a", "gpus": [0], "pid": 100, "memory_gib": 4, "utilization": 0.25},
+            {"name": "b", "gpus": [0], "pid": 200, "memory_gib": 2, "utilization": {"wave": {"min": 0.1, "max": 0.5, "period": "40s"}}},
+        ],
+    }
+    scenario = parse_scenario(doc)
+    procs = {p.pid: p for p in scenario.processes}
+    assert procs[100].memory(0) == 4 * GIB
+    assert procs[200].utilization(10.0) == pytest.approx(0.3 + 0.2 * math.sin(2 * math.pi * 10 / 40))
+
+
+@pytest.mark.parametrize("doc,match", [
+    ([], "expected a mapping"),
+    ({"gpus": 3}, "'gpus' must be a mapping"),
+    ({"gpus": {"count": 0}}, "gpus.count"),
+    ({"gpus": {"count": 1}, "processes": [{"gpus": [3], "memory_gib": 1}]}, r"processes\[0\].gpus"),
+    ({"gpus": {"count": 1}, "processes": [{"gpus": [0]}]}, "needs memory_gib"),
+    ({"gpus": {"count": 1}, "processes": [{"gpus": [0], "memory_gib": 1, "utilization": 40}]}, "ratio 0-1"),
+    ({"gpus": {"count": 1, "memory_gib": 8}, "processes": [{"gpus": [0], "memory_gib": 9}]}, "more memory than it has"),
+    ({"gpus": {"count": 1}, "processes": [{"gpus": [0], "memory_gib": 1, "utilization": {"wave": {"period": "x"}}}]},
+     "period"),
+])
+def test_bad_scenarios_name_the_field(doc, match):
+    with pytest.raises(ScenarioError, match=match):
+        parse_scenario(doc, "s.yaml")
+
+
+def test_unreadable_or_invalid_scenario_is_a_clear_backend_error(tmp_path):
+    with pytest.raises(BackendUnavailable, match="cannot read scenario"):
+        open_backend("simulated", {"scenario": str(tmp_path / "missing.yaml")})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpus: [unclosed\n")
+    with pytest.raises(BackendUnavailable, match="not valid YAML"):
+        open_backend("simulated", {"scenario": str(bad)})
+
+
+def test_unknown_backend_lists_the_choices():
+    with pytest.raises(BackendUnavailable, match="unknown backend 'cuda'; choose auto or one of"):
+        open_backend("cuda", {})
