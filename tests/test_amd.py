@@ -6,10 +6,6 @@ import os
 import sys
 
 import pytest
-
-from exporter.devices import amd
-from exporter.devices.amd import AmdBackend
-from exporter.devices.base import Backend, BackendUnavailable
 from fakes.amdsmi_fake import (
     NA,
     AmdSmiLibraryException,
@@ -18,6 +14,10 @@ from fakes.amdsmi_fake import (
     FakeGpu,
     FakeProcess,
 )
+
+from exporter.devices import amd
+from exporter.devices.amd import AmdBackend
+from exporter.devices.base import Backend, BackendUnavailable
 
 GiB = 2**30
 

@@ -89,7 +89,7 @@ def test_parse_tolerates_units_when_nounits_is_ignored():
 
 
 def test_parse_skips_and_counts_malformed_lines():
-    text = "\n".join([
+    lines = [
         LINE0,
         "2, only, four, fields",
         "3, U, S, HL-225, B, D, busy, 1, 2, 3, 4",  # non-numeric utilisation
@@ -97,7 +97,8 @@ def test_parse_skips_and_counts_malformed_lines():
         "",
         LINE1,
         LINE1,  # repeated index
-    ])
+    ]
+    text = "\n".join(lines)
     rows, problems = parse_hl_smi_csv(text)
     assert [r.index for r in rows] == [0, 1]
     assert len(problems) == 4
@@ -115,7 +116,7 @@ _safe_text = st.text(
     alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E, blacklist_characters='",'),
     min_size=1, max_size=30,
 ).filter(lambda s: s.upper() not in ("N/A", "[N/A]", "NA"))
-_maybe = lambda strategy: st.one_of(st.none(), strategy)  # noqa: E731
+_maybe = lambda strategy: st.one_of(st.none(), strategy)
 
 
 @st.composite

@@ -32,8 +32,10 @@ A device whose every read fails comes back with ``up=False``; the others carry o
 from __future__ import annotations
 
 import logging
+import math
 import os
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from exporter.devices.base import BackendUnavailable
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
@@ -61,7 +63,7 @@ def number(value: Any) -> float | None:
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, (int, float)):
-        if value != value or value in _SENTINELS:  # NaN or "not available"
+        if math.isnan(value) or value in _SENTINELS:  # NaN or "not available"
             return None
         return float(value)
     if isinstance(value, str):
@@ -166,7 +168,7 @@ class AmdBackend:
         if self._lib is None:
             try:
                 import amdsmi  # type: ignore[import-not-found]
-            except Exception as exc:  # noqa: BLE001 - a broken install raises OSError too
+            except Exception as exc:  # a broken install raises OSError, not only ImportError
                 raise BackendUnavailable(
                     f"the amdsmi Python package cannot be loaded ({exc}); install ROCm's "
                     "amd-smi-lib (pip install amdsmi matching your ROCm) and make sure "
@@ -409,7 +411,7 @@ class AmdBackend:
             return
         try:
             self._lib.amdsmi_shut_down()
-        except Exception:  # noqa: BLE001 - shutting down must not fail the agent
+        except Exception:  # shutting down must not fail the agent
             log.debug("amdsmi_shut_down failed", exc_info=True)
 
     def _count(self, reason: str) -> None:
@@ -464,4 +466,4 @@ def _describe(exc: BaseException) -> str:
     return text.splitlines()[0][:200]
 
 
-__all__ = ["AmdBackend", "VENDOR"]
+__all__ = ["VENDOR", "AmdBackend"]

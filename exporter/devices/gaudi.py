@@ -41,8 +41,8 @@ import re
 import shutil
 import signal
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from exporter.devices.base import BackendUnavailable
 from exporter.model import DeviceSample, ProcessSample
@@ -365,5 +365,12 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-__all__ = ["GaudiBackend", "HlSmiError", "HlSmiRow", "QUERY_FIELDS", "VENDOR",
-           "parse_hl_smi_csv", "scan_accel_processes"]
+__all__ = [
+    "QUERY_FIELDS",
+    "VENDOR",
+    "GaudiBackend",
+    "HlSmiError",
+    "HlSmiRow",
+    "parse_hl_smi_csv",
+    "scan_accel_processes",
+]
