@@ -1,0 +1,546 @@
+"""Real-GPU check of the NVIDIA backend: does l9gpu see a PyTorch job the way it really is?
+
+On a machine with an NVIDIA GPU, its driver, and PyTorch built with CUDA, run from the
+repository root::
+
+    python benchmarks/gpu_check.py                 # 4 GiB, 20 s busy, 20 s idle on GPU 0
+    python benchmarks/gpu_check.py --gib 8 --device 1 --busy-seconds 30
+
+It starts the agent (``python -m exporter serve --backend nvml --interval 1s
+--process-metrics`` on a free loopback port, with ``PYTHONPATH`` set to this checkout),
+waits for ``/readyz``, then runs a PyTorch child that allocates ``--gib`` GiB on the GPU,
+multiplies matrices for ``--busy-seconds`` and then sits idle, still holding its memory,
+for ``--idle-seconds``. ``/metrics`` is scraped about once a second throughout. The
+checks: the child's PID is listed in ``gpu_process_memory_used_bytes`` with the memory it
+really holds (within a few percent of the device-memory growth NVML saw when it started,
+and between ``torch.cuda.memory_reserved()`` and that plus a CUDA context), its
+``gpu_process_utilization_ratio`` is well above 0 while busy and 0 while idle,
+``gpu_power_watts`` stays between 20 and 1500 W, and ``gpu_energy_joules_total`` rises
+in step with the power. It prints a table per phase and PASS/FAIL per check, exits 1 if
+any check fails (2 when it cannot run at all), and, when ``$OUT`` is set, writes
+``gpu_check.json`` (checks, numbers, timeline), the raw scrapes and the agent's log there.
+
+NVML reports host PIDs: run this on the host, or in a container that shares the host's
+PID namespace, and preferably on an otherwise idle GPU (other processes allocating memory
+during the run disturb the memory comparison). ``--device`` is the NVML index; the child
+sees that GPU as ``cuda:0`` (``CUDA_DEVICE_ORDER=PCI_BUS_ID``, ``CUDA_VISIBLE_DEVICES``).
+It needs only the project's own requirements and torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GiB = 2**30
+
+# Thresholds. NVML samples per-process utilisation every ~1/6 s and the agent averages
+# over its interval, so give each phase a few seconds to settle before judging it.
+SETTLE_SECONDS = 4.0
+BUSY_MIN_RATIO = 0.5  # median per-process SM share while multiplying matrices
+IDLE_MAX_RATIO = 0.05  # no idle scrape above this ...
+IDLE_ZERO_FRACTION = 0.8  # ... and most of them exactly 0
+MEMORY_TOLERANCE = 0.03  # process memory vs. the device-memory growth NVML saw
+MEMORY_SLACK_BYTES = 64 * 2**20
+CONTEXT_ALLOWANCE_BYTES = 2 * GiB  # CUDA context + cuBLAS beyond torch's reserved pool
+POWER_RANGE_W = (20.0, 1500.0)
+ENERGY_POWER_TOLERANCE = 0.35  # energy delta vs. integral of the sampled power
+
+
+# ---- the PyTorch child ---------------------------------------------------------------------
+
+
+def _emit(event: str, **values: Any) -> None:
+    print(json.dumps({"event": event, **values}), flush=True)
+
+
+def run_workload(gib: float, busy_seconds: float, idle_seconds: float, nvml_index: int) -> int:
+    """The child: allocate, compute, idle; report each step as a JSON line on stdout."""
+    import pynvml  # type: ignore[import-untyped,unused-ignore]
+    import torch  # type: ignore[import-not-found,unused-ignore]
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)
+    used_before = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+    nvml_uuid = pynvml.nvmlDeviceGetUUID(handle)
+    nvml_uuid = nvml_uuid.decode() if isinstance(nvml_uuid, bytes) else str(nvml_uuid)
+
+    device = torch.device("cuda:0")
+    props = torch.cuda.get_device_properties(device)
+    torch_uuid = str(getattr(props, "uuid", "") or "")
+    hold = torch.ones(int(gib * GiB) // 4, dtype=torch.float32, device=device)
+    n = 8192
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    c = torch.empty(n, n, device=device)
+    torch.matmul(a, b, out=c)  # load cuBLAS and its workspace before measuring
+    torch.cuda.synchronize()
+    used_after = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+    _emit(
+        "busy",
+        pid=os.getpid(),
+        requested_bytes=hold.numel() * hold.element_size(),
+        allocated_bytes=int(torch.cuda.memory_allocated(device)),
+        reserved_bytes=int(torch.cuda.memory_reserved(device)),
+        nvml_used_growth_bytes=used_after - used_before,
+        nvml_uuid=nvml_uuid,
+        torch_uuid=torch_uuid,
+        device_name=props.name,
+    )
+    end = time.monotonic() + busy_seconds
+    multiplies = 0
+    while time.monotonic() < end:
+        for _ in range(8):
+            torch.matmul(a, b, out=c)
+        torch.cuda.synchronize()
+        multiplies += 8
+    _emit(
+        "idle",
+        multiplies=multiplies,
+        tflops=round(2 * n**3 * multiplies / busy_seconds / 1e12, 1),
+        reserved_bytes=int(torch.cuda.memory_reserved(device)),
+        nvml_used_growth_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).used) - used_before,
+    )
+    time.sleep(idle_seconds)  # hold the memory, run nothing
+    _emit("done", checksum=float(hold[:16].sum().item()))
+    del hold, a, b, c
+    pynvml.nvmlShutdown()
+    return 0
+
+
+# ---- the agent -----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+
+
+class Agent:
+    """``python -m exporter serve --backend nvml`` from this checkout, as a subprocess."""
+
+    def __init__(self, python: str, port: int, log_path: Path):
+        self.base = f"http://127.0.0.1:{port}"
+        self.command = [
+            python, "-m", "exporter", "serve", "--backend", "nvml", "--listen", f"127.0.0.1:{port}",
+            "--interval", "1s", "--process-metrics",
+        ]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(self.command, cwd=REPO_ROOT, env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float) -> str | None:
+        """None when /readyz answers 200, else why not."""
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return f"the agent exited with status {self.proc.returncode}"
+            try:
+                status, body = http_get(self.base + "/readyz", timeout=2.0)
+                if status == 200:
+                    return None
+                last = f"{status} {body.strip()}"
+            except OSError as exc:
+                last = str(exc)
+            time.sleep(0.25)
+        return f"/readyz not ready after {timeout:.0f} s ({last})"
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+# ---- scrapes -------------------------------------------------------------------------------
+
+
+@dataclass
+class Scrape:
+    """One /metrics scrape reduced to the numbers the checks need."""
+
+    t: float  # seconds since the workload started
+    phase: str
+    pid_memory_bytes: float | None = None
+    pid_utilization: float | None = None
+    gpu: str = ""
+    uuid: str = ""
+    gpu_up: float | None = None
+    gpu_utilization: float | None = None
+    gpu_memory_used_bytes: float | None = None
+    power_watts: float | None = None
+    energy_joules: float | None = None
+    pids_seen: list[int] = field(default_factory=list)
+    error: str = ""
+
+
+def parse_scrape(text: str, pid: int | None, device_index: int, t: float, phase: str) -> Scrape:
+    """Pick the child's per-process series and its GPU's device series out of a scrape."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[str, list[Any]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(sample)
+    scrape = Scrape(t=t, phase=phase)
+    seen = set()
+    for name, attr in (("gpu_process_memory_used_bytes", "pid_memory_bytes"),
+                       ("gpu_process_utilization_ratio", "pid_utilization")):
+        for sample in samples.get(name, []):
+            if sample.labels.get("pid", "").isdigit():
+                seen.add(int(sample.labels["pid"]))
+            if pid is not None and sample.labels.get("pid") == str(pid):
+                setattr(scrape, attr, float(sample.value))
+                scrape.gpu, scrape.uuid = sample.labels.get("gpu", ""), sample.labels.get("uuid", "")
+    scrape.pids_seen = sorted(seen)
+
+    def device_value(name: str) -> float | None:
+        for sample in samples.get(name, []):
+            labels = sample.labels
+            if labels.get("gpu_instance", "") != "":
+                continue
+            if (scrape.uuid and labels.get("uuid") == scrape.uuid) or (
+                not scrape.uuid and labels.get("gpu") == str(device_index)
+            ):
+                return float(sample.value)
+        return None
+
+    scrape.gpu_up = device_value("gpu_up")
+    scrape.gpu_utilization = device_value("gpu_utilization_ratio")
+    scrape.gpu_memory_used_bytes = device_value("gpu_memory_used_bytes")
+    scrape.power_watts = device_value("gpu_power_watts")
+    scrape.energy_joules = device_value("gpu_energy_joules_total")
+    return scrape
+
+
+# ---- checks --------------------------------------------------------------------------------
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+
+def _settled(scrapes: list[Scrape], phase: str, phase_start: float | None) -> list[Scrape]:
+    if phase_start is None:
+        return []
+    return [s for s in scrapes if s.phase == phase and s.t >= phase_start + SETTLE_SECONDS]
+
+
+def _values(scrapes: list[Scrape], attr: str) -> list[float]:
+    return [getattr(s, attr) for s in scrapes if getattr(s, attr) is not None]
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def evaluate(scrapes: list[Scrape], events: dict[str, dict[str, Any]], pid: int | None) -> list[Check]:
+    """All checks, from the scrapes and the child's own report."""
+    checks: list[Check] = []
+    busy_info = events.get("busy", {})
+    busy_t, idle_t = busy_info.get("t"), events.get("idle", {}).get("t")
+    holding = [s for s in scrapes if s.phase in ("busy", "idle") and busy_t is not None
+               and s.t >= busy_t + SETTLE_SECONDS / 2]
+    busy = _settled(scrapes, "busy", busy_t)
+    idle = _settled(scrapes, "idle", idle_t)
+
+    listed = [s for s in holding if s.pid_memory_bytes is not None]
+    seen = sorted({p for s in scrapes for p in s.pids_seen})
+    detail = f"pid {pid} in {len(listed)}/{len(holding)} scrapes while it held memory"
+    if not listed:
+        detail += f"; PIDs seen: {seen or 'none'} (is the agent in another PID namespace?)"
+    checks.append(Check("pid_listed", bool(holding) and len(listed) >= 0.8 * len(holding), detail))
+
+    pid_memory = _median(_values(holding, "pid_memory_bytes"))
+    growth = busy_info.get("nvml_used_growth_bytes")
+    reserved = busy_info.get("reserved_bytes")
+    requested = busy_info.get("requested_bytes")
+    if pid_memory is None or growth is None or reserved is None:
+        checks.append(Check("pid_memory_matches_nvml_growth", False, "no process memory or no child report"))
+        checks.append(Check("pid_memory_vs_torch_reserved", False, "no process memory or no child report"))
+    else:
+        off = abs(pid_memory - growth)
+        checks.append(Check(
+            "pid_memory_matches_nvml_growth",
+            off <= MEMORY_TOLERANCE * growth + MEMORY_SLACK_BYTES,
+            f"exported {pid_memory / GiB:.3f} GiB, device memory grew {growth / GiB:.3f} GiB when it started "
+            f"({off / max(growth, 1) * 100:.1f}% apart, allowed {MEMORY_TOLERANCE * 100:.0f}%)",
+        ))
+        checks.append(Check(
+            "pid_memory_vs_torch_reserved",
+            reserved <= pid_memory <= reserved + CONTEXT_ALLOWANCE_BYTES and pid_memory >= (requested or 0),
+            f"exported {pid_memory / GiB:.3f} GiB; torch reserved {reserved / GiB:.3f} GiB "
+            f"(requested {(requested or 0) / GiB:.3f} GiB), so CUDA context ≈ {(pid_memory - reserved) / 2**20:.0f} MiB",
+        ))
+
+    busy_util = _values(busy, "pid_utilization")
+    median_busy = _median(busy_util)
+    checks.append(Check(
+        "pid_utilization_busy",
+        median_busy is not None and median_busy >= BUSY_MIN_RATIO,
+        f"median {median_busy if median_busy is None else round(median_busy, 3)} over {len(busy_util)} "
+        f"settled busy scrapes (need ≥ {BUSY_MIN_RATIO})",
+    ))
+    idle_util = _values(idle, "pid_utilization")
+    zeros = sum(1 for v in idle_util if v == 0.0)
+    checks.append(Check(
+        "pid_utilization_idle",
+        bool(idle_util) and max(idle_util) <= IDLE_MAX_RATIO and zeros >= IDLE_ZERO_FRACTION * len(idle_util),
+        f"{zeros}/{len(idle_util)} settled idle scrapes at 0, max {max(idle_util) if idle_util else None}",
+    ))
+
+    gpu_busy = _median(_values(busy, "gpu_utilization"))
+    checks.append(Check(
+        "gpu_utilization_busy",
+        gpu_busy is not None and gpu_busy >= BUSY_MIN_RATIO,
+        f"median device utilisation {gpu_busy} while busy",
+    ))
+
+    power = _values(scrapes, "power_watts")
+    low, high = POWER_RANGE_W
+    checks.append(Check(
+        "power_plausible",
+        bool(power) and all(low <= p <= high for p in power),
+        f"{len(power)} readings, {min(power):.1f}-{max(power):.1f} W" if power else "no gpu_power_watts",
+    ))
+
+    energy = [(s.t, s.energy_joules, s.power_watts) for s in scrapes if s.energy_joules is not None]
+    if len(energy) < 2:
+        checks.append(Check("energy_rises", False, "fewer than two gpu_energy_joules_total readings"))
+    else:
+        steps = [(energy[i - 1], energy[i]) for i in range(1, len(energy))]
+        rises = all(b[1] >= a[1] for a, b in steps) and energy[-1][1] > energy[0][1]
+        delta = energy[-1][1] - energy[0][1]
+        # Trapezoidal integral of the sampled power over the same span.
+        integral = sum((b[0] - a[0]) * ((a[2] or 0.0) + (b[2] or 0.0)) / 2 for a, b in steps)
+        checks.append(Check(
+            "energy_rises",
+            rises and (integral <= 0 or abs(delta - integral) <= ENERGY_POWER_TOLERANCE * integral),
+            f"+{delta:.0f} J over {energy[-1][0] - energy[0][0]:.0f} s, never decreasing: {rises}; "
+            f"integral of sampled power {integral:.0f} J",
+        ))
+
+    up = _values(scrapes, "gpu_up")
+    checks.append(Check("gpu_up", bool(up) and all(v == 1.0 for v in up), f"{len(up)} readings of gpu_up"))
+    return checks
+
+
+def phase_table(scrapes: list[Scrape]) -> list[dict[str, Any]]:
+    rows = []
+    for phase in ("before", "allocating", "busy", "idle", "done"):
+        group = [s for s in scrapes if s.phase == phase]
+        if not group:
+            continue
+        energies = _values(group, "energy_joules")
+        memory = _median(_values(group, "pid_memory_bytes"))
+        rows.append({
+            "phase": phase,
+            "scrapes": len(group),
+            "pid_memory_gib": None if memory is None else round(memory / GiB, 3),
+            "pid_util": _round(_median(_values(group, "pid_utilization"))),
+            "gpu_util": _round(_median(_values(group, "gpu_utilization"))),
+            "power_w": _round(_median(_values(group, "power_watts")), 1),
+            "energy_j": _round(energies[-1] - energies[0] if len(energies) > 1 else None, 1),
+        })
+    return rows
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    header = ("phase", "scrapes", "pid mem GiB", "pid util", "gpu util", "power W", "energy J (Δ)")
+    keys = ("phase", "scrapes", "pid_memory_gib", "pid_util", "gpu_util", "power_w", "energy_j")
+    print("  ".join(f"{h:>13}" for h in header))
+    for row in rows:
+        print("  ".join(f"{'-' if row[k] is None else row[k]!s:>13}" for k in keys))
+
+
+# ---- the run -------------------------------------------------------------------------------
+
+
+def _read_events(stream: Any, out: queue.Queue[tuple[float, dict[str, Any]]]) -> None:
+    for line in stream:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and "event" in event:
+            out.put((time.monotonic(), event))
+
+
+def run_check(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        print("gpu_check: PyTorch is not installed (pip install torch); cannot run the workload", file=sys.stderr)
+        return 2
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    work = out_dir or Path(os.environ.get("TMPDIR", "/tmp")) / f"l9gpu-gpu-check-{os.getpid()}"
+    (work / "scrapes").mkdir(parents=True, exist_ok=True)
+
+    port = free_port()
+    agent = Agent(args.python, port, work / "agent.log")
+    child: subprocess.Popen[str] | None = None
+    scrapes: list[Scrape] = []
+    events: dict[str, dict[str, Any]] = {}
+    child_stderr = ""
+    try:
+        why = agent.wait_ready(args.startup_timeout)
+        if why is not None:
+            print(f"gpu_check: the agent did not become ready: {why}\n{agent.log_tail()}", file=sys.stderr)
+            return 2
+        print(f"agent ready on {agent.base} ({' '.join(agent.command)})")
+
+        env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(args.device))
+        t0 = time.monotonic()
+        _, text = http_get(agent.base + "/metrics")
+        (work / "scrapes" / "000-before.txt").write_text(text)
+        scrapes.append(parse_scrape(text, None, args.device, 0.0, "before"))
+        child = subprocess.Popen(
+            [args.python, str(Path(__file__).resolve()), "--workload-child", "--gib", str(args.gib),
+             "--busy-seconds", str(args.busy_seconds), "--idle-seconds", str(args.idle_seconds),
+             "--device", str(args.device)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        print(f"workload pid {child.pid}: {args.gib} GiB, {args.busy_seconds:.0f} s busy, "
+              f"{args.idle_seconds:.0f} s idle")
+        event_queue: queue.Queue[tuple[float, dict[str, Any]]] = queue.Queue()
+        threading.Thread(target=_read_events, args=(child.stdout, event_queue), daemon=True).start()
+        stderr_lines: list[str] = []
+        threading.Thread(target=lambda: stderr_lines.extend(child.stderr or []), daemon=True).start()
+
+        phase = "allocating"
+        deadline = t0 + args.busy_seconds + args.idle_seconds + args.startup_timeout + 60
+        number = 0
+        next_scrape = time.monotonic()
+        while time.monotonic() < deadline:
+            while not event_queue.empty():
+                when, event = event_queue.get()
+                event["t"] = when - t0
+                events[event["event"]] = event
+                phase = event["event"]
+                print(f"  t={event['t']:5.1f}s  workload: {phase}")
+            if phase == "done" or child.poll() is not None and event_queue.empty():
+                break
+            number += 1
+            now = time.monotonic()
+            try:
+                _, text = http_get(agent.base + "/metrics")
+                (work / "scrapes" / f"{number:03d}-{phase}.txt").write_text(text)
+                scrapes.append(parse_scrape(text, child.pid, args.device, now - t0, phase))
+            except (OSError, ValueError) as exc:
+                scrapes.append(Scrape(t=now - t0, phase=phase, error=str(exc)))
+            next_scrape += 1.0
+            time.sleep(max(0.0, next_scrape - time.monotonic()))
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+        child_stderr = "".join(stderr_lines)[-4000:]
+        if child.returncode not in (0, None) or "done" not in events:
+            print(f"gpu_check: the workload failed (status {child.returncode}):\n{child_stderr}", file=sys.stderr)
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+        agent.stop()
+
+    pid = child.pid if child is not None else None
+    checks = evaluate(scrapes, events, pid)
+    if "done" not in events:
+        checks.append(Check("workload_completed", False, f"the workload stopped early: {child_stderr[-300:]}"))
+    rows = phase_table(scrapes)
+    print()
+    print_table(rows)
+    print()
+    for check in checks:
+        print(f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.detail}")
+    passed = all(c.passed for c in checks)
+    report = {
+        "passed": passed,
+        "checks": [asdict(c) for c in checks],
+        "phases": rows,
+        "workload": events,
+        "workload_pid": pid,
+        "agent_command": agent.command,
+        "scrapes": [asdict(s) for s in scrapes],
+        "thresholds": {
+            "busy_min_ratio": BUSY_MIN_RATIO, "idle_max_ratio": IDLE_MAX_RATIO,
+            "memory_tolerance": MEMORY_TOLERANCE, "context_allowance_bytes": CONTEXT_ALLOWANCE_BYTES,
+            "power_range_w": POWER_RANGE_W, "settle_seconds": SETTLE_SECONDS,
+        },
+    }
+    (work / "gpu_check.json").write_text(json.dumps(report, indent=2))
+    print(f"\n{'PASS' if passed else 'FAIL'}; details in {work}")
+    return 0 if passed else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Check l9gpu's NVIDIA backend against a real PyTorch workload on a real GPU "
+                    "(per-process memory and utilisation, power, energy). Writes details to $OUT if set.",
+    )
+    parser.add_argument("--gib", type=float, default=4.0, help="GiB the workload allocates (default: 4)")
+    parser.add_argument("--busy-seconds", type=float, default=20.0, help="matrix-multiply phase (default: 20)")
+    parser.add_argument("--idle-seconds", type=float, default=20.0, help="idle phase holding memory (default: 20)")
+    parser.add_argument("--device", type=int, default=0, help="NVML index of the GPU to load (default: 0)")
+    parser.add_argument("--startup-timeout", type=float, default=60.0,
+                        help="seconds to wait for the agent and for CUDA start-up (default: 60)")
+    parser.add_argument("--python", default=sys.executable, help="interpreter for the agent and the workload")
+    parser.add_argument("--workload-child", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.workload_child:
+        return run_workload(args.gib, args.busy_seconds, args.idle_seconds, args.device)
+    return run_check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
