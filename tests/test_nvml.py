@@ -569,3 +569,17 @@ def _render_text(render, snapshot):  # type: ignore[no-untyped-def]
     except TypeError:
         return None
     return generate_latest(registry).decode()
+
+
+def test_real_ctypes_handles_map_back_by_address():
+    # Event data carries a new pointer object to the device: equal address, not identity.
+    ctypes = pytest.importorskip("ctypes")
+    pynvml = pytest.importorskip("pynvml")
+    from exporter.devices.nvml import _handle_key
+
+    device = pynvml.struct_c_nvmlDevice_t()
+    registered = ctypes.pointer(device)
+    event = pynvml.c_nvmlEventData_t()
+    event.device = ctypes.cast(ctypes.addressof(device), pynvml.c_nvmlDevice_t)
+    assert event.device is not registered
+    assert _handle_key(event.device) == _handle_key(registered)
