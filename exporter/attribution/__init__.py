@@ -1,15 +1,22 @@
 """Attribution: from a GPU process's PID to the workload that owns it.
 
-The collector calls `Attributor.resolve` once per pass with every GPU PID it saw; the
-default `NullAttributor` knows no owners, so every process counts as unattributed.
+The collector calls `Attributor.resolve` once per pass with every GPU PID it saw.
+`build_attributor` returns a `resolver.ProcAttributor`: it reads each PID's cgroup file
+under ``--proc-root`` (`procfs`, `cgroups`), and joins the pod UID and container id it
+finds with pod names from the Kubernetes API watch (`kubernetes`). `NullAttributor`
+knows no owners (every process counts as unattributed); the collector uses it when
+given none. See docs/ATTRIBUTION.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any, Iterable, Mapping, Protocol
 
 from exporter.model import UNKNOWN, Workload
+
+log = logging.getLogger(__name__)
 
 
 class Attributor(Protocol):
@@ -50,12 +57,98 @@ class NullAttributor:
         return None
 
 
+KUBERNETES_MODES = ("auto", "on", "off")
+
+
 def add_arguments(group: Any) -> None:
     """Add attribution flags to the CLI (an argparse parser or group)."""
     group.add_argument("--proc-root", default="/proc", metavar="DIR",
                        help="where the host's /proc is mounted (default: /proc; needs hostPID or a host mount)")
+    group.add_argument("--kubernetes", default="auto", choices=KUBERNETES_MODES, type=str.lower,
+                       help="pod names from the Kubernetes API: auto (when in a cluster or $KUBECONFIG is set), "
+                            "on (fail if unavailable), off (default: auto)")
+    group.add_argument("--kubeconfig", default=None, metavar="FILE",
+                       help="kubeconfig for the API server (default: in-cluster service account, then $KUBECONFIG)")
+    group.add_argument("--pod-label", action="append", default=[], metavar="KEY",
+                       help="copy this pod label onto workload series as label_<key> (repeatable)")
+
+
+def _simulated_scenario(backend: object) -> Any:
+    for part in getattr(backend, "backends", [backend]):
+        scenario = getattr(part, "scenario", None)
+        if scenario is not None:
+            return scenario
+    return None
+
+
+def _simulated(scenario: Any) -> Attributor:
+    """The simulated node: a fixture /proc tree and its pods, read by the real code."""
+    import shutil
+    import tempfile
+
+    from exporter.attribution.kubernetes import PodIndex, StaticPodSource
+    from exporter.attribution.resolver import ProcAttributor
+    from exporter.attribution.simulated import scenario_pods, write_proc_tree
+
+    root = tempfile.mkdtemp(prefix="l9gpu-simulated-proc-")
+    write_proc_tree(root, scenario.processes)
+    index = PodIndex()
+    source = StaticPodSource(index, scenario_pods(scenario.processes))
+    return ProcAttributor(root, index, source, on_close=lambda: shutil.rmtree(root, ignore_errors=True))
+
+
+def _pod_watcher(args: argparse.Namespace, node: str, index: Any) -> Any:
+    """The API watch the flags ask for, or None (``auto`` outside a cluster)."""
+    mode = getattr(args, "kubernetes", "auto") or "auto"
+    kubeconfig = getattr(args, "kubeconfig", None)
+    if mode == "off" or (mode == "auto" and not kubeconfig):
+        from exporter.attribution.kubernetes import in_cluster
+
+        if mode == "off" or not in_cluster():
+            log.debug("pod names from the Kubernetes API are off (%s)", "--kubernetes off" if mode == "off"
+                      else "not in a cluster and no kubeconfig")
+            return None
+    try:
+        from exporter.attribution.kubernetes import PodWatcher, load_client
+
+        api_client = load_client(kubeconfig)
+        watcher = PodWatcher(api_client, node, index)
+    except ImportError:
+        if mode == "on":
+            raise ValueError("--kubernetes on needs the kubernetes package (pip install 'l9gpu[kubernetes]' "
+                             "or pip install kubernetes)") from None
+        log.warning("the kubernetes package is not installed: pods are identified by UID only")
+        return None
+    except Exception as exc:  # noqa: BLE001 - bad kubeconfig, missing token, ...
+        if mode == "on":
+            raise ValueError(f"--kubernetes on: cannot configure the API client: {exc}") from None
+        log.warning("cannot configure the Kubernetes API client (%s): pods are identified by UID only", exc)
+        return None
+    return watcher
 
 
 def build_attributor(args: argparse.Namespace, backend: object, node: str) -> Attributor:
-    """Build the attributor the CLI flags ask for."""
-    return NullAttributor()
+    """Build the attributor the CLI flags ask for.
+
+    The simulated backend gets a fixture /proc tree and its pods; any other backend gets
+    ``--proc-root`` and, where configured, the Kubernetes API watch of this node's pods.
+
+    Raises:
+        ValueError: the flags ask for something unavailable (``--kubernetes on``
+            without the package or a configuration).
+    """
+    scenario = _simulated_scenario(backend)
+    if scenario is not None:
+        return _simulated(scenario)
+    from exporter.attribution.kubernetes import PodIndex
+    from exporter.attribution.resolver import ProcAttributor
+
+    index = PodIndex()
+    watcher = _pod_watcher(args, node, index)
+    if watcher is not None:
+        try:  # a first list now, so the first pass (and `l9gpu snapshot`) has names
+            watcher.list_pods()
+        except Exception as exc:  # noqa: BLE001 - the watch thread retries with backoff
+            log.warning("listing pods on node %s failed (%s); retrying in the background", node, exc)
+        watcher.start()
+    return ProcAttributor(getattr(args, "proc_root", "/proc") or "/proc", index, watcher)

@@ -1,0 +1,376 @@
+"""Pod metadata for this node from the Kubernetes API: one list + watch, one index.
+
+The cgroup path gives a process's pod UID and container id; the names operators query
+by (namespace, pod, container, the owning Deployment/Job/...) and the pod labels come
+from the API server. `PodWatcher` lists the pods of this node only
+(``fieldSelector=spec.nodeName=<node>``), then watches from the list's resourceVersion
+in its own daemon thread, resuming from the last resourceVersion it saw, relisting on
+410 Gone, and backing off exponentially on errors. It fills a `PodIndex` that the
+collector thread reads; while the API server is unreachable the index keeps what it
+knew, and processes of pods it has never seen keep their pod UID until names arrive.
+
+The ``kubernetes`` package is imported only when the watch starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+log = logging.getLogger(__name__)
+
+IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+_CRONJOB_JOB = re.compile(r"^(.+)-(\d{8,})$")  # <cronjob>-<scheduled time in minutes>
+_GENERATED_SUFFIX = re.compile(r"^(.+)-([a-z0-9]{5,10})$")
+
+
+@dataclass(frozen=True)
+class PodMeta:
+    """What the agent keeps about one pod.
+
+    Attributes:
+        uid: the pod UID (with dashes).
+        name, namespace: the pod's name and namespace.
+        owner_kind, owner_name: the top-level controller (Deployment through its
+            ReplicaSet, StatefulSet, DaemonSet, Job, CronJob through its Job, or the
+            raw kind/name of a custom controller); "" for bare pods.
+        labels: the pod's labels, sorted (key, value) pairs.
+        containers: container id (64 hex, no ``containerd://`` scheme) -> container
+            name, for regular, init and ephemeral containers.
+        resource_version: of the object last seen.
+    """
+
+    uid: str
+    name: str
+    namespace: str
+    owner_kind: str = ""
+    owner_name: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    containers: Mapping[str, str] = field(default_factory=dict)
+    resource_version: str = ""
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def container_id(raw: str) -> str:
+    """``containerd://<id>`` (or ``cri-o://``, ``docker://``) -> ``<id>``."""
+    return raw.split("://", 1)[-1].strip().lower()
+
+
+def resolve_owner(owner_refs: Iterable[Mapping[str, Any]], labels: Mapping[str, str]) -> tuple[str, str]:
+    """The pod's top-level controller as (kind, name), from its ownerReferences.
+
+    A ReplicaSet whose name ends in the pod's ``pod-template-hash`` belongs to a
+    Deployment (the name without the hash); a Job whose name ends in a scheduled time
+    (``<name>-<minutes since epoch>``) belongs to a CronJob. Other controllers are
+    reported as they are.
+    """
+    refs = [r for r in owner_refs if isinstance(r, Mapping)]
+    if not refs:
+        return "", ""
+    ref = next((r for r in refs if r.get("controller") is True), refs[0])
+    kind, name = _str(ref.get("kind")), _str(ref.get("name"))
+    if kind == "ReplicaSet":
+        template_hash = _str(labels.get("pod-template-hash"))
+        if template_hash and name.endswith("-" + template_hash):
+            return "Deployment", name[: -len(template_hash) - 1]
+        match = _GENERATED_SUFFIX.match(name)
+        if not template_hash and match:  # label stripped by a mutating hook: best guess
+            return "Deployment", match.group(1)
+        return kind, name
+    if kind == "Job":
+        match = _CRONJOB_JOB.match(name)
+        if match:
+            return "CronJob", match.group(1)
+    return kind, name
+
+
+def pod_meta(obj: Any) -> PodMeta | None:
+    """A `PodMeta` from a pod as the API returns it (JSON dict); None when unusable."""
+    pod = _dict(obj)
+    meta = _dict(pod.get("metadata"))
+    uid = _str(meta.get("uid"))
+    if not uid:
+        return None
+    labels = {str(k): str(v) for k, v in _dict(meta.get("labels")).items()}
+    owner_kind, owner_name = resolve_owner(_list(meta.get("ownerReferences")), labels)
+    status = _dict(pod.get("status"))
+    containers: dict[str, str] = {}
+    for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
+        for cs in _list(status.get(key)):
+            cs = _dict(cs)
+            cid, name = container_id(_str(cs.get("containerID"))), _str(cs.get("name"))
+            if cid and name:
+                containers[cid] = name
+            # A restarted container's previous id may still hold the GPU while it exits.
+            last = _dict(_dict(cs.get("lastState")).get("terminated"))
+            old = container_id(_str(last.get("containerID")))
+            if old and name:
+                containers.setdefault(old, name)
+    return PodMeta(uid=uid, name=_str(meta.get("name")), namespace=_str(meta.get("namespace")),
+                   owner_kind=owner_kind, owner_name=owner_name, labels=tuple(sorted(labels.items())),
+                   containers=containers, resource_version=_str(meta.get("resourceVersion")))
+
+
+class PodIndex:
+    """Pod UID -> `PodMeta`, written by a pod source, read by the collector thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pods: dict[str, PodMeta] = {}
+        self._by_container: dict[str, PodMeta] = {}
+        self.version = 0  # bumps on every change
+
+    def replace(self, pods: Iterable[PodMeta]) -> None:
+        """Replace everything (after a list)."""
+        table = {p.uid: p for p in pods}
+        with self._lock:
+            self._pods = table
+            self._reindex()
+
+    def upsert(self, pod: PodMeta) -> None:
+        with self._lock:
+            self._pods = {**self._pods, pod.uid: pod}
+            self._reindex()
+
+    def delete(self, uid: str) -> None:
+        with self._lock:
+            if uid in self._pods:
+                pods = dict(self._pods)
+                del pods[uid]
+                self._pods = pods
+                self._reindex()
+
+    def _reindex(self) -> None:
+        self._by_container = {cid: p for p in self._pods.values() for cid in p.containers}
+        self.version += 1
+
+    def get(self, uid: str) -> PodMeta | None:
+        return self._pods.get(uid)
+
+    def by_container(self, cid: str) -> PodMeta | None:
+        return self._by_container.get(cid)
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+
+class StaticPodSource:
+    """Serves a fixed list of pods (JSON dicts) into an index: the simulated node's API."""
+
+    name = "kubernetes"
+
+    def __init__(self, index: PodIndex, pods: Iterable[Mapping[str, Any]]):
+        self.index = index
+        self.index.replace(p for p in (pod_meta(d) for d in pods) if p is not None)
+
+    def healthy(self) -> bool:
+        return True
+
+    def start(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+
+def load_client(kubeconfig: str | None) -> Any:
+    """A configured ``kubernetes.client.ApiClient`` (in-cluster, then kubeconfig).
+
+    Raises:
+        ImportError: the ``kubernetes`` package is not installed.
+        RuntimeError: no usable configuration.
+    """
+    from kubernetes import client, config  # imported here: optional dependency
+
+    if kubeconfig:
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        return client.ApiClient(cfg)
+    try:
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+    except config.ConfigException:
+        pass
+    path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+    if path:
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=path, client_configuration=cfg)
+        return client.ApiClient(cfg)
+    raise RuntimeError("not in a cluster (no service account token) and neither --kubeconfig nor $KUBECONFIG is set")
+
+
+def in_cluster() -> bool:
+    """True when the agent runs in a pod with a service account (or $KUBECONFIG is set)."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(IN_CLUSTER_TOKEN)) or bool(
+        os.environ.get("KUBECONFIG"))
+
+
+class PodWatcher:
+    """Keeps a `PodIndex` in step with the pods of one node (list + watch thread).
+
+    Args:
+        api_client: a ``kubernetes.client.ApiClient``.
+        node: the node name (``spec.nodeName``).
+        index: the index to fill.
+        watch_seconds: server-side timeout of one watch request; the watch then resumes.
+        backoff: (first, max) seconds to wait after an error, doubling in between.
+        sleep: waits on errors (injectable for tests); returns True when stopping.
+    """
+
+    name = "kubernetes"
+
+    def __init__(self, api_client: Any, node: str, index: PodIndex, watch_seconds: int = 300,
+                 backoff: tuple[float, float] = (1.0, 30.0), request_timeout: float = 10.0,
+                 sleep: Callable[[float], bool] | None = None):
+        from kubernetes import client
+
+        self.api = client.CoreV1Api(api_client)
+        self.api_client = api_client
+        self.node = node
+        self.index = index
+        self.watch_seconds = watch_seconds
+        self.backoff = backoff
+        self.request_timeout = request_timeout
+        self.resource_version: str | None = None
+        self._healthy = False
+        self._stop = threading.Event()
+        self._sleep = sleep or self._stop.wait
+        self._thread: threading.Thread | None = None
+        self._watch: Any = None
+        self._failures = 0
+        self.relists = 0
+        self.events = 0
+
+    @property
+    def selector(self) -> str:
+        return f"spec.nodeName={self.node}"
+
+    def healthy(self) -> bool:
+        """True while the last list or watch request worked."""
+        return self._healthy
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="l9gpu-pod-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def list_pods(self) -> None:
+        """List this node's pods into the index and remember the list's resourceVersion."""
+        resp = self.api.list_pod_for_all_namespaces(field_selector=self.selector, _preload_content=False,
+                                                    _request_timeout=self.request_timeout)
+        try:
+            body = json.loads(resp.data)
+        except ValueError as exc:
+            raise ValueError(f"pod list is not JSON: {exc}") from None
+        items = _list(_dict(body).get("items"))
+        pods = [p for p in (pod_meta(item) for item in items) if p is not None]
+        if len(pods) != len(items):
+            log.warning("ignored %d pod(s) without a UID in the pod list", len(items) - len(pods))
+        self.index.replace(pods)
+        self.resource_version = _str(_dict(_dict(body).get("metadata")).get("resourceVersion")) or None
+        self.relists += 1
+        log.debug("listed %d pod(s) on node %s at resourceVersion %s", len(pods), self.node, self.resource_version)
+
+    def watch_once(self) -> None:
+        """One watch request from the last resourceVersion, until it ends or fails."""
+        from kubernetes import watch
+
+        self._watch = watch.Watch()
+        kwargs: dict[str, Any] = dict(field_selector=self.selector, timeout_seconds=self.watch_seconds,
+                                      allow_watch_bookmarks=True,
+                                      _request_timeout=(self.request_timeout, self.watch_seconds + 30))
+        if self.resource_version:
+            kwargs["resource_version"] = self.resource_version
+        for event in self._watch.stream(self.api.list_pod_for_all_namespaces, **kwargs):
+            if self._stop.is_set():
+                break
+            self._handle(event)
+
+    def _handle(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        raw = _dict(event.get("raw_object"))
+        version = _str(_dict(raw.get("metadata")).get("resourceVersion"))
+        if kind == "BOOKMARK":
+            self.resource_version = version or self.resource_version
+            return
+        pod = pod_meta(raw)
+        if pod is None:
+            log.warning("ignored a %s watch event without a pod UID", kind)
+            return
+        if kind in ("ADDED", "MODIFIED"):
+            self.index.upsert(pod)
+        elif kind == "DELETED":
+            self.index.delete(pod.uid)
+        if version:
+            self.resource_version = version
+        self.events += 1
+        self._healthy = True
+        self._failures = 0
+
+    def _run(self) -> None:
+        from kubernetes.client.rest import ApiException
+
+        while not self._stop.is_set():
+            try:
+                if self.resource_version is None:
+                    self.list_pods()
+                self._healthy = True
+                self.watch_once()
+                self._failures = 0
+                continue  # the watch timed out or the server closed it: resume
+            except ApiException as exc:
+                if exc.status == 410:
+                    log.info("pod watch: resourceVersion %s is too old (410 Gone); listing again",
+                             self.resource_version)
+                    self.resource_version = None
+                    continue
+                reason = f"HTTP {exc.status} {exc.reason}"
+                if exc.status in (401, 403):
+                    reason += " (the agent's service account needs get, list and watch on pods)"
+            except Exception as exc:  # noqa: BLE001 - network, protocol or decoding errors
+                reason = f"{type(exc).__name__}: {exc}"
+            if self._stop.is_set():
+                return
+            self._healthy = False
+            delay = min(self.backoff[1], self.backoff[0] * 2 ** self._failures)
+            self._failures += 1
+            (log.warning if self._failures == 1 else log.debug)(
+                "pod watch for node %s failed (%s); pod names keep their last known values, retrying in %.0fs",
+                self.node, reason, delay)
+            if self._sleep(delay):
+                return
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.02) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` seconds pass (for callers and tests)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()

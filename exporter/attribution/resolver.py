@@ -1,0 +1,125 @@
+"""Join a PID's cgroup facts with pod metadata into its `Workload`.
+
+Per pass: `ProcCache` gives each PID's cgroup owner (read once per process lifetime),
+the `PodIndex` gives the pod's names, owner and labels by pod UID, and the container's
+name by container id. The join itself runs every pass, so names appear as soon as the
+watch delivers them and a process of an unknown pod keeps its pod UID meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import pwd
+from typing import Any, Callable, Iterable, Mapping
+
+from exporter.attribution import cgroups
+from exporter.attribution.kubernetes import PodIndex
+from exporter.attribution.procfs import ProcCache, ProcFS, ProcInfo
+from exporter.model import HOST, UNKNOWN, Workload
+
+log = logging.getLogger(__name__)
+
+HOST_PID_HINT = ("run the agent with hostPID: true, or mount the host's /proc (e.g. at /host/proc) and pass "
+                 "--proc-root /host/proc")
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return str(uid)
+
+
+class ProcAttributor:
+    """Resolves GPU PIDs through a proc root and a pod index.
+
+    Args:
+        proc_root: where the host's /proc is (``--proc-root``).
+        index: pod metadata, filled by a pod source (the API watch or a static list).
+        pod_source: the object keeping ``index`` current (``healthy()``, ``stop()``), or
+            None when pod names are off.
+        user_name: uid -> user name for Slurm jobs (pwd lookup, falling back to the number).
+        on_close: called by `close` (e.g. to remove a fixture tree).
+    """
+
+    def __init__(self, proc_root: str = "/proc", index: PodIndex | None = None, pod_source: Any = None,
+                 user_name: Callable[[int], str] = _user_name, on_close: Callable[[], None] | None = None):
+        self.procfs = ProcFS(proc_root)
+        self.cache = ProcCache(self.procfs)
+        self.index = index if index is not None else PodIndex()
+        self.pod_source = pod_source
+        self._user_name = user_name
+        self._users: dict[int, str] = {}
+        self._on_close = on_close
+        self._host_pids_visible = True
+        self._warned_host_pids = False
+
+    def resolve(self, pids: Iterable[int], now: float) -> Mapping[int, Workload]:
+        pids = list(pids)
+        infos = self.cache.lookup(pids)
+        missing = [pid for pid, info in infos.items() if info is None]
+        if pids:
+            self._host_pids_visible = len(missing) < len(pids)
+            if not self._host_pids_visible and not self._warned_host_pids:
+                self._warned_host_pids = True
+                log.warning("none of the %d GPU process(es) (e.g. PID %d) exist under %s: the agent does not see "
+                            "the host's PIDs, so GPU processes cannot be attributed to pods; %s",
+                            len(pids), pids[0], self.procfs.root, HOST_PID_HINT)
+        return {pid: self.workload(info) for pid, info in infos.items()}
+
+    def workload(self, info: ProcInfo | None) -> Workload:
+        """The owner of one process (pure apart from the index and user lookups)."""
+        if info is None:
+            return UNKNOWN
+        owner = info.cgroup
+        if owner.kind == cgroups.KUBERNETES:
+            pod = self.index.get(owner.pod_uid)
+            if pod is None and owner.container_id:
+                pod = self.index.by_container(owner.container_id)
+            if pod is None:
+                return Workload(kind="kubernetes", pod_uid=owner.pod_uid, container_id=owner.container_id)
+            return Workload(kind="kubernetes", namespace=pod.namespace, pod=pod.name,
+                            container=pod.containers.get(owner.container_id, ""), pod_uid=pod.uid,
+                            container_id=owner.container_id, owner_kind=pod.owner_kind, owner_name=pod.owner_name,
+                            labels=pod.labels)
+        if owner.kind == cgroups.SLURM:
+            env = info.slurm_env
+            user = env.get("SLURM_JOB_USER", "")
+            if not user:
+                uid_text = owner.slurm_uid
+                uid = int(uid_text) if uid_text.isdigit() else info.uid
+                user = self._user(uid) if uid is not None else ""
+            return Workload(kind="slurm", slurm_job_id=owner.slurm_job_id or env.get("SLURM_JOB_ID", ""),
+                            slurm_step=owner.slurm_step, slurm_user=user,
+                            slurm_partition=env.get("SLURM_JOB_PARTITION", ""),
+                            slurm_account=env.get("SLURM_JOB_ACCOUNT", ""))
+        if owner.kind == cgroups.DOCKER:
+            return Workload(kind="docker", container_id=owner.container_id)
+        if owner.kind == cgroups.SYSTEMD:
+            return Workload(kind="systemd", unit=owner.unit)
+        if owner.kind == cgroups.HOST:
+            return HOST
+        return UNKNOWN
+
+    def _user(self, uid: int) -> str:
+        name = self._users.get(uid)
+        if name is None:
+            name = self._users[uid] = self._user_name(uid)
+        return name
+
+    def comm(self, pid: int) -> str:
+        return self.cache.comm(pid)
+
+    def statuses(self) -> Mapping[str, bool]:
+        if self.pod_source is None:
+            return {}
+        return {"kubernetes": bool(self.pod_source.healthy())}
+
+    def info(self) -> Mapping[str, float]:
+        return {"host_pids_visible": 1.0 if self._host_pids_visible else 0.0}
+
+    def close(self) -> None:
+        if self.pod_source is not None:
+            self.pod_source.stop()
+        if self._on_close is not None:
+            self._on_close()

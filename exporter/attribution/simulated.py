@@ -1,0 +1,175 @@
+"""The simulated node's /proc and API server, so the demo runs the real attribution code.
+
+`write_proc_tree` writes, for every scenario process, ``<root>/<pid>/cgroup`` (in the
+formats real nodes use: systemd and cgroupfs drivers, containerd and CRI-O, cgroup v1
+and v2, the ``kubelet-`` prefix of kind, Slurm v2), ``stat``, ``comm``, ``status`` and,
+for Slurm steps, ``environ``. `scenario_pods` returns the pods as the Kubernetes API
+would list them (UIDs, owner references, labels, container statuses with ids), which a
+`StaticPodSource` puts into the same index the API watch fills. The attributor then
+reads that tree and that index exactly as it reads a real node.
+
+Scenario ``workload`` mappings understood::
+
+    workload: {namespace, pod, container, owner: {kind, name}, labels: {...}, qos}
+    workload: {slurm: {job_id, step, user, uid, partition, account}}
+    workload: {systemd: ollama.service}
+    workload: {host: true}            # or no workload at all: a host process
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from typing import Any, Iterable, Mapping
+
+_NAMESPACE = uuid.UUID("6f1d6c8e-2b1a-4d8e-9b7a-3c2d1e0f9a8b")
+
+# Cgroup layouts the simulated pods cycle through, one per pod in scenario order.
+LAYOUTS = ("v2-systemd-containerd", "v1-cgroupfs-crio", "v2-kind-containerd", "v2-cgroupfs-containerd",
+           "v1-systemd-containerd", "v2-systemd-crio")
+
+
+def pod_uid(namespace: str, pod: str) -> str:
+    """A stable pod UID for a simulated pod."""
+    return str(uuid.uuid5(_NAMESPACE, f"{namespace}/{pod}"))
+
+
+def container_id(namespace: str, pod: str, container: str) -> str:
+    """A stable 64-hex container id for a simulated container."""
+    return hashlib.sha256(f"{namespace}/{pod}/{container}".encode()).hexdigest()
+
+
+def kubernetes_cgroup(layout: str, uid: str, cid: str, qos: str) -> str:
+    """The text of /proc/<pid>/cgroup for a container in ``layout``."""
+    u = uid.replace("-", "_")
+    if qos == "guaranteed":
+        slice_ = f"kubepods.slice/kubepods-pod{u}.slice"
+        kind_slice = f"kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{u}.slice"
+        fs = f"kubepods/pod{uid}"
+    else:
+        slice_ = f"kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{u}.slice"
+        kind_slice = (f"kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-{qos}.slice/"
+                      f"kubelet-kubepods-{qos}-pod{u}.slice")
+        fs = f"kubepods/{qos}/pod{uid}"
+    if layout == "v2-systemd-containerd":
+        return f"0::/{slice_}/cri-containerd-{cid}.scope\n"
+    if layout == "v2-systemd-crio":
+        return f"0::/{slice_}/crio-{cid}.scope\n"
+    if layout == "v2-kind-containerd":
+        return f"0::/{kind_slice}/cri-containerd-{cid}.scope\n"
+    if layout == "v2-cgroupfs-containerd":
+        return f"0::/{fs}/{cid}\n"
+    path = f"/{fs}/crio-{cid}" if layout == "v1-cgroupfs-crio" else f"/{slice_}/cri-containerd-{cid}.scope"
+    controllers = ["hugetlb", "memory", "cpu,cpuacct", "devices", "pids", "freezer", "cpuset", "blkio"]
+    lines = [f"{12 - i}:{c}:{path}" for i, c in enumerate(controllers)]
+    lines.append(f"1:name=systemd:{path}")
+    lines.append("0::/")
+    return "\n".join(lines) + "\n"
+
+
+def _owner_reference(owner: Mapping[str, Any], pod: str) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """(ownerReference, extra pod labels) as the controllers would set them."""
+    kind, name = str(owner.get("kind", "")), str(owner.get("name", ""))
+    if not kind or not name:
+        return None, {}
+    extra: dict[str, str] = {}
+    if kind == "Deployment":
+        rest = pod[len(name) + 1:] if pod.startswith(name + "-") else ""
+        template_hash = rest.split("-")[0] if "-" in rest else hashlib.sha256(pod.encode()).hexdigest()[:9]
+        extra["pod-template-hash"] = template_hash
+        kind, name = "ReplicaSet", f"{name}-{template_hash}"
+    elif kind == "CronJob":
+        kind, name = "Job", f"{name}-28571520"
+    return {"apiVersion": "apps/v1", "kind": kind, "name": name, "controller": True,
+            "uid": str(uuid.uuid5(_NAMESPACE, f"{kind}/{name}"))}, extra
+
+
+def scenario_pods(processes: Iterable[Any]) -> list[dict[str, Any]]:
+    """The scenario's pods as the API server lists them (JSON dicts)."""
+    pods: dict[tuple[str, str], dict[str, Any]] = {}
+    for proc in processes:
+        w = proc.workload
+        if not w.get("pod"):
+            continue
+        namespace, name, container = str(w.get("namespace", "default")), str(w["pod"]), str(w.get("container", "main"))
+        key = (namespace, name)
+        if key not in pods:
+            ref, extra = _owner_reference(w.get("owner") or {}, name)
+            labels = {str(k): str(v) for k, v in (w.get("labels") or {}).items()}
+            labels.update(extra)
+            pods[key] = {
+                "metadata": {"name": name, "namespace": namespace, "uid": pod_uid(namespace, name),
+                             "labels": labels, "ownerReferences": [ref] if ref else [],
+                             "resourceVersion": str(1000 + len(pods))},
+                "spec": {"nodeName": "", "containers": []},
+                "status": {"phase": "Running", "containerStatuses": []},
+            }
+        statuses = pods[key]["status"]["containerStatuses"]
+        if not any(s["name"] == container for s in statuses):
+            runtime = "cri-o" if "crio" in _layout_for(list(pods), key) else "containerd"
+            statuses.append({"name": container, "ready": True,
+                             "containerID": f"{runtime}://{container_id(namespace, name, container)}"})
+            pods[key]["spec"]["containers"].append({"name": container})
+    return list(pods.values())
+
+
+def _layout_for(order: list[tuple[str, str]], key: tuple[str, str]) -> str:
+    return LAYOUTS[order.index(key) % len(LAYOUTS)]
+
+
+def _stat(pid: int, comm: str, start: int) -> str:
+    # Fields 3-22 of proc(5) stat, starttime last; the rest are zeros.
+    return f"{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 4 0 {start} 0 0 0 0 0 0 0\n"
+
+
+def _status(comm: str, pid: int, uid: int) -> str:
+    return f"Name:\t{comm}\nState:\tS (sleeping)\nPid:\t{pid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+
+
+def write_proc_tree(root: str, processes: Iterable[Any]) -> None:
+    """Write a /proc-shaped tree for the scenario's processes under ``root``."""
+    procs = list(processes)
+    order: list[tuple[str, str]] = []
+    for proc in procs:
+        w = proc.workload
+        if w.get("pod"):
+            key = (str(w.get("namespace", "default")), str(w["pod"]))
+            if key not in order:
+                order.append(key)
+    for proc in procs:
+        w = proc.workload
+        uid = 0
+        environ = b""
+        if w.get("pod"):
+            namespace, name = str(w.get("namespace", "default")), str(w["pod"])
+            layout = _layout_for(order, (namespace, name))
+            qos = str(w.get("qos", "guaranteed" if order.index((namespace, name)) == 0 else "burstable"))
+            cgroup = kubernetes_cgroup(layout, pod_uid(namespace, name),
+                                       container_id(namespace, name, str(w.get("container", "main"))), qos)
+            uid = 1000
+        elif isinstance(w.get("slurm"), Mapping):
+            s = w["slurm"]
+            job, step = s.get("job_id", 1), s.get("step", 0)
+            uid = int(s.get("uid", 1000))
+            cgroup = f"0::/system.slice/slurmstepd.scope/job_{job}/step_{step}/user/task_0\n"
+            env = {"HOME": f"/home/{s.get('user', uid)}", "PATH": "/usr/bin:/bin",
+                   "SLURM_JOB_ID": str(job), "SLURM_JOB_USER": str(s.get("user", "")),
+                   "SLURM_JOB_PARTITION": str(s.get("partition", "")),
+                   "SLURM_JOB_ACCOUNT": str(s.get("account", "")),
+                   "WANDB_API_KEY": "never-exported"}  # proves the allow-list holds in the demo
+            environ = b"\0".join(f"{k}={v}".encode() for k, v in env.items()) + b"\0"
+        elif w.get("systemd"):
+            cgroup = f"0::/system.slice/{w['systemd']}\n"
+        else:
+            cgroup = "0::/user.slice/user-1000.slice/session-2.scope\n"
+            uid = 1000
+        directory = os.path.join(root, str(proc.pid))
+        os.makedirs(directory, exist_ok=True)
+        files = {"cgroup": cgroup, "comm": proc.name + "\n", "stat": _stat(proc.pid, proc.name, 1_000_000 + proc.pid),
+                 "status": _status(proc.name, proc.pid, uid)}
+        for fname, text in files.items():
+            with open(os.path.join(directory, fname), "w", encoding="utf-8") as fh:
+                fh.write(text)
+        with open(os.path.join(directory, "environ"), "wb") as fh:
+            fh.write(environ)
