@@ -226,6 +226,10 @@ METRICS: tuple[MetricSpec, ...] = (
                (), SELF),
     MetricSpec("l9gpu_unattributed_processes", GAUGE, "", "GPU processes on this node that belong to no workload.",
                ("node",), SELF),
+    MetricSpec("l9gpu_host_pids_visible", GAUGE, "",
+               "1 if the agent sees the host's PIDs (GPU processes exist under --proc-root), 0 if not: then no "
+               "process can be attributed; run with hostPID: true or mount the host's /proc and pass --proc-root.",
+               ("node",), SELF),
     MetricSpec("l9gpu_build_info", INFO, "", "Version of the agent; value is always 1.",
                ("version", "python_version"), SELF),
 )

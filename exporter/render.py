@@ -122,6 +122,9 @@ def _self_family(spec: cat.MetricSpec, snapshot: Snapshot, devices: Mapping[str,
         family.add_metric((), max(0.0, (time.time() if now is None else now) - snapshot.timestamp))
     elif spec.name == "l9gpu_unattributed_processes":
         family.add_metric((snapshot.node,), float(snapshot.info.get("unattributed_processes", 0)))
+    elif spec.name == "l9gpu_host_pids_visible":
+        if "host_pids_visible" in snapshot.info:
+            family.add_metric((snapshot.node,), float(snapshot.info["host_pids_visible"]))
     elif spec.name == "l9gpu_backend_errors_total":
         for (backend, reason), count in sorted(snapshot.backend_errors.items()):
             family.add_metric((backend, reason), float(count))
