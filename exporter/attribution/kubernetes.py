@@ -306,7 +306,12 @@ class PodWatcher:
                                       _request_timeout=(self.request_timeout, self.watch_seconds + 30))
         if self.resource_version:
             kwargs["resource_version"] = self.resource_version
-        for event in self._watch.stream(self.api.list_pod_for_all_namespaces, **kwargs):
+        # A wrapper without a return-type docstring: the watch then yields the raw JSON
+        # events, so a pod the client's models would reject cannot stall the watch.
+        def list_pods(**kw: Any) -> Any:
+            return self.api.list_pod_for_all_namespaces(**kw)
+
+        for event in self._watch.stream(list_pods, **kwargs):
             if self._stop.is_set():
                 break
             self._handle(event)

@@ -1,0 +1,204 @@
+"""A small Kubernetes API server for tests: the pod list and the chunked pod watch.
+
+It speaks what the real server speaks on ``GET /api/v1/pods``: a ``PodList`` with a
+``resourceVersion`` for a list, and for ``watch=true`` a chunked stream of JSON events
+(ADDED, MODIFIED, DELETED, BOOKMARK, ERROR) after the requested resourceVersion,
+honouring ``fieldSelector=spec.nodeName=<node>`` and ``timeoutSeconds``. Tests drive it:
+``add``/``modify``/``delete`` pods, ``expire()`` (the next resumed watch gets an ERROR
+event with code 410 Gone, as after etcd compaction), ``drop_watches()`` (open streams
+are cut mid-stream), and ``stop()``/``start()`` (the server is down: connection refused,
+then back on the same port).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+
+def make_pod(name: str, namespace: str, uid: str, node: str, containers: dict[str, str] | None = None,
+             labels: dict[str, str] | None = None, owner: tuple[str, str] | None = None,
+             init_containers: dict[str, str] | None = None) -> dict[str, Any]:
+    """A pod as the API returns it; ``containers`` maps name -> 64-hex container id."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid, "labels": dict(labels or {})}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner[0], "name": owner[1],
+                                    "uid": "00000000-0000-0000-0000-000000000001", "controller": True}]
+    containers = containers or {}
+    init_containers = init_containers or {}
+    return {
+        "kind": "Pod", "apiVersion": "v1", "metadata": meta,
+        "spec": {"nodeName": node, "containers": [{"name": n, "image": "busybox"} for n in containers],
+                 "initContainers": [{"name": n, "image": "busybox"} for n in init_containers]},
+        "status": {"phase": "Running",
+                   "containerStatuses": [{"name": n, "containerID": f"containerd://{cid}", "ready": True,
+                                          "restartCount": 0, "image": "busybox", "imageID": ""}
+                                         for n, cid in containers.items()],
+                   "initContainerStatuses": [{"name": n, "containerID": f"containerd://{cid}", "ready": False,
+                                              "restartCount": 0, "image": "busybox", "imageID": ""}
+                                             for n, cid in init_containers.items()]},
+    }
+
+
+class FakeApiServer:
+    """Serves ``/api/v1/pods`` list and watch on 127.0.0.1 (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._rv = 100
+        self._pods: dict[str, dict[str, Any]] = {}
+        self._events: list[tuple[int, str, dict[str, Any]]] = []
+        self._expired_before = 0
+        self._generation = 0  # bumps to cut open watch streams
+        self.requests: list[tuple[str, dict[str, str]]] = []  # ("list"|"watch", query)
+        self.port = 0
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- control -------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
+        server.daemon_threads = True
+        self.port = server.server_address[1]
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Take the server down: close the listener and cut every open stream."""
+        self.drop_watches()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def _bump(self, kind: str, pod: dict[str, Any]) -> None:
+        self._rv += 1
+        pod = copy.deepcopy(pod)
+        pod["metadata"]["resourceVersion"] = str(self._rv)
+        if kind == "DELETED":
+            self._pods.pop(pod["metadata"]["uid"], None)
+        else:
+            self._pods[pod["metadata"]["uid"]] = pod
+        self._events.append((self._rv, kind, pod))
+        self._cond.notify_all()
+
+    def add(self, pod: dict[str, Any]) -> None:
+        with self._cond:
+            self._bump("ADDED", pod)
+
+    def modify(self, pod: dict[str, Any]) -> None:
+        with self._cond:
+            self._bump("MODIFIED", pod)
+
+    def delete(self, uid: str) -> None:
+        with self._cond:
+            self._bump("DELETED", self._pods[uid])
+
+    def expire(self) -> None:
+        """Compact history: a watch resuming from any version seen so far gets 410 Gone."""
+        with self._cond:
+            self._expired_before = self._rv + 1
+            self._generation += 1
+            self._cond.notify_all()
+
+    def drop_watches(self) -> None:
+        """Cut every open watch stream mid-chunk (a dropped connection)."""
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+
+    def count(self, kind: str) -> int:
+        return sum(1 for k, _ in self.requests if k == kind)
+
+    # ---- HTTP ----------------------------------------------------------------------
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                return None
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                url = urlparse(self.path)
+                query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+                if url.path != "/api/v1/pods":
+                    self._json(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+                    return
+                selector = query.get("fieldSelector", "")
+                node = selector.split("=", 1)[1] if selector.startswith("spec.nodeName=") else None
+                if query.get("watch") in ("true", "1"):
+                    api.requests.append(("watch", query))
+                    self._watch(node, int(query.get("resourceVersion") or 0), float(query.get("timeoutSeconds", 300)))
+                else:
+                    api.requests.append(("list", query))
+                    with api._cond:
+                        items = [p for p in api._pods.values() if node is None or p["spec"]["nodeName"] == node]
+                        body = {"kind": "PodList", "apiVersion": "v1",
+                                "metadata": {"resourceVersion": str(api._rv)}, "items": items}
+                    self._json(200, body)
+
+            def _json(self, code: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _chunk(self, event: dict[str, Any]) -> None:
+                data = json.dumps(event).encode() + b"\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+            def _watch(self, node: str | None, since: int, timeout: float) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                deadline = time.monotonic() + timeout
+                with api._cond:
+                    generation = api._generation
+                    if since and since < api._expired_before:
+                        status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                  "message": f"too old resource version: {since} ({api._expired_before})",
+                                  "reason": "Expired", "code": 410}
+                        self._chunk({"type": "ERROR", "object": status})
+                        self.wfile.write(b"0\r\n\r\n")
+                        return
+                    cursor = since
+                    while True:
+                        pending = [(rv, kind, pod) for rv, kind, pod in api._events if rv > cursor]
+                        for rv, kind, pod in pending:
+                            cursor = rv
+                            if node is None or pod["spec"]["nodeName"] == node:
+                                self._chunk({"type": kind, "object": pod})
+                        if api._generation != generation:
+                            # Cut: no terminating chunk, close the socket under the client.
+                            self.close_connection = True
+                            try:
+                                self.connection.shutdown(socket.SHUT_RDWR)
+                            except OSError:
+                                pass
+                            return
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            self.wfile.write(b"0\r\n\r\n")
+                            return
+                        api._cond.wait(min(left, 0.2))
+
+        return Handler

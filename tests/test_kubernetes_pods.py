@@ -1,0 +1,164 @@
+"""Pod metadata: owner resolution, container ids, and the list + watch against a local API server."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
+
+from kubernetes import client  # noqa: E402
+
+from exporter.attribution.kubernetes import PodIndex, PodWatcher, pod_meta, resolve_owner, wait_for  # noqa: E402
+from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
+
+C1, C2, C3 = "a" * 64, "b" * 64, "c" * 64
+
+
+@pytest.mark.parametrize("kind,name,labels,expected", [
+    ("ReplicaSet", "vllm-6d8b94df7", {"pod-template-hash": "6d8b94df7"}, ("Deployment", "vllm")),
+    ("ReplicaSet", "plain-rs", {}, ("ReplicaSet", "plain-rs")),
+    ("ReplicaSet", "api-7c9f5b", {"pod-template-hash": "other"}, ("ReplicaSet", "api-7c9f5b")),
+    ("StatefulSet", "jupyter-alice", {}, ("StatefulSet", "jupyter-alice")),
+    ("DaemonSet", "node-agent", {}, ("DaemonSet", "node-agent")),
+    ("Job", "llm-finetune", {}, ("Job", "llm-finetune")),
+    ("Job", "nightly-eval-28571520", {}, ("CronJob", "nightly-eval")),
+    ("RayCluster", "ray-head", {}, ("RayCluster", "ray-head")),
+])
+def test_owner_resolution(kind: str, name: str, labels: dict[str, str], expected: tuple[str, str]) -> None:
+    assert resolve_owner([{"kind": kind, "name": name, "controller": True}], labels) == expected
+
+
+def test_owner_prefers_the_controller_reference_and_bare_pods_have_none() -> None:
+    refs = [{"kind": "ConfigMap", "name": "x"}, {"kind": "StatefulSet", "name": "db", "controller": True}]
+    assert resolve_owner(refs, {}) == ("StatefulSet", "db")
+    assert resolve_owner([], {}) == ("", "")
+
+
+def test_pod_meta_maps_every_container_id_including_init_and_ephemeral() -> None:
+    pod = make_pod("p", "ns", "u-1", "n", containers={"main": C1}, init_containers={"setup": C2},
+                   labels={"team": "a"})
+    pod["status"]["ephemeralContainerStatuses"] = [{"name": "debugger", "containerID": f"cri-o://{C3}"}]
+    meta = pod_meta(pod)
+    assert meta is not None
+    assert meta.containers == {C1: "main", C2: "setup", C3: "debugger"}
+    assert meta.labels == (("team", "a"),)
+
+
+@pytest.mark.parametrize("bad", [None, 3, "x", {}, {"metadata": None}, {"metadata": {"name": "no-uid"}},
+                                 {"metadata": {"uid": "u", "labels": "oops", "ownerReferences": "x"},
+                                  "status": {"containerStatuses": [None, {"name": 5}]}}])
+def test_pod_meta_survives_malformed_objects(bad: object) -> None:
+    meta = pod_meta(bad)
+    assert meta is None or meta.uid == "u"
+
+
+@pytest.fixture
+def apiserver():
+    server = FakeApiServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+def _watcher(server: FakeApiServer, index: PodIndex, node: str = "node-a") -> PodWatcher:
+    cfg = client.Configuration()
+    cfg.host = server.url
+    return PodWatcher(client.ApiClient(cfg), node, index, watch_seconds=5, backoff=(0.05, 0.2), request_timeout=2)
+
+
+def test_list_then_watch_only_this_nodes_pods(apiserver: FakeApiServer) -> None:
+    apiserver.add(make_pod("mine", "ns", "uid-1", "node-a", {"c": C1}))
+    apiserver.add(make_pod("other-node", "ns", "uid-2", "node-b", {"c": C2}))
+    index = PodIndex()
+    watcher = _watcher(apiserver, index)
+    watcher.start()
+    try:
+        assert wait_for(lambda: index.get("uid-1") is not None, 5)
+        assert index.get("uid-2") is None
+        assert apiserver.requests[0][1]["fieldSelector"] == "spec.nodeName=node-a"
+        apiserver.add(make_pod("new", "ns", "uid-3", "node-a", {"c": C3}, owner=("StatefulSet", "db")))
+        assert wait_for(lambda: index.get("uid-3") is not None, 5)
+        assert index.by_container(C3).name == "new" and index.get("uid-3").owner_kind == "StatefulSet"
+        apiserver.delete("uid-1")
+        assert wait_for(lambda: index.get("uid-1") is None, 5)
+        assert watcher.healthy()
+        # The watch resumed from the list's resourceVersion, not from scratch.
+        watch_queries = [q for k, q in apiserver.requests if k == "watch"]
+        assert watch_queries[0]["resourceVersion"] == "102"
+    finally:
+        watcher.stop()
+
+
+def test_410_gone_relists_and_a_dropped_stream_resumes(apiserver: FakeApiServer, caplog) -> None:
+    apiserver.add(make_pod("a", "ns", "uid-a", "node-a", {"c": C1}))
+    index = PodIndex()
+    watcher = _watcher(apiserver, index)
+    watcher.start()
+    try:
+        assert wait_for(lambda: index.get("uid-a") is not None and apiserver.count("watch") >= 1, 5)
+        lists = apiserver.count("list")
+        # Dropped connection: resume the watch from the last version, no relist.
+        apiserver.drop_watches()
+        apiserver.add(make_pod("b", "ns", "uid-b", "node-a", {"c": C2}))
+        assert wait_for(lambda: index.get("uid-b") is not None, 5)
+        assert apiserver.count("list") == lists
+        # History compacted: the resumed watch gets 410 Gone and the watcher lists again.
+        with caplog.at_level(logging.INFO, logger="exporter.attribution.kubernetes"):
+            apiserver.expire()
+            apiserver.add(make_pod("c", "ns", "uid-c", "node-a", {"c": C3}))
+            assert wait_for(lambda: index.get("uid-c") is not None and apiserver.count("list") > lists, 5)
+        assert "410 Gone" in caplog.text
+        assert {index.get(u).name for u in ("uid-a", "uid-b", "uid-c")} == {"a", "b", "c"}
+    finally:
+        watcher.stop()
+
+
+def test_server_down_keeps_names_and_recovers(apiserver: FakeApiServer) -> None:
+    apiserver.add(make_pod("a", "ns", "uid-a", "node-a", {"c": C1}))
+    index = PodIndex()
+    watcher = _watcher(apiserver, index)
+    watcher.start()
+    try:
+        assert wait_for(lambda: index.get("uid-a") is not None and watcher.healthy(), 5)
+        apiserver.stop()
+        assert wait_for(lambda: not watcher.healthy(), 5)
+        assert index.get("uid-a").name == "a"  # what was known stays known
+        apiserver.add(make_pod("b", "ns", "uid-b", "node-a", {"c": C2}))  # happens while down
+        apiserver.start()
+        assert wait_for(lambda: watcher.healthy() and index.get("uid-b") is not None, 10)
+    finally:
+        watcher.stop()
+
+
+def test_forbidden_is_reported_with_the_rbac_hint(caplog) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import threading
+
+    class Forbidden(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            return None
+
+        def do_GET(self) -> None:  # noqa: N802
+            body = b'{"kind":"Status","code":403,"reason":"Forbidden"}'
+            self.send_response(403)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Forbidden)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    cfg = client.Configuration()
+    cfg.host = f"http://127.0.0.1:{server.server_address[1]}"
+    watcher = PodWatcher(client.ApiClient(cfg), "n", PodIndex(), backoff=(0.05, 0.1))
+    try:
+        with caplog.at_level(logging.WARNING, logger="exporter.attribution.kubernetes"):
+            watcher.start()
+            assert wait_for(lambda: "get, list and watch on pods" in caplog.text, 5)
+        assert not watcher.healthy()
+        assert "Traceback" not in caplog.text
+    finally:
+        watcher.stop()
+        server.shutdown()
+        server.server_close()
