@@ -232,7 +232,15 @@ METRICS: tuple[MetricSpec, ...] = (
                ("node",), SELF),
     MetricSpec("l9gpu_build_info", INFO, "", "Version of the agent; value is always 1.",
                ("version", "python_version"), SELF),
+    MetricSpec("l9gpu_otlp_exports_total", COUNTER, "",
+               "OTLP pushes by result (success, failure); a failed batch is dropped, not retried later. "
+               "Present only while OTLP push is on.",
+               ("result",), SELF),
 )
+
+# Families an optional part registers on the registry itself instead of `render` building
+# them from the snapshot (the OTLP bridge counts its own exports).
+REGISTERED_ELSEWHERE: frozenset[str] = frozenset({"l9gpu_otlp_exports_total"})
 
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in METRICS}
 

@@ -53,7 +53,7 @@ def families(
     devices = {d.key: d for d in snapshot.devices}
     dev_labels = {d.key: device_label_values(snapshot.node, d) for d in snapshot.devices}
     for spec in cat.METRICS:
-        if spec.name not in enabled:
+        if spec.name not in enabled or spec.name in cat.REGISTERED_ELSEWHERE:
             continue
         if spec.scope == cat.DEVICE:
             family = _device_family(spec, snapshot, dev_labels)
