@@ -191,34 +191,40 @@ def step(
         parts, nobody = split_energy(delta, [(p.sm_utilization, p.used_memory_bytes) for p in procs])
         dev_labels = device_label_values(node, device)
         groups: dict[tuple[str, ...], list[int]] = {}
-        rest_memory, rest_count, rest_energy = 0, 0, nobody
+        rest_memory: int | None = 0
+        rest_count, rest_energy = 0, nobody
         for i, proc in enumerate(procs):
             owner = owners.get(proc.pid, UNKNOWN)
             if owner.attributed:
                 groups.setdefault(dev_labels + labeller(owner), []).append(i)
             else:
                 rest_count += 1
-                rest_memory += proc.used_memory_bytes or 0
+                rest_memory = (rest_memory or 0) + (proc.used_memory_bytes or 0)
                 rest_energy += parts[i]
         unattributed_count += rest_count
+        if rest_count and all(procs[i].used_memory_bytes is None for i in range(len(procs))):
+            rest_memory = None  # the device reports no per-process memory at all
         unattributed_energy[key] = unattributed_energy.get(key, 0.0) + rest_energy
         unattributed.append(Unattributed(key, rest_memory, rest_count, unattributed_energy[key]))
 
         for labels, members in groups.items():
             wkey = (key, labels)
             seen.add(wkey)
-            memory = sum(procs[i].used_memory_bytes or 0 for i in members)
+            known = [procs[i].used_memory_bytes for i in members if procs[i].used_memory_bytes is not None]
+            memory = sum(known) if known else None  # None: the device reports no per-process memory
+            # Holding the GPU: memory on it, or (where memory is unknown) a process on it.
+            held = memory > 0 if memory is not None else True
             utils = [procs[i].sm_utilization for i in members if procs[i].sm_utilization is not None]
             util = min(1.0, sum(utils)) if utils else None
             old = counters.get(wkey, WorkloadCounters())
             idle_since = old.idle_since
-            if memory > 0 and util == 0.0:
+            if held and util == 0.0:
                 idle_since = now if idle_since is None else idle_since
             else:
                 idle_since = None
             new = WorkloadCounters(
                 usage_seconds=old.usage_seconds + (util or 0.0) * dt,
-                allocation_seconds=old.allocation_seconds + (dt if memory > 0 else 0.0),
+                allocation_seconds=old.allocation_seconds + (dt if held else 0.0),
                 energy_joules=old.energy_joules + sum(parts[i] for i in members),
                 idle_since=idle_since,
                 last_seen=now,

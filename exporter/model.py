@@ -154,7 +154,8 @@ class WorkloadUsage:
         device_key: the `DeviceSample.key` of the GPU.
         labels: the label values, in `catalogue.WORKLOAD_LABELS` order (device labels
             first) followed by the configured extras (see `derive.Labeller`).
-        memory_used_bytes: sum of its processes' device memory, bytes.
+        memory_used_bytes: sum of its processes' device memory, bytes (None where the
+            device reports no per-process memory, e.g. Gaudi).
         utilization: sum of its processes' SM shares, 0-1 (None when unavailable).
         processes: number of its processes on this GPU (0 while in its grace period).
         idle_seconds: how long it has held memory with zero SM utilisation.
@@ -167,7 +168,7 @@ class WorkloadUsage:
 
     device_key: str
     labels: tuple[str, ...]
-    memory_used_bytes: int
+    memory_used_bytes: int | None
     utilization: float | None
     processes: int
     idle_seconds: float
@@ -182,7 +183,7 @@ class Unattributed:
     """Per GPU: what belongs to no workload, so that the parts add up to the device."""
 
     device_key: str
-    memory_used_bytes: int
+    memory_used_bytes: int | None
     processes: int
     energy_joules_total: float
 

@@ -68,8 +68,9 @@ def families(
         elif spec.scope == cat.UNATTRIBUTED:
             family = _family(spec, spec.labels)
             for rest in snapshot.unattributed:
-                if rest.device_key in dev_labels:
-                    family.add_metric(dev_labels[rest.device_key], float(getattr(rest, spec.source)))
+                value = _number(getattr(rest, spec.source))
+                if value is not None and rest.device_key in dev_labels:
+                    family.add_metric(dev_labels[rest.device_key], value)
         elif spec.scope == cat.PROCESS:
             family = _family(spec, spec.labels)
             for row in snapshot.processes:

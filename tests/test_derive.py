@@ -142,3 +142,14 @@ def test_per_gpu_conservation_of_memory_and_energy(procs, attributed, energy):
     assert memory == sum(m for m, _ in unique.values())
     joules = sum(u.energy_joules_total for u in d.workloads) + d.unattributed[0].energy_joules_total
     assert joules == pytest.approx(energy, rel=1e-9, abs=1e-6)
+
+
+def test_devices_without_per_process_memory_omit_it_but_still_count_allocation():
+    owners = {1: pod("g")}
+    procs = [ProcessSample(1, None, None)]  # e.g. Gaudi: processes found, no per-process numbers
+    state, _ = step(DeriveState(), 0.0, "n", [gpu(procs=procs)], owners)
+    state, d = step(state, 5.0, "n", [gpu(procs=procs)], owners)
+    usage = by_pod(d)["g"]
+    assert usage.memory_used_bytes is None and usage.utilization is None
+    assert usage.allocation_seconds_total == 5.0 and usage.processes == 1
+    assert d.unattributed[0].memory_used_bytes == 0

@@ -111,9 +111,9 @@ def open_backend(spec: str, options: dict[str, object]) -> Backend:
             f"unknown backend {unknown[0]!r}; choose auto or one of: {', '.join(sorted(factories))}"
         )
     backends = [_build(factories[n], options) for n in names]
-    backend: Backend = backends[0] if len(backends) == 1 else MultiBackend(backends)
-    backend.open()
-    return backend
+    chosen: Backend = backends[0] if len(backends) == 1 else MultiBackend(backends)
+    chosen.open()
+    return chosen
 
 
 def _build(factory: Callable[..., Backend], options: dict[str, object]) -> Backend:
