@@ -46,6 +46,11 @@ def make_pod(name: str, namespace: str, uid: str, node: str, containers: dict[st
     }
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        return None  # clients cut off by stop() or drop_watches() are expected
+
+
 class FakeApiServer:
     """Serves ``/api/v1/pods`` list and watch on 127.0.0.1 (see the module docstring)."""
 
@@ -68,7 +73,7 @@ class FakeApiServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
+        server = _QuietServer(("127.0.0.1", self.port), self._handler())
         server.daemon_threads = True
         self.port = server.server_address[1]
         self._server = server

@@ -365,7 +365,7 @@ class PodWatcher:
             delay = min(self.backoff[1], self.backoff[0] * 2 ** self._failures)
             self._failures += 1
             (log.warning if self._failures == 1 else log.debug)(
-                "pod watch for node %s failed (%s); pod names keep their last known values, retrying in %.0fs",
+                "pod watch for node %s failed (%s); pod names keep their last known values, retrying in %.2gs",
                 self.node, reason, delay)
             if self._sleep(delay):
                 return
