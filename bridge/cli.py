@@ -10,11 +10,18 @@ import argparse
 import logging
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from bridge.config import (
+    GRPC,
+    PROTOCOLS,
+    OtlpSettings,
+    header_items,
+    parse_header,
+    resolve,
+)
 from exporter.config import parse_positive_duration
-
-from bridge.config import GRPC, PROTOCOLS, OtlpSettings, header_items, parse_header, resolve
 
 log = logging.getLogger("l9gpu.otlp")
 
@@ -90,10 +97,14 @@ def build_exporter(settings: OtlpSettings) -> Any:
     """
     try:
         if settings.protocol == GRPC:
-            import grpc
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+            import grpc  # type: ignore[import-untyped]
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                OTLPMetricExporter as GrpcExporter,
+            )
         else:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+                OTLPMetricExporter as HttpExporter,
+            )
     except ImportError as exc:
         package = "grpc" if settings.protocol == GRPC else "http"
         raise ValueError(f"OTLP push over {settings.protocol} needs opentelemetry-exporter-otlp-proto-{package} "

@@ -19,8 +19,9 @@ the SDK's exporters, so the rules below hold whatever the Python SDK's own defau
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from exporter.config import parse_positive_duration
@@ -190,7 +191,7 @@ def resolve(args: Any, env: Mapping[str, str] | None = None) -> OtlpSettings | N
         source, endpoint = found
     else:
         return None
-    scheme, host, port, path = _split_endpoint(source, endpoint)
+    scheme, host, port, _path = _split_endpoint(source, endpoint)  # gRPC ignores a path
 
     insecure_flag = flag("otlp_insecure")
     if insecure_flag and scheme == "https":

@@ -20,7 +20,8 @@ dropped, so ``slurm.job.id`` is absent on a Kubernetes workload's point.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -63,7 +64,7 @@ def unit_for(name: str, family_unit: str = "") -> str:
         return spec.ucum
     if family_unit and family_unit in cat.UCUM:
         return cat.UCUM[family_unit]
-    base = name[: -len("_total")] if name.endswith("_total") else name
+    base = name.removesuffix("_total")
     for word, ucum in _NAME_UNITS:
         if base.endswith("_" + word):
             return ucum
@@ -160,33 +161,40 @@ def _without(labels: Mapping[str, str], key: str) -> dict[str, str]:
     return {k: v for k, v in labels.items() if k != key}
 
 
+@dataclass
+class _HistogramSeries:
+    labels: dict[str, str]
+    buckets: list[tuple[float, float]] = field(default_factory=list)  # (le, cumulative count)
+    sum: float = 0.0
+    count: int = 0
+
+
 def _histogram(family: PromFamily, now_ns: int, starts: StartTimes) -> list[Metric]:
     created = _created_ns(family.samples)
-    series: dict[frozenset[tuple[str, str]], dict[str, object]] = {}
+    series: dict[frozenset[tuple[str, str]], _HistogramSeries] = {}
     for s in family.samples:
         if s.name.endswith("_created"):
             continue
         base = _without(s.labels, "le") if s.name.endswith("_bucket") else dict(s.labels)
-        entry = series.setdefault(frozenset(base.items()), {"labels": base, "buckets": [], "sum": 0.0, "count": 0})
+        entry = series.setdefault(frozenset(base.items()), _HistogramSeries(base))
         if s.name.endswith("_bucket"):
-            entry["buckets"].append((float(s.labels["le"]), s.value))  # type: ignore[attr-defined]
+            entry.buckets.append((float(s.labels["le"]), s.value))
         elif s.name.endswith("_sum"):
-            entry["sum"] = s.value
+            entry.sum = s.value
         elif s.name.endswith("_count"):
-            entry["count"] = int(s.value)
+            entry.count = int(s.value)
     points = []
     for label_key, entry in series.items():
-        cumulative = sorted(entry["buckets"])  # type: ignore[call-overload]
+        cumulative = sorted(entry.buckets)
         bounds = [le for le, _ in cumulative if not math.isinf(le)]
         counts, previous = [], 0.0
-        for _, value in cumulative:
+        for _, value in cumulative:  # Prometheus buckets are cumulative; OTLP's are not
             counts.append(int(value - previous))
             previous = value
-        labels: dict[str, str] = entry["labels"]  # type: ignore[assignment]
         points.append(HistogramDataPoint(
-            attributes=attributes(labels),
-            start_time_unix_nano=starts.get(_key(family.name, labels), created.get(label_key)),
-            time_unix_nano=now_ns, count=int(entry["count"]), sum=float(entry["sum"]),  # type: ignore[arg-type]
+            attributes=attributes(entry.labels),
+            start_time_unix_nano=starts.get(_key(family.name, entry.labels), created.get(label_key)),
+            time_unix_nano=now_ns, count=entry.count, sum=entry.sum,
             bucket_counts=counts, explicit_bounds=bounds, min=math.nan, max=math.nan))
     if not points:
         return []

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from opentelemetry.sdk.resources import Resource
@@ -21,11 +22,11 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from bridge.convert import StartTimes, to_metrics_data
 from exporter import __version__
 from exporter import catalogue as cat
-from bridge.convert import StartTimes, to_metrics_data
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("l9gpu.otlp")
 
 EXPORTS_METRIC = "l9gpu_otlp_exports_total"
 
@@ -124,7 +125,7 @@ class OtlpPusher:
             self._failing = not ok
             return ok
 
-    def start(self) -> "OtlpPusher":
+    def start(self) -> OtlpPusher:
         """Start the push thread."""
         self._thread = threading.Thread(target=self._run, name="l9gpu-otlp-push", daemon=True)
         self._thread.start()

@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 
 import grpc
 from aiohttp import web
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1 import (
+    metrics_service_pb2,
+    metrics_service_pb2_grpc,
+)
 
 
 @dataclass
@@ -93,7 +96,7 @@ class _Servicer(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self, recorder: _Recorder):
         self.recorder = recorder
 
-    def Export(self, request, context):  # noqa: N802 - the service's method name
+    def Export(self, request, context):
         self.recorder.record({k: v for k, v in context.invocation_metadata()}, request)
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
@@ -116,7 +119,7 @@ class GrpcReceiver(_Recorder):
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> "GrpcReceiver":
+    def start(self) -> GrpcReceiver:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_Servicer(self), server)
         address = f"127.0.0.1:{self.port}"
@@ -159,7 +162,7 @@ class HttpReceiver(_Recorder):
         body = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
         return web.Response(body=body, content_type="application/x-protobuf")
 
-    def start(self) -> "HttpReceiver":
+    def start(self) -> HttpReceiver:
         ready = threading.Event()
         loop = asyncio.new_event_loop()
 

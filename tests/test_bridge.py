@@ -21,25 +21,31 @@ pytest.importorskip("opentelemetry.exporter.otlp.proto.grpc", reason="openteleme
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="opentelemetry-exporter-otlp-proto-http missing")
 pytest.importorskip("opentelemetry.proto", reason="opentelemetry-proto is not installed")
 
-from opentelemetry.sdk.metrics.export import AggregationTemporality, Gauge, Histogram, Sum  # noqa: E402
-from opentelemetry.sdk.resources import Resource  # noqa: E402
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: E402
-from prometheus_client import CollectorRegistry, Counter, Histogram as PromHistogram, Summary  # noqa: E402
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: E402
-from prometheus_client.exposition import generate_latest  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from agent import parse_metrics, run_cli
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    Sum,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from otlp_receivers import GrpcReceiver, HttpReceiver
+from prometheus_client import CollectorRegistry, Counter, Summary
+from prometheus_client import Histogram as PromHistogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
-from agent import parse_metrics, run_cli  # noqa: E402
-from bridge import config as bconfig  # noqa: E402
-from bridge.convert import StartTimes, attributes, to_metrics_data, unit_for  # noqa: E402
-from bridge.push import ExportCounter, OtlpPusher  # noqa: E402
-from exporter import catalogue as cat  # noqa: E402
-from exporter.cli import build_registry  # noqa: E402
-from exporter.collector import Collector  # noqa: E402
-from exporter.derive import label_schema  # noqa: E402
-from exporter.devices.simulated import SimulatedBackend  # noqa: E402
-from exporter.model import DeviceSample, Snapshot, WorkloadUsage  # noqa: E402
-from otlp_receivers import GrpcReceiver, HttpReceiver  # noqa: E402
+from bridge import config as bconfig
+from bridge.convert import StartTimes, attributes, to_metrics_data, unit_for
+from bridge.push import ExportCounter, OtlpPusher
+from exporter import catalogue as cat
+from exporter.cli import build_registry
+from exporter.collector import Collector
+from exporter.derive import label_schema
+from exporter.devices.simulated import SimulatedBackend
+from exporter.model import DeviceSample, Snapshot, WorkloadUsage
 
 SCOPE = InstrumentationScope("l9gpu", "test")
 RESOURCE = Resource({"service.name": "l9gpu"})
@@ -428,13 +434,16 @@ def test_receiver_outage_drops_and_counts_batches_then_pushing_resumes(receiver,
     rss_before = _rss_kib(agent.proc.pid)
     failures_before = _counter(agent, "failure")
     receiver.stop()
-    scrape_times = []
+    scrape_times, rss_during = [], []
     for _ in range(20):  # 4 s down: ~20 export intervals
         t = time.monotonic()
         assert "gpu_up" in agent.scrape()  # /metrics stays fast while pushes fail
         scrape_times.append(time.monotonic() - t)
+        rss_during.append(_rss_kib(agent.proc.pid))
         time.sleep(0.2)
     assert max(scrape_times) < 0.5, scrape_times
+    # Steady while down: nothing accumulates per failed batch.
+    assert rss_during[-1] - rss_during[4] < 2 * 1024, rss_during
     failures = _counter(agent, "failure")
     assert failures - failures_before >= 5
     receiver.clear()
@@ -464,11 +473,12 @@ def test_push_only_serves_no_metrics_but_health(agent_factory):
 def _self_signed(tmp: Path) -> tuple[bytes, bytes, Path]:
     crypto = pytest.importorskip("cryptography", reason="cryptography is needed to make a test certificate")
     del crypto
+    import ipaddress
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
-    import ipaddress
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "l9gpu-test-receiver")])
