@@ -1,0 +1,166 @@
+"""Cost of the agent on a busy node: one collection pass, one /metrics request, RSS.
+
+Builds a simulated node with 8 GPUs, 64 containers and 256 processes (4 processes per
+container, 8 containers per GPU, all attributed through the fixture /proc tree), then:
+
+* runs collection passes in process (attribution cache warm) and reports the median and
+  p99 of one pass;
+* starts `l9gpu serve` on it at a 1 s interval and times /metrics requests over
+  loopback, serially and with 20 concurrent clients (median and p99 of each request);
+* reads the agent's resident memory (VmRSS) at the end.
+
+Run: ``python benchmarks/bench_agent.py`` (``--passes``, ``--requests`` to change the
+sample sizes). Figures are recorded in docs/PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+GPUS, CONTAINERS, PROCESSES = 8, 64, 256
+
+
+def scenario(path: Path) -> Path:
+    """Write the benchmark node's scenario file."""
+    per_container = PROCESSES // CONTAINERS
+    processes = []
+    for c in range(CONTAINERS):
+        gpu = c % GPUS
+        for p in range(per_container):
+            processes.append({
+                "name": f"worker{p}",
+                "gpus": [gpu],
+                "pid": 100000 + c * 10 + p,
+                "memory_gib": 2,
+                "utilization": {"wave": {"min": 0.0, "max": 0.03, "period": f"{20 + c}s"}},
+                "workload": {"namespace": f"team-{c % 8}", "pod": f"job-{c}-abcde", "container": "main",
+                             "owner": {"kind": "Deployment", "name": f"job-{c}"}, "labels": {"team": f"t{c % 8}"}},
+            })
+    doc = {"node": "bench-node", "gpus": {"count": GPUS, "model": "NVIDIA H100 80GB HBM3", "memory_gib": 80},
+           "processes": processes}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def fmt(values: list[float]) -> str:
+    return f"median {statistics.median(values) * 1e3:.2f} ms, p99 {percentile(values, 0.99) * 1e3:.2f} ms (n={len(values)})"
+
+
+def bench_cycle(path: Path, passes: int) -> list[float]:
+    from exporter.cli import _collector, _open, build_parser
+
+    args = build_parser().parse_args(["snapshot", "--backend", "simulated", "--scenario", str(path)])
+    backend, attributor = _open(args)
+    collector, _ = _collector(args, backend, attributor)
+    collector.collect_once()  # warm the attribution cache
+    times = []
+    for _ in range(passes):
+        start = time.perf_counter()
+        snap = collector.collect_once()
+        times.append(time.perf_counter() - start)
+    assert len(snap.workloads) == CONTAINERS and len(snap.processes) == PROCESSES
+    attributor.close()
+    backend.close()
+    return times
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def _concurrent(url: str, clients: int, per_client: int) -> list[float]:
+    import aiohttp
+
+    times: list[float] = []
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        for _ in range(per_client):
+            start = time.perf_counter()
+            async with session.get(url) as resp:
+                await resp.read()
+                assert resp.status == 200
+            times.append(time.perf_counter() - start)
+
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+    return times
+
+
+def bench_scrapes(path: Path, requests: int) -> tuple[list[float], list[float], int, int]:
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve", "--backend", "simulated", "--scenario",
+                             str(path), "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--log-level", "warning"],
+                            env=env, cwd=REPO)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        size = len(urllib.request.urlopen(url).read())
+        serial = []
+        for _ in range(requests):
+            start = time.perf_counter()
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                resp.read()
+            serial.append(time.perf_counter() - start)
+        concurrent = asyncio.run(_concurrent(url, 20, max(1, requests // 20)))
+        rss_kib = 0
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss_kib = int(line.split()[1])
+        return serial, concurrent, rss_kib, size
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passes", type=int, default=300)
+    parser.add_argument("--requests", type=int, default=1000)
+    opts = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = scenario(Path(tmp) / "bench.yaml")
+        cycle = bench_cycle(path, opts.passes)
+        serial, concurrent, rss_kib, size = bench_scrapes(path, opts.requests)
+    print(f"node: {GPUS} GPUs, {CONTAINERS} containers, {PROCESSES} processes; /metrics body {size / 1024:.0f} KiB")
+    print(f"collection pass (warm):          {fmt(cycle)}")
+    print(f"/metrics, serial:                {fmt(serial)}")
+    print(f"/metrics, 20 concurrent clients: {fmt(concurrent)}")
+    print(f"agent RSS:                       {rss_kib / 1024:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
