@@ -62,7 +62,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def fmt(values: list[float]) -> str:
-    return f"median {statistics.median(values) * 1e3:.2f} ms, p99 {percentile(values, 0.99) * 1e3:.2f} ms (n={len(values)})"
+    median, p99 = statistics.median(values) * 1e3, percentile(values, 0.99) * 1e3
+    return f"median {median:.2f} ms, p99 {p99:.2f} ms (n={len(values)})"
 
 
 def bench_cycle(path: Path, passes: int) -> list[float]:

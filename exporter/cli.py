@@ -53,8 +53,10 @@ def _add_device_args(parser: argparse.ArgumentParser) -> None:
 
     group = parser.add_argument_group("devices")
     group.add_argument("--backend", default="auto",
-                       help="auto, nvml, amd, gaudi, simulated, or a comma-separated list for mixed nodes (default: auto)")
-    group.add_argument("--scenario", metavar="FILE", help="scenario file for --backend simulated (default: built-in node)")
+                       help="auto, nvml, amd, gaudi, simulated, or a comma-separated list for mixed nodes "
+                            "(default: auto)")
+    group.add_argument("--scenario", metavar="FILE",
+                       help="scenario file for --backend simulated (default: the built-in node)")
     group.add_argument("--hl-smi", default="hl-smi", metavar="PATH", help="hl-smi executable for --backend gaudi")
     group.add_argument("--hl-smi-timeout", default="5s", type=_checked(parse_positive_duration), metavar="DURATION",
                        help="kill hl-smi after this long (default: 5s)")
@@ -142,7 +144,8 @@ def _env_value(name: str, action: argparse.Action, raw: str) -> Any:
         except (argparse.ArgumentTypeError, ValueError) as exc:
             raise UsageError(f"l9gpu: environment variable {name}: {exc}") from None
     if action.choices is not None and value not in action.choices:
-        raise UsageError(f"l9gpu: environment variable {name}={raw!r}: choose from {', '.join(map(str, action.choices))}")
+        choices = ", ".join(map(str, action.choices))
+        raise UsageError(f"l9gpu: environment variable {name}={raw!r}: choose from {choices}")
     return value
 
 
@@ -173,7 +176,7 @@ def setup_logging(level: str, fmt: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-def _open(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _open(args: argparse.Namespace) -> tuple[Any, Any]:
     """Open the backend and the attributor the flags ask for."""
     from exporter import attribution
     from exporter.devices import BackendUnavailable, open_backend
@@ -195,7 +198,8 @@ def _open(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return backend, attributor
 
 
-def _collector(args: argparse.Namespace, backend: Any, attributor: Any, on_snapshot: Any = None):  # type: ignore[no-untyped-def]
+def _collector(args: argparse.Namespace, backend: Any, attributor: Any,
+               on_snapshot: Any = None) -> tuple[Any, tuple[str, ...]]:
     from exporter.collector import Collector
     from exporter.derive import label_schema
 
@@ -215,7 +219,8 @@ def _enabled(args: argparse.Namespace) -> frozenset[str]:
         raise UsageError(f"l9gpu: {exc}") from None
 
 
-def build_registry(get_snapshot: Callable[[], Any], enabled: frozenset[str], extra_labels: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def build_registry(get_snapshot: Callable[[], Any], enabled: frozenset[str],
+                   extra_labels: tuple[str, ...]) -> Any:
     """The registry /metrics and the OTLP bridge both read: snapshot + process metrics."""
     from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
@@ -363,6 +368,9 @@ def snapshot_dict(snap: Any) -> dict[str, Any]:
                 "sm_utilization_ratio": r.sm_utilization, "owner": _owner(r), "kind": r.workload.kind,
                 "namespace": r.workload.namespace, "pod": r.workload.pod, "container": r.workload.container,
                 "pod_uid": r.workload.pod_uid, "slurm_job_id": r.workload.slurm_job_id,
+                "container_id": r.workload.container_id, "owner_kind": r.workload.owner_kind,
+                "owner_name": r.workload.owner_name, "slurm_step": r.workload.slurm_step,
+                "slurm_user": r.workload.slurm_user, "unit": r.workload.unit,
             } for r in by_device.get(d.key, [])],
         })
     return {"node": snap.node, "timestamp": snap.timestamp, "gpus": gpus}

@@ -18,11 +18,11 @@ from exporter.attribution import Attributor, NullAttributor
 from exporter.derive import DeriveState, Labeller, default_labeller, step
 from exporter.devices.base import Backend
 from exporter.model import (
+    UNKNOWN,
     CollectorStatus,
     DeviceSample,
     ProcessRow,
     Snapshot,
-    UNKNOWN,
     frozen_mapping,
 )
 

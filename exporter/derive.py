@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
-from exporter.model import DeviceSample, Unattributed, UNKNOWN, Workload, WorkloadUsage
+from exporter.model import UNKNOWN, DeviceSample, Unattributed, Workload, WorkloadUsage
 
 # Label values a workload series gets beyond the device labels: a function of the
 # owner, so configured extras (owner, pod labels) stay out of this module.
@@ -210,11 +210,11 @@ def step(
         for labels, members in groups.items():
             wkey = (key, labels)
             seen.add(wkey)
-            known = [procs[i].used_memory_bytes for i in members if procs[i].used_memory_bytes is not None]
+            known: list[int] = [m for m in (procs[i].used_memory_bytes for i in members) if m is not None]
             memory = sum(known) if known else None  # None: the device reports no per-process memory
             # Holding the GPU: memory on it, or (where memory is unknown) a process on it.
             held = memory > 0 if memory is not None else True
-            utils = [procs[i].sm_utilization for i in members if procs[i].sm_utilization is not None]
+            utils: list[float] = [u for u in (procs[i].sm_utilization for i in members) if u is not None]
             util = min(1.0, sum(utils)) if utils else None
             old = counters.get(wkey, WorkloadCounters())
             idle_since = old.idle_since

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import platform
 import time
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Union
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -20,7 +20,10 @@ from exporter.derive import default_labeller, device_label_values
 from exporter.model import DeviceSample, Snapshot
 
 
-def _family(spec: cat.MetricSpec, labels: tuple[str, ...]) -> Metric:
+Family = Union[GaugeMetricFamily, CounterMetricFamily]
+
+
+def _family(spec: cat.MetricSpec, labels: tuple[str, ...]) -> Family:
     unit = spec.unit if spec.unit and spec.unit != "ratio" else ""
     if spec.type == cat.COUNTER:
         return CounterMetricFamily(spec.name, spec.help, labels=labels, unit=unit)
@@ -84,7 +87,7 @@ def families(
 
 
 def _device_family(spec: cat.MetricSpec, snapshot: Snapshot,
-                   dev_labels: Mapping[str, tuple[str, ...]]) -> Metric:
+                   dev_labels: Mapping[str, tuple[str, ...]]) -> Family:
     family = _family(spec, spec.labels)
     for device in snapshot.devices:
         labels = dev_labels[device.key]
@@ -111,7 +114,7 @@ def _device_family(spec: cat.MetricSpec, snapshot: Snapshot,
 
 
 def _self_family(spec: cat.MetricSpec, snapshot: Snapshot, devices: Mapping[str, DeviceSample],
-                 now: float | None) -> Metric:
+                 now: float | None) -> Family:
     family = _family(spec, spec.labels)
     if spec.name == "l9gpu_collector_success":
         for status in snapshot.collectors:

@@ -111,7 +111,8 @@ class AgentProcess:
         return self.proc.returncode
 
 
-def run_cli(args: Iterable[str], env: dict[str, str] | None = None, timeout: float = 30.0) -> subprocess.CompletedProcess:
+def run_cli(args: Iterable[str], env: dict[str, str] | None = None,
+            timeout: float = 30.0) -> subprocess.CompletedProcess:
     """Run `python -m exporter ARGS` to completion."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")

@@ -5,7 +5,6 @@ import signal
 import time
 
 import pytest
-
 from agent import AgentProcess, run_cli
 
 

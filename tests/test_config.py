@@ -30,7 +30,9 @@ def test_listen(text, expected):
     assert parse_listen(text) == expected
 
 
-@pytest.mark.parametrize("text,match", [("9835", "HOST:PORT"), ("host:abc", "invalid port"), ("h:70000", "out of range")])
+@pytest.mark.parametrize("text,match", [
+    ("9835", "HOST:PORT"), ("host:abc", "invalid port"), ("h:70000", "out of range"),
+])
 def test_bad_listen(text, match):
     with pytest.raises(ValueError, match=match):
         parse_listen(text)

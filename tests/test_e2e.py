@@ -9,7 +9,6 @@ import subprocess
 import time
 
 import pytest
-
 from agent import pick
 from conftest import need_tool
 

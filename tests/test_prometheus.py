@@ -8,7 +8,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from agent import free_port
 from conftest import need_tool
 

@@ -3,19 +3,19 @@
 import asyncio
 import gzip
 
+from agent import parse_metrics, pick
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from agent import parse_metrics, pick
 from exporter import catalogue as cat
 from exporter.collector import Collector
 from exporter.derive import label_schema
 from exporter.devices.simulated import SimulatedBackend
-from exporter.model import DeviceSample, ProcessSample, Snapshot, Workload
+from exporter.model import DeviceSample, ProcessSample, Workload
 from exporter.render import SnapshotCollector
 from exporter.server import Exposition, make_app
-from prometheus_client.exposition import generate_latest
 
 
 class Clock:

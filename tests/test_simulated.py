@@ -6,7 +6,7 @@ import pytest
 
 from exporter.devices import open_backend
 from exporter.devices.base import BackendUnavailable
-from exporter.devices.simulated import GIB, SimulatedBackend, ScenarioError, parse_scenario
+from exporter.devices.simulated import GIB, ScenarioError, SimulatedBackend, parse_scenario
 
 
 class Clock:
@@ -55,7 +55,8 @@ def test_values_follow_the_scenario_exactly():
                  "reserved_memory_mib": 256},
         "processes": [
             {"name": "a", "gpus": [0], "pid": 100, "memory_gib": 4, "utilization": 0.25},
-            {"name": "b", "gpus": [0], "pid": 200, "memory_gib": 2, "utilization": {"wave": {"min": 0.1, "max": 0.5, "period": "40s"}}},
+            {"name": "b", "gpus": [0], "pid": 200, "memory_gib": 2,
+             "utilization": {"wave": {"min": 0.1, "max": 0.5, "period": "40s"}}},
         ],
     }
     scenario = parse_scenario(doc)

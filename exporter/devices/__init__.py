@@ -10,6 +10,7 @@ import logging
 from typing import Callable, Sequence
 
 from exporter.devices.base import Backend, BackendUnavailable
+from exporter.model import DeviceSample
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class MultiBackend:
         for backend in self.backends:
             backend.open()
 
-    def sample(self, now: float):  # type: ignore[no-untyped-def]
+    def sample(self, now: float) -> list[DeviceSample]:
         samples = []
         for backend in self.backends:
             samples.extend(backend.sample(now))

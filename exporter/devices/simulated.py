@@ -145,7 +145,8 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
             max_watts=max(idle, peak),
             limit_watts=_number(f"{source}: gpus.power.limit_watts", power.get("limit_watts", peak)),
             driver_version=str(gpus_doc.get("driver_version", "550.54.15")),
-            reserved_bytes=int(_number(f"{source}: gpus.reserved_memory_mib", gpus_doc.get("reserved_memory_mib", 512)) * MIB),
+            reserved_bytes=int(_number(f"{source}: gpus.reserved_memory_mib",
+                                       gpus_doc.get("reserved_memory_mib", 512)) * MIB),
         )
         for i in range(count)
     )
