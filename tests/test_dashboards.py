@@ -1,0 +1,318 @@
+"""The Grafana dashboards: valid JSON, only names the agent exports, and every expression
+evaluated by a real Prometheus that scrapes the agent on the simulated node."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+from agent import AgentProcess, free_port
+from conftest import need_tool
+
+from exporter.catalogue import METRICS
+
+REPO = Path(__file__).resolve().parent.parent
+DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
+RULES = REPO / "alerts" / "l9gpu.rules.yaml"
+
+# Expressions that may legitimately return nothing on the simulated node, with the reason.
+ALLOWED_EMPTY = {
+    "gpu_fan_speed_ratio": "the simulated H100s are passively cooled: the family is absent, not 0",
+    "gpu_xid_errors_total": "no XID events on the simulated node, and the family has no series until one occurs",
+    "l9gpu_backend_errors_total": "the simulated backend meets no errors, so the counter has no series",
+    "l9gpu_otlp_exports_total": "OTLP push is off in this test; the family exists only while it is on",
+    "gpu_up{node=~\".*\", gpu=~\".*\"} == 0": "every simulated GPU is up",
+}
+
+PROMQL_KEYWORDS = {
+    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or", "unless",
+    "inf", "nan", "atan2",
+    # aggregation operators, which may be followed by `by (...)` instead of `(`
+    "sum", "min", "max", "avg", "count", "group", "stddev", "stdvar", "topk", "bottomk", "quantile", "count_values",
+}
+
+
+def _dashboard(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def _panels(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for panel in doc["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def _expressions() -> list[tuple[str, str, str]]:
+    """(dashboard file, panel title, expr) for every target of every panel."""
+    out = []
+    for path in DASHBOARDS:
+        for panel in _panels(_dashboard(path)):
+            for target in panel.get("targets", []):
+                out.append((path.name, panel["title"], target["expr"]))
+    return out
+
+
+def _variable_queries() -> list[tuple[str, str, str]]:
+    out = []
+    for path in DASHBOARDS:
+        for var in _dashboard(path)["templating"]["list"]:
+            if var["type"] == "query":
+                out.append((path.name, var["name"], var["query"]["query"]))
+    return out
+
+
+def _variable_names() -> set[str]:
+    return {var["name"] for path in DASHBOARDS for var in _dashboard(path)["templating"]["list"]}
+
+
+def substitute(expr: str, window: str = "30s") -> str:
+    """What Grafana sends with every variable at "All" (`.*`) and a short time range."""
+    expr = re.sub(r"\$__(range|rate_interval|interval)\b", window, expr)
+    for name in sorted(_variable_names(), key=len, reverse=True):
+        expr = re.sub(r"\$\{" + name + r"(:[a-z]+)?\}|\$" + name + r"\b", ".*", expr)
+    assert "$" not in expr, f"unsubstituted variable in {expr}"
+    return expr
+
+
+_TOKEN = re.compile(r"""
+    "(?:[^"\\]|\\.)*" | '(?:[^'\\]|\\.)*'          # strings
+  | \{[^}]*\}                                      # label matchers
+  | \[[^\]]*\]                                     # range and subquery windows
+  | (?:\d+(?:ms|[smhdwy]))+\b                      # durations (offset 5m)
+  | \d+(?:\.\d+)?(?:[eE][+-]?\d+)?                 # numbers
+  | (?P<name>[A-Za-z_:][A-Za-z0-9_:]*)\s*(?P<call>\()?
+""", re.VERBOSE)
+_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names an expression reads (functions, keywords, labels and strings skipped)."""
+    expr = _GROUPING.sub(r"\1", substitute(expr))
+    names = set()
+    for match in _TOKEN.finditer(expr):
+        name = match.group("name")
+        if name and not match.group("call") and name not in PROMQL_KEYWORDS:
+            names.add(name)
+    return names
+
+
+def known_names() -> set[str]:
+    names = {spec.name for spec in METRICS}
+    rules = yaml.safe_load(RULES.read_text())
+    names |= {rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule}
+    # prometheus_client's own process and platform collectors
+    names |= {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_virtual_memory_bytes",
+              "process_open_fds", "process_max_fds", "process_start_time_seconds", "python_info"}
+    return names
+
+
+def _strip_suffix(name: str) -> str:
+    return re.sub(r"_(bucket|sum|count|created)$", "", name)
+
+
+def test_metric_name_extraction():
+    assert metric_names('sum by (namespace) (increase(a_total{x=~"$node"}[$__range])) / 3.6e6') == {"a_total"}
+    assert metric_names("b / on (node, uuid) group_left () c > 2^30 and d offset 5m") == {"b", "c", "d"}
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_dashboard_is_valid_grafana_json(path):
+    doc = _dashboard(path)
+    assert 36 <= doc["schemaVersion"] <= 41
+    assert doc["uid"] and doc["title"]
+    variables = {var["name"]: var for var in doc["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in ("node", "gpu"):
+        assert variables[name]["type"] == "query"
+        assert variables[name]["query"]["query"].startswith("label_values(")
+        assert variables[name]["allValue"] == ".*"
+    ids = [panel["id"] for panel in _panels(doc)]
+    assert len(ids) == len(set(ids))
+    for panel in _panels(doc):
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert panel["targets"], panel["title"]
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)), panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}"
+            assert target["expr"].strip()
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
+        unit = panel["fieldConfig"]["defaults"].get("unit")
+        if panel["type"] != "table":
+            assert unit, f"{panel['title']}: no unit"
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_units_follow_the_metric(path):
+    """A panel showing one family uses that family's unit (ratios as percentunit, etc.)."""
+    expected = {"_ratio": "percentunit", "_bytes": "bytes", "_celsius": "celsius", "_hertz": "hertz",
+                "_watts": "watt", "_bytes_per_second": "Bps"}
+    for panel in _panels(_dashboard(path)):
+        if panel["type"] in ("row", "table"):
+            continue
+        names = set().union(*(metric_names(t["expr"]) for t in panel["targets"]))
+        exprs = " ".join(t["expr"] for t in panel["targets"])
+        if len(names) != 1 or re.search(r"\b(count|rate|increase|predict_linear)\(|/", exprs):
+            continue
+        (name,) = names
+        for suffix, unit in sorted(expected.items(), key=lambda kv: -len(kv[0])):
+            if name.endswith(suffix):
+                assert panel["fieldConfig"]["defaults"]["unit"] == unit, panel["title"]
+                break
+
+
+def test_dashboards_are_generated():
+    check = subprocess.run([sys.executable, str(REPO / "dashboards" / "generate.py"), "--check"],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+
+
+def test_every_name_in_every_expression_is_exported():
+    known = known_names()
+    unknown = {}
+    variable_selectors = [(d, n, re.sub(r"^label_values\((.+),\s*\w+\)$", r"\1", q)) for d, n, q in _variable_queries()]
+    for dashboard, title, expr in _expressions() + variable_selectors:
+        for name in metric_names(expr):
+            if _strip_suffix(name) not in known and name not in known:
+                unknown.setdefault(name, []).append(f"{dashboard}: {title}")
+    assert not unknown, unknown
+
+
+def test_core_views_are_present():
+    text = {path.name: path.read_text() for path in DASHBOARDS}
+    workloads = text["l9gpu-workloads.json"]
+    for needle in ("container_gpu_memory_used_bytes", "container_gpu_utilization_ratio", "container_gpu_idle_seconds",
+                   "increase(container_gpu_usage_seconds_total", "container_gpu_allocation_seconds_total",
+                   "/ 3.6e6", "predict_linear(", "gpu_unattributed_memory_used_bytes", "gpu_memory_total_bytes",
+                   'slurm_job_id!=\\"\\"'):
+        assert needle in workloads, needle
+    devices = text["l9gpu-devices.json"]
+    for spec in METRICS:
+        if spec.scope == "device" or spec.name.startswith("l9gpu_"):
+            assert spec.name in devices, f"{spec.name} is on no device panel"
+
+
+@pytest.fixture(scope="module")
+def prometheus_with_data(tmp_path_factory):
+    """Agent on the simulated node (250 ms passes) scraped every second by a real Prometheus, ~10 s of data."""
+    binary = need_tool("prometheus")
+    tmp = tmp_path_factory.mktemp("dashboards")
+    agent = AgentProcess(["--backend", "simulated", "--interval", "250ms", "--pod-label", "team"],
+                         log_path=tmp / "agent.log")
+    agent.start()
+    port = free_port()
+    config = tmp / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"rule_files: ['{RULES}']\n"
+        "scrape_configs:\n  - job_name: l9gpu\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{agent.port}']}}]\n")
+    log = open(tmp / "prometheus.log", "wb")
+    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+
+    def query(expr: str) -> dict[str, Any]:
+        url = base + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return json.load(resp)
+        except urllib.error.HTTPError as exc:  # 400 with a JSON body: a parse or evaluation error
+            return json.loads(exc.read())
+
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError((tmp / "prometheus.log").read_text())
+            try:
+                if query("count_over_time(gpu_up[1m]) >= 10").get("data", {}).get("result"):
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("Prometheus has no 10 s of data:\n" + (tmp / "prometheus.log").read_text())
+            time.sleep(0.25)
+        yield query
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        agent.stop()
+
+
+def _allowed_empty(expr: str) -> str | None:
+    """The reason an expression may be empty: it is listed, or it reads only listed families
+    (besides l9gpu_host_pids_visible, which only lends the node label)."""
+    if substitute(expr) in ALLOWED_EMPTY:
+        return ALLOWED_EMPTY[substitute(expr)]
+    names = metric_names(expr) - {"l9gpu_host_pids_visible"}
+    if names and names <= ALLOWED_EMPTY.keys():
+        return "; ".join(ALLOWED_EMPTY[name] for name in sorted(names))
+    return None
+
+
+def test_every_dashboard_expression_evaluates_on_a_real_prometheus(prometheus_with_data):
+    query = prometheus_with_data
+    errors, empty, allowed = [], [], []
+    for dashboard, title, expr in _expressions():
+        sent = substitute(expr)
+        doc = query(sent)
+        if doc.get("status") != "success":
+            errors.append(f"{dashboard}: {title}: {sent}: {doc.get('error')}")
+            continue
+        if doc["data"]["result"]:
+            continue
+        if _allowed_empty(expr):
+            allowed.append(sent)
+        else:
+            empty.append(f"{dashboard}: {title}: {sent}")
+    assert not errors, "\n".join(errors)
+    assert not empty, "no data for:\n" + "\n".join(empty)
+    total = len(_expressions())
+    assert len(allowed) <= total // 10, allowed
+
+
+def test_every_variable_query_finds_values(prometheus_with_data):
+    query = prometheus_with_data
+    for dashboard, name, definition in _variable_queries():
+        match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", definition)
+        assert match, definition
+        selector, label = substitute(match.group(1)), match.group(2)
+        doc = query(selector)
+        assert doc["status"] == "success", (dashboard, name, doc)
+        values = {series["metric"].get(label, "") for series in doc["data"]["result"]} - {""}
+        assert values, f"{dashboard}: variable {name} would be empty"
+
+
+def test_chargeback_adds_up(prometheus_with_data):
+    """Energy by namespace plus unattributed energy is the GPUs' energy, as the chargeback panel claims."""
+    query = prometheus_with_data
+    window = "8s"
+
+    def scalar(expr: str) -> float:
+        result = query(expr)["data"]["result"]
+        return sum(float(r["value"][1]) for r in result)
+
+    gpus = scalar(f"sum(increase(gpu_energy_joules_total[{window}]))")
+    parts = (scalar(f"sum(increase(container_gpu_energy_joules_total[{window}]))")
+             + scalar(f"sum(increase(gpu_unattributed_energy_joules_total[{window}]))"))
+    assert gpus > 0
+    assert parts == pytest.approx(gpus, rel=0.05)
