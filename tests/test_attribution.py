@@ -15,7 +15,8 @@ from exporter.model import HOST, UNKNOWN
 
 CID = "d" * 64
 UID = "11111111-2222-4333-8444-555555555555"
-K8S_CGROUP = f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n"
+K8S_CGROUP = (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/"
+              f"cri-containerd-{CID}.scope\n")
 
 
 def _stat(pid: int, comm: str, start: int) -> str:
@@ -168,7 +169,8 @@ def test_simulated_node_runs_the_real_attribution() -> None:
     assert (owners[41001].owner_kind, owners[41001].owner_name) == ("Deployment", "vllm-llama3-70b")
     assert owners[52003].owner_kind == "Job" and owners[61001].owner_kind == "StatefulSet"
     assert (owners[63001].kind, owners[63001].slurm_job_id, owners[63001].slurm_user,
-            owners[63001].slurm_partition, owners[63001].slurm_account) == ("slurm", "4242", "bob", "gpu-shared", "nlp-lab")
+            owners[63001].slurm_partition, owners[63001].slurm_account) == (
+        "slurm", "4242", "bob", "gpu-shared", "nlp-lab")
     assert owners[70001] == HOST
     assert {row.comm for row in snap.processes if row.pid == 63001} == {"pt_main_thread"}
     # Every pod process resolved: the only unattributed process is the host one.

@@ -23,6 +23,7 @@ import pytest
 
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
 
+from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
@@ -31,7 +32,6 @@ from exporter.attribution.kubernetes import wait_for  # noqa: E402
 from exporter.collector import Collector  # noqa: E402
 from exporter.derive import label_schema  # noqa: E402
 from exporter.render import SnapshotCollector  # noqa: E402
-from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 
 fake_pynvml = pytest.importorskip("fake_pynvml", reason="the NVML fake is not available")
 nvml_backend = pytest.importorskip("exporter.devices.nvml", reason="the NVML backend is not available")
@@ -162,7 +162,8 @@ def test_pods_and_slurm_in_real_cgroups(tmp_path: Path, cgroups: Cgroups, apiser
     cid_a, cid_b, cid_c = _cid(), _cid(), _cid()
     ua, ub, uc = (u.replace("-", "_") for u in (uid_a, uid_b, uid_c))
     # Three pods time-sliced on GPU 0, in three different cgroup layouts.
-    a = cgroups.spawn(f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{ua}.slice/cri-containerd-{cid_a}.scope")
+    a = cgroups.spawn(f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{ua}.slice/"
+                      f"cri-containerd-{cid_a}.scope")
     b = cgroups.spawn(f"kubepods/besteffort/pod{uid_b}/crio-{cid_b}")
     c = cgroups.spawn(f"kubepods.slice/kubepods-pod{uc}.slice/cri-containerd-{cid_c}.scope")
     slurm = cgroups.spawn("system.slice/slurmstepd.scope/job_77/step_0/user/task_0")

@@ -58,7 +58,8 @@ CASES: list[tuple[str, str, dict[str, str]]] = [
      f"0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope\n",
      dict(kind="kubernetes", runtime="containerd", container_id=CID, pod_uid=UID, qos="besteffort")),
     ("kind nested in docker (v2, relative from the node container)",
-     f"0::/system.slice/docker-{'a' * 64}.scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope\n",
+     f"0::/system.slice/docker-{'a' * 64}.scope/kubelet.slice/kubelet-kubepods.slice/"
+     f"kubelet-kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope\n",
      dict(kind="kubernetes", runtime="containerd", container_id=CID, pod_uid=UID, qos="guaranteed")),
     ("relative path from the agent's cgroup namespace",
      f"0::/../../kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope\n",
@@ -136,7 +137,8 @@ def test_real_world_cgroup_files(text: str, expected: dict[str, str]) -> None:
 
 
 def test_pod_uid_has_dashes_and_container_id_is_exact() -> None:
-    owner = parse_path(f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{CID}.scope")
+    owner = parse_path(f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/"
+                       f"cri-containerd-{CID}.scope")
     assert owner.pod_uid == UID
     assert owner.container_id == CID and len(owner.container_id) == 64
 

@@ -9,9 +9,9 @@ import pytest
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
 
 from kubernetes import client  # noqa: E402
+from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 
 from exporter.attribution.kubernetes import PodIndex, PodWatcher, pod_meta, resolve_owner, wait_for  # noqa: E402
-from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 
 C1, C2, C3 = "a" * 64, "b" * 64, "c" * 64
 
@@ -133,8 +133,8 @@ def test_server_down_keeps_names_and_recovers(apiserver: FakeApiServer) -> None:
 
 
 def test_forbidden_is_reported_with_the_rbac_hint(caplog) -> None:
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Forbidden(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:

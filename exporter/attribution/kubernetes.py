@@ -284,7 +284,7 @@ class PodWatcher:
         resp = self.api.list_pod_for_all_namespaces(field_selector=self.selector, _preload_content=False,
                                                     _request_timeout=self.request_timeout)
         try:
-            body = json.loads(resp.data)
+            body = json.loads(resp.data)  # type: ignore[attr-defined]  # raw urllib3 response
         except ValueError as exc:
             raise ValueError(f"pod list is not JSON: {exc}") from None
         items = _list(_dict(body).get("items"))

@@ -124,7 +124,8 @@ def _stat(pid: int, comm: str, start: int) -> str:
 
 
 def _status(comm: str, pid: int, uid: int) -> str:
-    return f"Name:\t{comm}\nState:\tS (sleeping)\nPid:\t{pid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+    ids = "\t".join([str(uid)] * 4)
+    return f"Name:\t{comm}\nState:\tS (sleeping)\nPid:\t{pid}\nUid:\t{ids}\nGid:\t{ids}\n"
 
 
 def write_proc_tree(root: str, processes: Iterable[Any]) -> None:
