@@ -154,12 +154,13 @@ class OtlpPusher:
             self._thread.join(bound)
             if self._thread.is_alive():
                 log.warning("OTLP: the last export did not finish within %gs; giving up on it", bound)
+        rest = min(1.0, bound)
         try:
-            self.exporter.shutdown(timeout_millis=1000)
+            self.exporter.shutdown(timeout_millis=int(rest * 1000))
         except Exception as exc:  # noqa: BLE001
             log.debug("OTLP exporter shutdown: %s", exc)
         if self._thread is not None:
-            self._thread.join(1.0)
+            self._thread.join(rest)
 
 
 def register_counter(registry: CollectorRegistry, counter: ExportCounter) -> Any:

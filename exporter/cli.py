@@ -287,7 +287,7 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         collector.stop(timeout=0.5)
         if bridge is not None:
-            bridge.stop()
+            bridge.stop(timeout=0.4)  # one last push, bounded: shutdown stays within about a second
         attributor.close()
         backend.close()
     return 0
