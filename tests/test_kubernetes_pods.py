@@ -162,3 +162,45 @@ def test_forbidden_is_reported_with_the_rbac_hint(caplog) -> None:
         watcher.stop()
         server.shutdown()
         server.server_close()
+
+
+def _args(**kw: object):  # type: ignore[no-untyped-def]
+    import argparse
+
+    base = dict(proc_root="/proc", kubernetes="auto", kubeconfig=None, pod_label=[])
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_auto_outside_a_cluster_is_quietly_off(monkeypatch, caplog) -> None:
+    from exporter.attribution import build_attributor
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    with caplog.at_level(logging.INFO):
+        attributor = build_attributor(_args(), object(), "n")
+    assert attributor.pod_source is None and attributor.statuses() == {}
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    attributor.close()
+
+
+def test_on_without_the_package_or_a_config_is_a_clear_error(monkeypatch) -> None:
+    import sys
+
+    from exporter.attribution import build_attributor
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    with pytest.raises(ValueError, match="not in a cluster"):
+        build_attributor(_args(kubernetes="on"), object(), "n")
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if not installed
+    with pytest.raises(ValueError, match="needs the kubernetes package"):
+        build_attributor(_args(kubernetes="on"), object(), "n")
+
+
+def test_cli_accepts_the_attribution_flags() -> None:
+    from exporter.cli import build_parser
+
+    args = build_parser().parse_args(["snapshot", "--kubernetes", "off", "--pod-label", "team",
+                                      "--pod-label", "cost-center", "--proc-root", "/host/proc"])
+    assert (args.kubernetes, args.pod_label, args.proc_root) == ("off", ["team", "cost-center"], "/host/proc")
