@@ -213,6 +213,8 @@ def prometheus_with_data(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboards")
     agent = AgentProcess(["--backend", "simulated", "--interval", "250ms", "--pod-label", "team"],
                          log_path=tmp / "agent.log")
+    # module-scoped, so the per-test guard against ambient L9GPU_*/OTEL_* settings does not apply yet
+    agent.env = {k: v for k, v in agent.env.items() if not k.startswith(("L9GPU_", "OTEL_")) and k != "NODE_NAME"}
     agent.start()
     port = free_port()
     config = tmp / "prometheus.yml"
