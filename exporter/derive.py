@@ -174,6 +174,7 @@ def step(
     unattributed: list[Unattributed] = []
     unattributed_count = 0
     seen: set[tuple[str, tuple[str, ...]]] = set()
+    label_cache: dict[int, tuple[str, ...]] = {}
 
     for device in devices:
         key = device.key
@@ -196,7 +197,10 @@ def step(
         for i, proc in enumerate(procs):
             owner = owners.get(proc.pid, UNKNOWN)
             if owner.attributed:
-                groups.setdefault(dev_labels + labeller(owner), []).append(i)
+                labels = label_cache.get(id(owner))
+                if labels is None:  # one label tuple per owner, however many processes it has
+                    labels = label_cache[id(owner)] = labeller(owner)
+                groups.setdefault(dev_labels + labels, []).append(i)
             else:
                 rest_count += 1
                 rest_memory = (rest_memory or 0) + (proc.used_memory_bytes or 0)

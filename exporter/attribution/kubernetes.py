@@ -136,6 +136,8 @@ class PodIndex:
         self._lock = threading.Lock()
         self._pods: dict[str, PodMeta] = {}
         self._by_container: dict[str, PodMeta] = {}
+        # Bumped on every change, so readers can cache what they derived from the index.
+        self.generation = 0
         self.version = 0  # bumps on every change
 
     def replace(self, pods: Iterable[PodMeta]) -> None:
@@ -160,6 +162,7 @@ class PodIndex:
 
     def _reindex(self) -> None:
         self._by_container = {cid: p for p in self._pods.values() for cid in p.containers}
+        self.generation += 1
         self.version += 1
 
     def get(self, uid: str) -> PodMeta | None:

@@ -116,9 +116,21 @@ class ProcFS:
         return os.path.isdir(os.path.join(self.root, str(pid)))
 
     def start_time(self, pid: int) -> int | None:
-        """The process's start time in clock ticks, None when it is gone or unreadable."""
-        stat = self._text(pid, "stat")
-        return None if stat is None else parse_start_time(stat)
+        """The process's start time in clock ticks, None when it is gone or unreadable.
+
+        Called for every GPU PID on every pass, so it reads with plain os calls.
+        """
+        try:
+            fd = os.open(f"{self.root}/{pid}/stat", os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return parse_start_time(data.decode("utf-8", "replace"))
 
     def read(self, pid: int, start_time: int | None = None) -> ProcInfo | None:
         """Everything attribution needs about ``pid``; None when it is gone."""

@@ -52,6 +52,8 @@ class ProcAttributor:
         self._users: dict[int, str] = {}
         self._on_close = on_close
         self._host_pids_visible = True
+        # pid -> (the ProcInfo and index generation it was derived from, its workload)
+        self._workloads: dict[int, tuple[ProcInfo, int, Workload]] = {}
         self._warned_host_pids = False
 
     def resolve(self, pids: Iterable[int], now: float) -> Mapping[int, Workload]:
@@ -65,7 +67,22 @@ class ProcAttributor:
                 log.warning("none of the %d GPU process(es) (e.g. PID %d) exist under %s: the agent does not see "
                             "the host's PIDs, so GPU processes cannot be attributed to pods; %s",
                             len(pids), pids[0], self.procfs.root, HOST_PID_HINT)
-        return {pid: self.workload(info) for pid, info in infos.items()}
+        generation = self.index.generation
+        result: dict[int, Workload] = {}
+        known: dict[int, tuple[ProcInfo, int, Workload]] = {}
+        for pid, info in infos.items():
+            if info is None:
+                result[pid] = UNKNOWN
+                continue
+            cached = self._workloads.get(pid)
+            if cached is not None and cached[0] is info and cached[1] == generation:
+                workload = cached[2]
+            else:  # new process, reused PID, or pod metadata changed since
+                workload = self.workload(info)
+            known[pid] = (info, generation, workload)
+            result[pid] = workload
+        self._workloads = known
+        return result
 
     def workload(self, info: ProcInfo | None) -> Workload:
         """The owner of one process (pure apart from the index and user lookups)."""

@@ -212,6 +212,7 @@ class SimulatedBackend:
         self._start = 0.0
         self._last: float | None = None
         self._energy: dict[int, float] = {}
+        self._on_gpu: dict[int, list[ProcessSpec]] = {}
 
     def open(self) -> None:
         from exporter.devices.base import BackendUnavailable
@@ -223,6 +224,7 @@ class SimulatedBackend:
         self._start = self._clock()
         # Like NVML's counter, energy starts at what the GPU used since the driver loaded.
         self._energy = {g.index: 3.6e6 * (1 + g.index) for g in self.scenario.gpus}
+        self._on_gpu = {g.index: [p for p in self.scenario.processes if p.gpu == g.index] for g in self.scenario.gpus}
 
     def close(self) -> None:
         return None
@@ -238,7 +240,7 @@ class SimulatedBackend:
         self._last = now
         samples = []
         for gpu in self.scenario.gpus:
-            procs = [p for p in self.scenario.processes if p.gpu == gpu.index]
+            procs = self._on_gpu[gpu.index]
             shares = [min(1.0, max(0.0, p.utilization(t))) for p in procs]
             memories = [int(p.memory(t)) for p in procs]
             busy = min(1.0, sum(shares))
