@@ -92,7 +92,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def _concurrent(url: str, clients: int, per_client: int) -> list[float]:
+async def _concurrent(url: str, clients: int, per_client: int, headers: dict[str, str]) -> list[float]:
     import aiohttp
 
     times: list[float] = []
@@ -100,18 +100,31 @@ async def _concurrent(url: str, clients: int, per_client: int) -> list[float]:
     async def client(session: aiohttp.ClientSession) -> None:
         for _ in range(per_client):
             start = time.perf_counter()
-            async with session.get(url) as resp:
+            async with session.get(url, headers=headers) as resp:
                 await resp.read()
                 assert resp.status == 200
             times.append(time.perf_counter() - start)
 
     connector = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
         await asyncio.gather(*(client(session) for _ in range(clients)))
     return times
 
 
-def bench_scrapes(path: Path, requests: int) -> tuple[list[float], list[float], int, int]:
+GZIP = {"Accept-Encoding": "gzip"}  # what Prometheus sends
+
+
+def _serial(url: str, requests: int, headers: dict[str, str]) -> list[float]:
+    times = []
+    for _ in range(requests):
+        start = time.perf_counter()
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as resp:
+            resp.read()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def bench_scrapes(path: Path, requests: int) -> tuple[dict[str, list[float]], int, int, int]:
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve", "--backend", "simulated", "--scenario",
@@ -129,18 +142,18 @@ def bench_scrapes(path: Path, requests: int) -> tuple[list[float], list[float], 
                     raise
                 time.sleep(0.1)
         size = len(urllib.request.urlopen(url).read())
-        serial = []
-        for _ in range(requests):
-            start = time.perf_counter()
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                resp.read()
-            serial.append(time.perf_counter() - start)
-        concurrent = asyncio.run(_concurrent(url, 20, max(1, requests // 20)))
+        gz_size = len(urllib.request.urlopen(urllib.request.Request(url, headers=GZIP)).read())
+        results = {
+            "serial, plain text": _serial(url, requests, {}),
+            "serial, gzip": _serial(url, requests, GZIP),
+            "20 concurrent clients, plain text": asyncio.run(_concurrent(url, 20, max(1, requests // 20), {})),
+            "20 concurrent clients, gzip": asyncio.run(_concurrent(url, 20, max(1, requests // 20), GZIP)),
+        }
         rss_kib = 0
         for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 rss_kib = int(line.split()[1])
-        return serial, concurrent, rss_kib, size
+        return results, rss_kib, size, gz_size
     finally:
         proc.terminate()
         proc.wait(10)
@@ -154,12 +167,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = scenario(Path(tmp) / "bench.yaml")
         cycle = bench_cycle(path, opts.passes)
-        serial, concurrent, rss_kib, size = bench_scrapes(path, opts.requests)
-    print(f"node: {GPUS} GPUs, {CONTAINERS} containers, {PROCESSES} processes; /metrics body {size / 1024:.0f} KiB")
-    print(f"collection pass (warm):          {fmt(cycle)}")
-    print(f"/metrics, serial:                {fmt(serial)}")
-    print(f"/metrics, 20 concurrent clients: {fmt(concurrent)}")
-    print(f"agent RSS:                       {rss_kib / 1024:.1f} MiB")
+        scrapes, rss_kib, size, gz_size = bench_scrapes(path, opts.requests)
+    print(f"node: {GPUS} GPUs, {CONTAINERS} containers, {PROCESSES} processes; "
+          f"/metrics body {size / 1024:.0f} KiB ({gz_size / 1024:.0f} KiB gzipped)")
+    print(f"{'collection pass (warm)':<45}{fmt(cycle)}")
+    for name, times in scrapes.items():
+        print(f"{'/metrics, ' + name:<45}{fmt(times)}")
+    print(f"{'agent RSS':<45}{rss_kib / 1024:.1f} MiB")
     return 0
 
 

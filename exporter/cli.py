@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -271,6 +272,10 @@ def serve(args: argparse.Namespace) -> int:
         except OSError as exc:
             await runner.cleanup()
             raise UsageError(f"l9gpu: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        # Start-up objects (modules, parsers, the scenario) live for the whole run: keep
+        # them out of the collector's way so a full GC pass does not stall a cycle.
+        gc.collect()
+        gc.freeze()
         collector.start()
         log.info("l9gpu %s serving node %s with backend %s on http://%s:%d/metrics (interval %gs)",
                  __version__, args.node_name, backend.name, host, port, args.interval)

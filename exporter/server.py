@@ -42,6 +42,11 @@ LANDING = """<!doctype html>
 class Exposition:
     """Renders the registry to bytes, cached per snapshot, encoding and compression.
 
+    The uncompressed body is rendered once per (snapshot, encoding) and the gzip body is
+    compressed once from it. After each new snapshot the collector thread calls `warm`,
+    which renders the variants scrapers asked for recently (Prometheus asks for
+    OpenMetrics with gzip), so scrapes find their bytes ready.
+
     Args:
         registry: the registry to render (the snapshot collector plus process metrics).
         get_snapshot: the current snapshot.
@@ -54,31 +59,41 @@ class Exposition:
         self._get_snapshot = get_snapshot
         self._max_age = max_age
         self._lock = threading.Lock()
-        self._cache: dict[tuple[int, str, bool], tuple[float, bytes]] = {}
+        # (seq, content type) -> (rendered at, body, gzipped body or None)
+        self._cache: dict[tuple[int, str], tuple[float, bytes, bytes | None]] = {}
+        # variants asked for since the last warm: (Accept header, gzip)
+        self._wanted: dict[tuple[str, bool], None] = {("", False): None}
 
     def render(self, accept: str | None, want_gzip: bool) -> tuple[bytes, str]:
         """Return (body, content type) for a request's Accept and Accept-Encoding."""
         encoder, content_type = choose_encoder(accept or "")
         snapshot = self._get_snapshot()
         seq = snapshot.seq if snapshot is not None else 0
-        key = (seq, content_type, want_gzip)
+        key = (seq, content_type)
         now = time.monotonic()
         with self._lock:
+            self._wanted[(accept or "", want_gzip)] = None
             hit = self._cache.get(key)
-            if hit is not None and now - hit[0] <= self._max_age:
-                return hit[1], content_type
-        body = encoder(self.registry)
-        if want_gzip:
-            body = gzip.compress(body, compresslevel=5)
+        if hit is None or now - hit[0] > self._max_age:
+            hit = (now, encoder(self.registry), None)
+        rendered_at, body, zipped = hit
+        if want_gzip and zipped is None:
+            zipped = gzip.compress(body, compresslevel=5)
+            hit = (rendered_at, body, zipped)
         with self._lock:
             if any(k[0] != seq for k in self._cache):
                 self._cache = {k: v for k, v in self._cache.items() if k[0] == seq}
-            self._cache[key] = (now, body)
-        return body, content_type
+            self._cache[key] = hit
+        return (zipped if want_gzip else body), content_type  # type: ignore[return-value]
 
     def warm(self, snapshot: Snapshot) -> None:
-        """Pre-render the plain text format of a new snapshot (collector thread hook)."""
-        self.render(None, False)
+        """Pre-render the variants scrapers asked for (collector thread hook)."""
+        with self._lock:
+            wanted = list(self._wanted)
+            if len(self._wanted) > 8:  # forget odd one-off clients
+                self._wanted = {("", False): None}
+        for accept, want_gzip in wanted:
+            self.render(accept or None, want_gzip)
 
 
 def make_app(

@@ -215,3 +215,25 @@ def test_stalled_collector_shows_a_growing_snapshot_age():
         body, _ = exposition.render(None, False)
         ages.append(pick(parse_metrics(body.decode()), "l9gpu_snapshot_age_seconds")[0])
     assert ages[1] > ages[0] > 0
+
+
+def test_warm_prerenders_the_variants_scrapers_ask_for():
+    clock = Clock(10.0)
+    backend = SimulatedBackend(clock=clock)
+    backend.open()
+    c = Collector(backend, "sim", clock=clock)
+    c.collect_once()
+    _, exposition = _app(c)
+    calls = []
+    real_collect = exposition.registry.collect
+    exposition.registry.collect = lambda: (calls.append(1), real_collect())[1]
+    prometheus_accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+    body, content_type = exposition.render(prometheus_accept, True)
+    assert content_type.startswith("application/openmetrics-text") and gzip.decompress(body).endswith(b"# EOF\n")
+    clock.t = 11.0
+    snap = c.collect_once()
+    exposition.warm(snap)
+    rendered = len(calls)
+    exposition.render(prometheus_accept, True)  # the scrape finds its bytes ready
+    exposition.render(None, False)
+    assert len(calls) == rendered
