@@ -10,7 +10,6 @@ import argparse
 import logging
 import socket
 import time
-from collections.abc import Callable
 from typing import Any
 
 from bridge.config import (
@@ -21,7 +20,7 @@ from bridge.config import (
     parse_header,
     resolve,
 )
-from exporter.config import parse_positive_duration
+from exporter.config import argtype, parse_positive_duration
 
 log = logging.getLogger("l9gpu.otlp")
 
@@ -33,17 +32,6 @@ _SDK_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.http.metric_exporter",
     "opentelemetry.exporter.otlp.common.http",
 )
-
-
-def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    convert.__name__ = parse.__name__
-    return convert
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,12 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--otlp-certificate", default=None, metavar="FILE",
                        help="CA bundle (PEM) to verify the receiver (default: $OTEL_EXPORTER_OTLP_CERTIFICATE, "
                             "else the system roots)")
-    group.add_argument("--otlp-header", action="append", default=[], type=_checked(parse_header),
+    group.add_argument("--otlp-header", action="append", default=[], type=argtype(parse_header),
                        metavar="KEY=VALUE",
                        help="request header, e.g. authorization=Bearer... (repeatable; values are never logged)")
-    group.add_argument("--otlp-interval", default=None, type=_checked(parse_positive_duration), metavar="DURATION",
+    group.add_argument("--otlp-interval", default=None, type=argtype(parse_positive_duration), metavar="DURATION",
                        help="time between pushes (default: $OTEL_METRIC_EXPORT_INTERVAL in ms, else 60s)")
-    group.add_argument("--otlp-timeout", default=None, type=_checked(parse_positive_duration), metavar="DURATION",
+    group.add_argument("--otlp-timeout", default=None, type=argtype(parse_positive_duration), metavar="DURATION",
                        help="time one push may take, retries included (default: $OTEL_EXPORTER_OTLP_TIMEOUT "
                             "in ms, else 10s)")
 

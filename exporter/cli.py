@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 from exporter import __version__
 from exporter import catalogue as cat
-from exporter.config import parse_listen, parse_positive_duration
+from exporter.config import argtype, parse_listen, parse_positive_duration
 
 log = logging.getLogger("l9gpu")
 
@@ -38,17 +38,6 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    convert.__name__ = parse.__name__
-    return convert
-
-
 def _add_device_args(parser: argparse.ArgumentParser) -> None:
     from exporter import attribution
 
@@ -59,12 +48,12 @@ def _add_device_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--scenario", metavar="FILE",
                        help="scenario file for --backend simulated (default: the built-in node)")
     group.add_argument("--hl-smi", default="hl-smi", metavar="PATH", help="hl-smi executable for --backend gaudi")
-    group.add_argument("--hl-smi-timeout", default="5s", type=_checked(parse_positive_duration), metavar="DURATION",
+    group.add_argument("--hl-smi-timeout", default="5s", type=argtype(parse_positive_duration), metavar="DURATION",
                        help="kill hl-smi after this long (default: 5s)")
     group.add_argument("--node-name", default=None,
                        help="value of the node label (default: $NODE_NAME, then the simulated scenario's node, "
                             "then the hostname)")
-    group.add_argument("--interval", default="1s", type=_checked(parse_positive_duration), metavar="DURATION",
+    group.add_argument("--interval", default="1s", type=argtype(parse_positive_duration), metavar="DURATION",
                        help="time between collection passes, e.g. 500ms, 2s, 1m (default: 1s)")
     group.add_argument("--process-metrics", action="store_true",
                        help="also export per-process series (pid, comm) for debugging")
@@ -72,7 +61,7 @@ def _add_device_args(parser: argparse.ArgumentParser) -> None:
                        help="export an opt-in family (repeatable; see docs/METRICS.md)")
     group.add_argument("--disable-metric", action="append", default=[], metavar="NAME",
                        help="do not export this family (repeatable)")
-    group.add_argument("--workload-grace", default="5m", type=_checked(parse_positive_duration), metavar="DURATION",
+    group.add_argument("--workload-grace", default="5m", type=argtype(parse_positive_duration), metavar="DURATION",
                        help="keep counters of a workload that has gone for this long (default: 5m)")
     group.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        type=str.lower, help="log level (default: info)")
@@ -88,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the agent: collect every interval, serve /metrics")
     _add_device_args(serve)
     web = serve.add_argument_group("http")
-    web.add_argument("--listen", default=DEFAULT_LISTEN, type=_checked(parse_listen), metavar="HOST:PORT",
+    web.add_argument("--listen", default=DEFAULT_LISTEN, type=argtype(parse_listen), metavar="HOST:PORT",
                      help=f"address for /metrics, /healthz, /readyz (default: {DEFAULT_LISTEN})")
     web.add_argument("--no-metrics-endpoint", action="store_true",
                      help="serve no /metrics (push-only over OTLP); /healthz and /readyz stay")

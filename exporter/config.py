@@ -6,7 +6,9 @@ accepted; the CLI turns that into one line and exit status 2.
 
 from __future__ import annotations
 
+import argparse
 import re
+from typing import Any, Callable
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -66,3 +68,16 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ValueError(f"port {port} out of range 0-65535 in listen address {text!r}")
     return host or "0.0.0.0", port
+
+
+def argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Wrap a parser for argparse's ``type=``: its ValueError message becomes the error."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
