@@ -192,12 +192,17 @@ def test_readyz_waits_for_the_first_snapshot_and_metrics_are_served():
     _with_client(app, body)
 
 
-def test_bytes_are_rendered_once_per_snapshot():
+def _simulated_collector():
     clock = Clock(10.0)
     backend = SimulatedBackend(clock=clock)
     backend.open()
     c = Collector(backend, "sim", clock=clock)
     c.collect_once()
+    return clock, c
+
+
+def test_bytes_are_rendered_once_per_snapshot():
+    clock, c = _simulated_collector()
     _, exposition = _app(c)
     first, _ = exposition.render(None, False)
     assert exposition.render(None, False)[0] is first
@@ -218,11 +223,7 @@ def test_stalled_collector_shows_a_growing_snapshot_age():
 
 
 def test_warm_prerenders_the_variants_scrapers_ask_for():
-    clock = Clock(10.0)
-    backend = SimulatedBackend(clock=clock)
-    backend.open()
-    c = Collector(backend, "sim", clock=clock)
-    c.collect_once()
+    clock, c = _simulated_collector()
     _, exposition = _app(c)
     calls = []
     real_collect = exposition.registry.collect
