@@ -7,17 +7,14 @@ import json
 import re
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import yaml
-from agent import AgentProcess, free_port
+from agent import AgentProcess
 from conftest import need_tool
+from promserver import PrometheusServer
 
 from exporter.catalogue import METRICS
 
@@ -216,47 +213,13 @@ def prometheus_with_data(tmp_path_factory):
     # module-scoped, so the per-test guard against ambient L9GPU_*/OTEL_* settings does not apply yet
     agent.env = {k: v for k, v in agent.env.items() if not k.startswith(("L9GPU_", "OTEL_")) and k != "NODE_NAME"}
     agent.start()
-    port = free_port()
-    config = tmp / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        f"rule_files: ['{RULES}']\n"
-        "scrape_configs:\n  - job_name: l9gpu\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{agent.port}']}}]\n")
-    log = open(tmp / "prometheus.log", "wb")
-    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-
-    def query(expr: str) -> dict[str, Any]:
-        url = base + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                return json.load(resp)
-        except urllib.error.HTTPError as exc:  # 400 with a JSON body: a parse or evaluation error
-            return json.loads(exc.read())
-
+    server = PrometheusServer(binary, tmp, [f"127.0.0.1:{agent.port}"], RULES).start()
+    query = server.query_document
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError((tmp / "prometheus.log").read_text())
-            try:
-                if query("count_over_time(gpu_up[1m]) >= 10").get("data", {}).get("result"):
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("Prometheus has no 10 s of data:\n" + (tmp / "prometheus.log").read_text())
-            time.sleep(0.25)
+        server.wait_for("count_over_time(gpu_up[1m]) >= 10", timeout=20)
         yield query
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        server.stop()
         agent.stop()
 
 

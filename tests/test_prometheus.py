@@ -1,15 +1,11 @@
 """A real Prometheus server scrapes the agent; promtool checks and unit-tests the rules."""
 
-import json
 import subprocess
-import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
-from agent import free_port
 from conftest import need_tool
+from promserver import PrometheusServer
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "alerts" / "l9gpu.rules.yaml"
@@ -26,49 +22,10 @@ def test_rules_are_valid_and_their_unit_tests_pass():
 
 @pytest.fixture
 def prometheus(tmp_path, agent_factory):
-    binary = need_tool("prometheus")
     agent = agent_factory("--backend", "simulated", "--interval", "250ms")
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        f"rule_files: ['{RULES}']\n"
-        "scrape_configs:\n  - job_name: l9gpu\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{agent.port}']}}]\n"
-    )
-    log = open(tmp_path / "prometheus.log", "wb")
-    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-
-    def query(expr: str) -> list[dict]:
-        url = base + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            doc = json.load(resp)
-        assert doc["status"] == "success", doc
-        return doc["data"]["result"]
-
-    def wait_for(expr: str, timeout: float = 30.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError((tmp_path / "prometheus.log").read_text())
-            try:
-                result = query(expr)
-                if result:
-                    return result
-            except OSError:
-                pass
-            time.sleep(0.25)
-        raise TimeoutError(f"no result for {expr} after {timeout}s:\n" + (tmp_path / "prometheus.log").read_text())
-
-    yield wait_for
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    server = PrometheusServer(need_tool("prometheus"), tmp_path, [f"127.0.0.1:{agent.port}"], RULES).start()
+    yield server.wait_for
+    server.stop()
 
 
 def test_prometheus_scrapes_the_agent_and_queries_back(prometheus):

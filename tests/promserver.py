@@ -1,0 +1,82 @@
+"""A real Prometheus server (Debian package `prometheus`) on loopback, for the tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from agent import free_port
+
+
+class PrometheusServer:
+    """Prometheus scraping ``targets`` every second, evaluating ``rules``, in ``workdir``."""
+
+    def __init__(self, binary: str, workdir: Path, targets: list[str], rules: Path | None = None):
+        self.binary = binary
+        self.workdir = workdir
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        config = workdir / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            + (f"rule_files: ['{rules}']\n" if rules else "")
+            + "scrape_configs:\n  - job_name: l9gpu\n"
+            + f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n")
+        self.config = config
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> PrometheusServer:
+        self._log = open(self.workdir / "prometheus.log", "wb")
+        self.proc = subprocess.Popen(
+            [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={self.workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"], stdout=self._log, stderr=subprocess.STDOUT)
+        return self
+
+    def log(self) -> str:
+        return (self.workdir / "prometheus.log").read_text(errors="replace")
+
+    def query_document(self, expr: str) -> dict[str, Any]:
+        """The API's whole answer, errors included (a 400 carries a JSON body)."""
+        url = self.base + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return json.load(resp)
+        except urllib.error.HTTPError as exc:
+            return json.loads(exc.read())
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """The result vector of a query that must succeed."""
+        doc = self.query_document(expr)
+        assert doc["status"] == "success", doc
+        return doc["data"]["result"]
+
+    def wait_for(self, expr: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+        """Poll until ``expr`` returns data."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError("prometheus exited:\n" + self.log())
+            try:
+                result = self.query(expr)
+                if result:
+                    return result
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"no result for {expr} after {timeout}s:\n" + self.log())
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._log.close()
