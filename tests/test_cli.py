@@ -77,3 +77,14 @@ def test_port_in_use_is_a_clear_error(agent_factory):
     result = run_cli(["serve", "--backend", "simulated", "--listen", f"127.0.0.1:{first.port}"])
     assert result.returncode == 2
     assert f"cannot listen on 127.0.0.1:{first.port}" in result.stderr
+
+
+def test_json_logs_are_one_object_per_line(tmp_path):
+    agent = AgentProcess(["--backend", "simulated", "--log-format", "json", "--node-name", "n1"],
+                         log_path=tmp_path / "a.log")
+    agent.start()
+    agent.stop()
+    lines = [json.loads(line) for line in agent.log().splitlines() if line.strip()]
+    serving = [e for e in lines if "serving node n1" in e["message"]]
+    assert serving and serving[0]["level"] == "info" and serving[0]["logger"] == "l9gpu"
+    assert {"time", "level", "logger", "message"} <= set(serving[0])
