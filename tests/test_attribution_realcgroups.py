@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import time
-import uuid
 from pathlib import Path
 from typing import Iterator
 
@@ -23,6 +21,7 @@ import pytest
 
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
 
+from cgroup_helpers import Cgroups, cgroup2_unwritable, cgroup_tree, container_id, kubeconfig, pod_uid  # noqa: E402
 from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -36,77 +35,16 @@ from exporter.render import SnapshotCollector  # noqa: E402
 fake_pynvml = pytest.importorskip("fake_pynvml", reason="the NVML fake is not available")
 nvml_backend = pytest.importorskip("exporter.devices.nvml", reason="the NVML backend is not available")
 
-UNIFIED = Path("/sys/fs/cgroup/unified")
 GiB = 2**30
 NODE = "gpu-node-1"
 
-
-def _writable_cgroup2() -> str:
-    if os.geteuid() != 0:
-        return "needs root to create cgroups"
-    if not (UNIFIED / "cgroup.procs").exists():
-        return f"no cgroup2 hierarchy mounted at {UNIFIED}"
-    probe = UNIFIED / f"l9gpu-probe-{os.getpid()}"
-    try:
-        probe.mkdir()
-        probe.rmdir()
-    except OSError as exc:
-        return f"{UNIFIED} is not writable: {exc.strerror}"
-    return ""
-
-
-pytestmark = pytest.mark.skipif(bool(_writable_cgroup2()), reason=_writable_cgroup2() or "ok")
-
-
-class Cgroups:
-    """Creates cgroups under one parent and processes in them; `cleanup` undoes all."""
-
-    def __init__(self) -> None:
-        self.parent = UNIFIED / f"l9gpu-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.parent.mkdir()
-        self.dirs: list[Path] = [self.parent]
-        self.children: list[subprocess.Popen] = []
-
-    def make(self, relative: str) -> Path:
-        path = self.parent
-        for part in relative.strip("/").split("/"):
-            path = path / part
-            if not path.exists():
-                path.mkdir()
-                self.dirs.append(path)
-        return path
-
-    def spawn(self, relative: str) -> subprocess.Popen:
-        child = subprocess.Popen(["sleep", "600"])
-        self.children.append(child)
-        self.move(child.pid, relative)
-        return child
-
-    def move(self, pid: int, relative: str) -> None:
-        (self.make(relative) / "cgroup.procs").write_text(str(pid))
-
-    def cleanup(self) -> None:
-        for child in self.children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGKILL)
-            child.wait(5)
-        for path in sorted(self.dirs, key=lambda p: len(p.parts), reverse=True):
-            try:
-                for pid in (path / "cgroup.procs").read_text().split():
-                    (UNIFIED / "cgroup.procs").write_text(pid)  # anything left goes back to the root
-                path.rmdir()
-            except OSError:
-                pass
+pytestmark = pytest.mark.skipif(bool(cgroup2_unwritable()), reason=cgroup2_unwritable() or "ok")
 
 
 @pytest.fixture
 def cgroups() -> Iterator[Cgroups]:
-    tree = Cgroups()
-    try:
+    with cgroup_tree() as tree:
         yield tree
-    finally:
-        tree.cleanup()
-        assert not tree.parent.exists(), f"could not remove {tree.parent}"
 
 
 @pytest.fixture
@@ -117,26 +55,6 @@ def apiserver() -> Iterator[FakeApiServer]:
         yield server
     finally:
         server.stop()
-
-
-def _uid() -> str:
-    return str(uuid.uuid4())
-
-
-def _cid() -> str:
-    return uuid.uuid4().hex + uuid.uuid4().hex
-
-
-def _kubeconfig(tmp_path: Path, server: FakeApiServer) -> str:
-    path = tmp_path / "kubeconfig"
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: test, cluster: {{server: "{server.url}"}}}}]
-users: [{{name: test, user: {{token: test-token}}}}]
-contexts: [{{name: test, context: {{cluster: test, user: test}}}}]
-current-context: test
-""")
-    return str(path)
 
 
 def _scrape(collector: Collector, extra: tuple[str, ...]) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -158,8 +76,8 @@ def _value(metrics, name: str, **labels: str) -> float:
 
 def test_pods_and_slurm_in_real_cgroups(tmp_path: Path, cgroups: Cgroups, apiserver: FakeApiServer, caplog) -> None:
     F = fake_pynvml
-    uid_a, uid_b, uid_c = _uid(), _uid(), _uid()
-    cid_a, cid_b, cid_c = _cid(), _cid(), _cid()
+    uid_a, uid_b, uid_c = pod_uid(), pod_uid(), pod_uid()
+    cid_a, cid_b, cid_c = container_id(), container_id(), container_id()
     ua, ub, uc = (u.replace("-", "_") for u in (uid_a, uid_b, uid_c))
     # Three pods time-sliced on GPU 0, in three different cgroup layouts.
     a = cgroups.spawn(f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{ua}.slice/"
@@ -175,7 +93,7 @@ def test_pods_and_slurm_in_real_cgroups(tmp_path: Path, cgroups: Cgroups, apiser
                            owner=("ReplicaSet", "embedder-7c9f5")))
     apiserver.add(make_pod("reranker-0", "search", uid_b, NODE, {"reranker": cid_b}, labels={"team": "ranking"},
                            owner=("StatefulSet", "reranker")))
-    apiserver.add(make_pod("elsewhere", "search", _uid(), "gpu-node-2", {"x": _cid()}))
+    apiserver.add(make_pod("elsewhere", "search", pod_uid(), "gpu-node-2", {"x": container_id()}))
 
     gpu0 = F.FakeGpu(energy_mj=1_000_000, processes=[
         F.FakeProcess(pid=a.pid, used_memory=1 * GiB), F.FakeProcess(pid=b.pid, used_memory=2 * GiB),
@@ -185,7 +103,7 @@ def test_pods_and_slurm_in_real_cgroups(tmp_path: Path, cgroups: Cgroups, apiser
     backend = nvml_backend.NvmlBackend(nvml=fake)
     backend.open()
 
-    args = argparse.Namespace(proc_root="/proc", kubernetes="on", kubeconfig=_kubeconfig(tmp_path, apiserver),
+    args = argparse.Namespace(proc_root="/proc", kubernetes="on", kubeconfig=kubeconfig(tmp_path, apiserver),
                               pod_label=["team"])
     attributor = build_attributor(args, backend, NODE)
     attributor.pod_source.backoff = (0.05, 0.2)

@@ -5,6 +5,11 @@ Real child processes hold ``/dev/accel/accel<N>`` open, so the agent's fd scan o
 /dev/accel; as root the test creates the two device paths as plain files for its
 duration (and removes them after). Where /dev/accel already exists (a real Gaudi node) or
 the test is not root, it skips with the reason.
+
+The pod test also puts one holder into a real Kubernetes-shaped cgroup (see
+cgroup_helpers) and serves its pod from a local API server (kubernetes_apiserver), so
+the agent's whole attribution path (PID -> /proc/<pid>/cgroup -> pod) runs unchanged
+for Gaudi, and checks the pod-labelled series it serves.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from cgroup_helpers import burstable_scope, cgroup2_unwritable, cgroup_tree, container_id, kubeconfig, pod_uid
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_HL_SMI = str(Path(__file__).parent / "fakes" / "hl-smi")
 ACCEL = Path("/dev/accel")
 MiB = 2**20
+HOST_SESSION = "user.slice/user-0.slice/session-3.scope"
 
 HEALTHY = (
     "0, 01P0-HL2080A0-15-TNF0A8-03-07-02, AM43000131, HL-225, 0000:33:00.0, 1.17.0-e3a4b6f, 17, 2048, 98304, 215, 34\n"
@@ -115,7 +122,7 @@ def agent(tmp_path):
         return f"http://127.0.0.1:{port}/metrics"
 
     yield start
-    for proc, log in started:
+    for proc, _log in started:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -167,7 +174,8 @@ def test_serve_gaudi_end_to_end(tmp_path, accel_nodes, agent):
         sleep_file.write_text("30")
         samples = _wait_for(url, lambda s: (_values(s, "l9gpu_backend_errors_total", backend="gaudi", reason="timeout")
                                             or [0])[0] >= 1, timeout=30)
-        samples = _wait_for(url, lambda s: _values(s, "l9gpu_collector_success", collector="gaudi") == [0.0], timeout=30)
+        samples = _wait_for(url, lambda s: _values(s, "l9gpu_collector_success", collector="gaudi") == [0.0],
+                            timeout=30)
         assert _values(samples, "gpu_up", gpu="0") == [0.0]
         sleep_file.write_text("0")
         _wait_for(url, lambda s: _values(s, "gpu_up", gpu="0") == [1.0]
@@ -176,3 +184,59 @@ def test_serve_gaudi_end_to_end(tmp_path, accel_nodes, agent):
         for proc in [*holders, monitor]:
             proc.kill()
             proc.wait()
+
+
+def test_serve_gaudi_attributes_accel_holders_to_pods(tmp_path, accel_nodes, agent):
+    """A process of a pod holding accel0 gets pod-labelled series; a host process on accel1 does not."""
+    reason = cgroup2_unwritable()
+    if reason:
+        pytest.skip(reason)
+    pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
+    from kubernetes_apiserver import FakeApiServer, make_pod
+
+    node = "gaudi-node-1"
+    uid, cid = pod_uid(), container_id()
+    output = tmp_path / "hl-smi.csv"
+    output.write_text(HEALTHY)
+    apiserver = FakeApiServer()
+    apiserver.start()
+    try:
+        with cgroup_tree() as cgroups:
+            # Moved before the agent starts: a process's cgroup is read once per lifetime,
+            # and a container's processes start in their cgroup.
+            cgroups.adopt(_holder("/dev/accel/accel0"), burstable_scope(uid, cid))
+            # A host login session (not a pod, not a Slurm job), wherever the runner lives.
+            cgroups.adopt(_holder("/dev/accel/accel1"), HOST_SESSION)
+            apiserver.add(make_pod("trainer-5d8f7b9c4-x2k9q", "ml", uid, node, {"trainer": cid},
+                                   labels={"team": "vision", "pod-template-hash": "5d8f7b9c4"},
+                                   owner=("ReplicaSet", "trainer-5d8f7b9c4")))
+            apiserver.add(make_pod("elsewhere", "ml", pod_uid(), "gaudi-node-2", {"x": container_id()}))
+
+            url = agent("--backend", "gaudi", "--hl-smi", FAKE_HL_SMI, "--proc-root", "/proc",
+                        "--kubeconfig", kubeconfig(tmp_path, apiserver), "--kubernetes", "on",
+                        "--pod-label", "team", "--interval", "250ms", "--node-name", node,
+                        env={"FAKE_HL_SMI_OUTPUT_FILE": str(output)})
+            pod = {"namespace": "ml", "pod": "trainer-5d8f7b9c4-x2k9q", "container": "trainer", "pod_uid": uid,
+                   "owner_kind": "Deployment", "owner_name": "trainer", "label_team": "vision",
+                   "gpu": "0", "uuid": "01P0-HL2080A0-15-TNF0A8-03-07-02", "model": "HL-225", "node": node}
+            samples = _wait_for(url, lambda s: _values(s, "container_gpu_processes", **pod) == [1.0]
+                                and _values(s, "container_gpu_allocation_seconds_total", **pod) != [0.0])
+
+            # Exactly one workload series, on GPU 0, carrying the pod's full identity.
+            (labels, _), = samples["container_gpu_processes"]
+            assert labels == {**pod, "gpu_instance": "", "slurm_job_id": ""}
+            # hl-smi has no per-process memory or utilisation: omitted, not 0.
+            assert samples.get("container_gpu_memory_used_bytes", []) == []
+            assert samples.get("container_gpu_utilization_ratio", []) == []
+            # The host process on accel1 is the node's one unattributed GPU process.
+            assert _values(samples, "l9gpu_unattributed_processes", node=node) == [1.0]
+            assert _values(samples, "l9gpu_collector_success", collector="kubernetes") == [1.0]
+            assert _values(samples, "l9gpu_host_pids_visible", node=node) == [1.0]
+
+            # Allocation time grows while the pod holds the device.
+            first = _values(samples, "container_gpu_allocation_seconds_total", **pod)[0]
+            later = _wait_for(url, lambda s: (_values(s, "container_gpu_allocation_seconds_total", **pod)
+                                              or [0.0])[0] > first + 0.2)
+            assert _values(later, "container_gpu_processes", **pod) == [1.0]
+    finally:
+        apiserver.stop()
