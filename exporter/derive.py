@@ -66,9 +66,12 @@ def device_label_values(node: str, device: DeviceSample) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class WorkloadCounters:
-    usage_seconds: float = 0.0
+    # None until the device first reports a share for the workload's processes (SM share
+    # for usage; SM share or memory for energy): a Gaudi workload never gets one, so its
+    # usage and energy series stay absent instead of reading 0.
+    usage_seconds: float | None = None
     allocation_seconds: float = 0.0
-    energy_joules: float = 0.0
+    energy_joules: float | None = None
     idle_since: float | None = None
     last_seen: float = 0.0
 
@@ -220,6 +223,10 @@ def step(
             held = memory > 0 if memory is not None else True
             utils: list[float] = [u for u in (procs[i].sm_utilization for i in members) if u is not None]
             util = min(1.0, sum(utils)) if utils else None
+            # An energy share needs an SM share or memory; without either the device's
+            # energy went to the unattributed bucket (split_energy), not to this workload.
+            energy_known = any(procs[i].sm_utilization is not None or procs[i].used_memory_bytes is not None
+                               for i in members)
             old = counters.get(wkey, WorkloadCounters())
             idle_since = old.idle_since
             if held and util == 0.0:
@@ -227,16 +234,19 @@ def step(
             else:
                 idle_since = None
             new = WorkloadCounters(
-                usage_seconds=old.usage_seconds + (util or 0.0) * dt,
+                usage_seconds=old.usage_seconds if util is None else (old.usage_seconds or 0.0) + util * dt,
                 allocation_seconds=old.allocation_seconds + (dt if held else 0.0),
-                energy_joules=old.energy_joules + sum(parts[i] for i in members),
+                energy_joules=(old.energy_joules or 0.0) + sum(parts[i] for i in members) if energy_known
+                else old.energy_joules,
                 idle_since=idle_since,
                 last_seen=now,
             )
             counters[wkey] = new
+            # Idle time is unknown (None) while the SM share is: never 0 for "cannot tell".
+            idle_seconds = None if util is None else (now - idle_since if idle_since is not None else 0.0)
             usages.append(WorkloadUsage(
                 device_key=key, labels=labels, memory_used_bytes=memory, utilization=util,
-                processes=len(members), idle_seconds=(now - idle_since) if idle_since is not None else 0.0,
+                processes=len(members), idle_seconds=idle_seconds,
                 usage_seconds_total=new.usage_seconds, allocation_seconds_total=new.allocation_seconds,
                 energy_joules_total=new.energy_joules,
             ))

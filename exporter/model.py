@@ -158,10 +158,14 @@ class WorkloadUsage:
             device reports no per-process memory, e.g. Gaudi).
         utilization: sum of its processes' SM shares, 0-1 (None when unavailable).
         processes: number of its processes on this GPU (0 while in its grace period).
-        idle_seconds: how long it has held memory with zero SM utilisation.
-        usage_seconds_total: integral of its SM share over time (GPU-seconds).
-        allocation_seconds_total: time it has held memory on this GPU.
-        energy_joules_total: its share of the device's energy (see docs/ATTRIBUTION.md).
+        idle_seconds: how long it has held memory with zero SM utilisation (None while
+            its SM share is unknown).
+        usage_seconds_total: integral of its SM share over time (GPU-seconds; None while
+            the device has never reported its SM share, e.g. Gaudi).
+        allocation_seconds_total: time it has held memory on this GPU (where the device
+            reports no per-process memory: time it has had a process on it).
+        energy_joules_total: its share of the device's energy (see docs/ATTRIBUTION.md;
+            None while the device has reported neither SM share nor memory for it).
         present: False while the workload is gone but its counters are kept for the
             grace period; only counter families are exported then.
     """
@@ -171,10 +175,10 @@ class WorkloadUsage:
     memory_used_bytes: int | None
     utilization: float | None
     processes: int
-    idle_seconds: float
-    usage_seconds_total: float
+    idle_seconds: float | None
+    usage_seconds_total: float | None
     allocation_seconds_total: float
-    energy_joules_total: float
+    energy_joules_total: float | None
     present: bool = True
 
 

@@ -154,3 +154,34 @@ def test_devices_without_per_process_memory_omit_it_but_still_count_allocation()
     assert usage.memory_used_bytes is None and usage.utilization is None
     assert usage.allocation_seconds_total == 5.0 and usage.processes == 1
     assert d.unattributed[0].memory_used_bytes == 0
+
+
+def test_unknown_shares_leave_idle_usage_and_energy_absent_not_zero():
+    """Gaudi: a process on the device, no SM share, no memory. What cannot be told is None."""
+    owners = {1: pod("g")}
+    procs = [ProcessSample(1, None, None)]
+    state, d = step(DeriveState(), 0.0, "n", [gpu(energy=0.0, procs=procs)], owners)
+    state, d = step(state, 5.0, "n", [gpu(energy=500.0, procs=procs)], owners)
+    usage = by_pod(d)["g"]
+    assert usage.idle_seconds is None and usage.usage_seconds_total is None and usage.energy_joules_total is None
+    assert usage.allocation_seconds_total == 5.0
+    assert d.unattributed[0].energy_joules_total == 500.0  # the whole delta, as documented
+    # The grace period keeps the counters as they were: still absent.
+    state, d = step(state, 6.0, "n", [gpu(energy=600.0)], owners)
+    gone = by_pod(d)["g"]
+    assert not gone.present and gone.usage_seconds_total is None and gone.energy_joules_total is None
+
+
+def test_first_sight_without_sm_share_then_counters_start():
+    """AMD: the first pass has memory but no engine-time interval yet; then shares arrive."""
+    owners = {1: pod("a")}
+    state, d = step(DeriveState(), 0.0, "n", [gpu(energy=0.0, procs=[ProcessSample(1, GIB, None)])], owners)
+    first = by_pod(d)["a"]
+    assert first.idle_seconds is None and first.usage_seconds_total is None
+    assert first.energy_joules_total == 0.0  # memory known: it has an energy share (none used yet)
+    state, d = step(state, 10.0, "n", [gpu(energy=100.0, procs=[ProcessSample(1, GIB, 0.0)])], owners)
+    later = by_pod(d)["a"]
+    assert later.idle_seconds == 0.0 and later.usage_seconds_total == 0.0
+    assert later.energy_joules_total == pytest.approx(100.0)  # idle energy split by memory: all of it
+    state, d = step(state, 20.0, "n", [gpu(energy=200.0, procs=[ProcessSample(1, GIB, 0.5)])], owners)
+    assert by_pod(d)["a"].usage_seconds_total == pytest.approx(5.0)

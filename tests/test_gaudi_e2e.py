@@ -225,9 +225,13 @@ def test_serve_gaudi_attributes_accel_holders_to_pods(tmp_path, accel_nodes, age
             # Exactly one workload series, on GPU 0, carrying the pod's full identity.
             (labels, _), = samples["container_gpu_processes"]
             assert labels == {**pod, "gpu_instance": "", "slurm_job_id": ""}
-            # hl-smi has no per-process memory or utilisation: omitted, not 0.
-            assert samples.get("container_gpu_memory_used_bytes", []) == []
-            assert samples.get("container_gpu_utilization_ratio", []) == []
+            # hl-smi has no per-process memory or utilisation: omitted, not 0, and so is what
+            # derives from them (idle time, SM-time integral, energy share: that is unattributed).
+            for family in ("container_gpu_memory_used_bytes", "container_gpu_utilization_ratio",
+                           "container_gpu_idle_seconds", "container_gpu_usage_seconds_total",
+                           "container_gpu_energy_joules_total"):
+                assert samples.get(family, []) == [], (family, samples.get(family))
+            assert _values(samples, "gpu_unattributed_energy_joules_total", gpu="0") != []
             # The host process on accel1 is the node's one unattributed GPU process.
             assert _values(samples, "l9gpu_unattributed_processes", node=node) == [1.0]
             assert _values(samples, "l9gpu_collector_success", collector="kubernetes") == [1.0]
