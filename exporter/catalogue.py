@@ -301,7 +301,7 @@ VENDOR_NOTES: dict[str, tuple[str, str, str]] = {
     "container_gpu_allocation_seconds_total": ("time holding memory", "time holding VRAM",
                                                "time holding `/dev/accel/accel<N>` open"),
     "container_gpu_energy_joules_total": ("split by SM and memory share", "split by GFX and VRAM share",
-                                          "— (energy counts as unattributed)"),
+                                          "split equally among the processes holding the device"),
     "gpu_process_memory_used_bytes": ("as NVML reports", "`vram_mem`", "—"),
     "gpu_process_utilization_ratio": ("NVML per-process SM samples", "GFX engine time over the interval", "—"),
 }

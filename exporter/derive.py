@@ -11,7 +11,9 @@ Energy split (documented for operators in docs/ATTRIBUTION.md): per GPU and pass
   busy = min(1, Σ u_p);  busy energy ΔE·busy is split in proportion to u_p;
   idle energy ΔE·(1 - busy) is split in proportion to each process's memory;
   with no process memory (or no processes) the idle energy is unattributed.
-When a device reports no per-process utilisation, all of ΔE is split by memory.
+When a device reports no per-process utilisation, all of ΔE is split by memory; when it
+reports neither utilisation nor memory per process (Gaudi), the processes holding the
+device share ΔE equally.
 Each process's part goes to its workload, or to the GPU's unattributed bucket. The parts
 add up to ΔE exactly (up to float rounding), which the tests hold.
 """
@@ -117,6 +119,11 @@ def advance_energy(raw_before: float | None, total_before: float | None, device:
     return None, total_before
 
 
+def reports_nothing(shares: Sequence[tuple[float | None, int | None]]) -> bool:
+    """True when no process on the device has an SM share or a memory figure."""
+    return all(u is None and m is None for u, m in shares)
+
+
 def split_energy(delta: float, shares: Sequence[tuple[float | None, int | None]]) -> tuple[list[float], float]:
     """Split one GPU's energy delta over its processes.
 
@@ -126,10 +133,14 @@ def split_energy(delta: float, shares: Sequence[tuple[float | None, int | None]]
 
     Returns:
         (joules per process, joules that belong to nobody: idle with no holder).
+        Where the device reports neither for any process (Gaudi), the holders of the
+        device share ΔE equally.
     """
     parts = [0.0] * len(shares)
     if delta <= 0 or not shares:
         return parts, max(0.0, delta)
+    if reports_nothing(shares):  # e.g. Gaudi: only who holds the device is known
+        return [delta / len(shares)] * len(shares), 0.0
     known = [u for u, _ in shares if u is not None]
     util_sum = sum(max(0.0, u) for u in known)
     busy = min(1.0, util_sum) if known else 0.0
@@ -192,7 +203,9 @@ def step(
             continue
 
         procs = device.processes
-        parts, nobody = split_energy(delta, [(p.sm_utilization, p.used_memory_bytes) for p in procs])
+        shares = [(p.sm_utilization, p.used_memory_bytes) for p in procs]
+        parts, nobody = split_energy(delta, shares)
+        holders_only = bool(procs) and reports_nothing(shares)
         dev_labels = device_label_values(node, device)
         groups: dict[tuple[str, ...], list[int]] = {}
         rest_memory: int | None = 0
@@ -225,8 +238,8 @@ def step(
             util = min(1.0, sum(utils)) if utils else None
             # An energy share needs an SM share or memory; without either the device's
             # energy went to the unattributed bucket (split_energy), not to this workload.
-            energy_known = any(procs[i].sm_utilization is not None or procs[i].used_memory_bytes is not None
-                               for i in members)
+            energy_known = holders_only or any(
+                procs[i].sm_utilization is not None or procs[i].used_memory_bytes is not None for i in members)
             old = counters.get(wkey, WorkloadCounters())
             idle_since = old.idle_since
             if held and util == 0.0:

@@ -156,20 +156,23 @@ def test_devices_without_per_process_memory_omit_it_but_still_count_allocation()
     assert d.unattributed[0].memory_used_bytes == 0
 
 
-def test_unknown_shares_leave_idle_usage_and_energy_absent_not_zero():
-    """Gaudi: a process on the device, no SM share, no memory. What cannot be told is None."""
-    owners = {1: pod("g")}
-    procs = [ProcessSample(1, None, None)]
+def test_unknown_shares_leave_idle_and_usage_absent_and_holders_share_the_energy():
+    """Gaudi: processes on the device, no SM share, no memory. What cannot be told is None;
+    the device's energy goes to the processes holding it, equally."""
+    owners = {1: pod("g"), 2: pod("h")}
+    procs = [ProcessSample(1, None, None), ProcessSample(2, None, None), ProcessSample(3, None, None)]
     state, d = step(DeriveState(), 0.0, "n", [gpu(energy=0.0, procs=procs)], owners)
-    state, d = step(state, 5.0, "n", [gpu(energy=500.0, procs=procs)], owners)
+    state, d = step(state, 5.0, "n", [gpu(energy=600.0, procs=procs)], owners)
     usage = by_pod(d)["g"]
-    assert usage.idle_seconds is None and usage.usage_seconds_total is None and usage.energy_joules_total is None
+    assert usage.idle_seconds is None and usage.usage_seconds_total is None
     assert usage.allocation_seconds_total == 5.0
-    assert d.unattributed[0].energy_joules_total == 500.0  # the whole delta, as documented
-    # The grace period keeps the counters as they were: still absent.
-    state, d = step(state, 6.0, "n", [gpu(energy=600.0)], owners)
+    assert usage.energy_joules_total == pytest.approx(200.0) and by_pod(d)["h"].energy_joules_total == pytest.approx(200.0)
+    assert d.unattributed[0].energy_joules_total == pytest.approx(200.0)  # process 3 belongs to no workload
+    # The grace period keeps the counters as they were.
+    state, d = step(state, 6.0, "n", [gpu(energy=700.0)], owners)
     gone = by_pod(d)["g"]
-    assert not gone.present and gone.usage_seconds_total is None and gone.energy_joules_total is None
+    assert not gone.present and gone.usage_seconds_total is None and gone.energy_joules_total == pytest.approx(200.0)
+    assert d.unattributed[0].energy_joules_total == pytest.approx(300.0)  # idle with no holder
 
 
 def test_first_sight_without_sm_share_then_counters_start():

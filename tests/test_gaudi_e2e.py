@@ -226,12 +226,13 @@ def test_serve_gaudi_attributes_accel_holders_to_pods(tmp_path, accel_nodes, age
             (labels, _), = samples["container_gpu_processes"]
             assert labels == {**pod, "gpu_instance": "", "slurm_job_id": ""}
             # hl-smi has no per-process memory or utilisation: omitted, not 0, and so is what
-            # derives from them (idle time, SM-time integral, energy share: that is unattributed).
+            # derives from them (idle time, SM-time integral).
             for family in ("container_gpu_memory_used_bytes", "container_gpu_utilization_ratio",
-                           "container_gpu_idle_seconds", "container_gpu_usage_seconds_total",
-                           "container_gpu_energy_joules_total"):
+                           "container_gpu_idle_seconds", "container_gpu_usage_seconds_total"):
                 assert samples.get(family, []) == [], (family, samples.get(family))
-            assert _values(samples, "gpu_unattributed_energy_joules_total", gpu="0") != []
+            # The device's energy goes to the pod holding it (the only holder of accel0).
+            assert len(_values(samples, "container_gpu_energy_joules_total", **pod)) == 1
+            assert _values(samples, "gpu_unattributed_energy_joules_total", gpu="0") == [0.0]
             # The host process on accel1 is the node's one unattributed GPU process.
             assert _values(samples, "l9gpu_unattributed_processes", node=node) == [1.0]
             assert _values(samples, "l9gpu_collector_success", collector="kubernetes") == [1.0]
