@@ -3,7 +3,9 @@
 The collector calls `Attributor.resolve` once per pass with every GPU PID it saw.
 `build_attributor` returns a `resolver.ProcAttributor`: it reads each PID's cgroup file
 under ``--proc-root`` (`procfs`, `cgroups`), and joins the pod UID and container id it
-finds with pod names from the Kubernetes API watch (`kubernetes`). `NullAttributor`
+finds with pod names from the Kubernetes API watch (`kubernetes`) and, for pods the API
+has not named (API server off or unreachable), from the container runtime's CRI socket
+(`cri`). `NullAttributor`
 knows no owners (every process counts as unattributed); the collector uses it when
 given none. See docs/ATTRIBUTION.md.
 """
@@ -71,6 +73,11 @@ def add_arguments(group: Any) -> None:
                        help="kubeconfig for the API server (default: in-cluster service account, then $KUBECONFIG)")
     group.add_argument("--pod-label", action="append", default=[], metavar="KEY",
                        help="copy this pod label onto workload series as label_<key> (repeatable)")
+    group.add_argument("--cri-socket", default="auto", metavar="PATH",
+                       help="the container runtime's CRI socket, for pod and container names the API server has not "
+                            "given: a path, auto (the first of /run/containerd/containerd.sock, "
+                            "/run/k3s/containerd/containerd.sock, /run/crio/crio.sock that exists) or off "
+                            "(default: auto)")
 
 
 def _simulated_scenario(backend: object) -> Any:
@@ -127,11 +134,31 @@ def _pod_watcher(args: argparse.Namespace, node: str, index: Any) -> Any:
     return watcher
 
 
+def _cri_source(args: argparse.Namespace, index: Any) -> Any:
+    """The CRI fallback the flags ask for, started, or None (off, no socket, no CRI there)."""
+    value = str(getattr(args, "cri_socket", "auto") or "auto").strip()
+    if value.lower() == "off":
+        return None
+    from exporter.attribution import cri
+
+    auto = value.lower() == "auto"
+    path = cri.detect_socket() if auto else cri.socket_path(value)
+    if path is None:
+        log.debug("pod names from the container runtime are off: none of %s exists", ", ".join(cri.CRI_SOCKETS))
+        return None
+    source = cri.build(path, index, detected=auto)
+    if source is None:
+        return None
+    source.start()
+    return source
+
+
 def build_attributor(args: argparse.Namespace, backend: object, node: str) -> Attributor:
     """Build the attributor the CLI flags ask for.
 
     The simulated backend gets a fixture /proc tree and its pods; any other backend gets
-    ``--proc-root`` and, where configured, the Kubernetes API watch of this node's pods.
+    ``--proc-root`` and, where configured, the Kubernetes API watch of this node's pods and
+    the container runtime's CRI socket (``--cri-socket``) for pods the API has not named.
 
     Raises:
         ValueError: the flags ask for something unavailable (``--kubernetes on``
@@ -151,4 +178,5 @@ def build_attributor(args: argparse.Namespace, backend: object, node: str) -> At
         except Exception as exc:  # noqa: BLE001 - the watch thread retries with backoff
             log.warning("listing pods on node %s failed (%s); retrying in the background", node, exc)
         watcher.start()
-    return ProcAttributor(getattr(args, "proc_root", "/proc") or "/proc", index, watcher)
+    return ProcAttributor(getattr(args, "proc_root", "/proc") or "/proc", index, watcher,
+                          fallback=_cri_source(args, index))

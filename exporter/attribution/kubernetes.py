@@ -20,7 +20,7 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,10 @@ class PodIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pods: dict[str, PodMeta] = {}
+        # Pods from a fallback source (the container runtime's CRI socket), used only where
+        # the API has not provided the pod; `_merged` is what readers see.
+        self._fallback: dict[str, PodMeta] = {}
+        self._merged: dict[str, PodMeta] = {}
         self._by_container: dict[str, PodMeta] = {}
         # Bumped on every change, so readers can cache what they derived from the index.
         self.generation = 0
@@ -160,13 +164,34 @@ class PodIndex:
                 self._pods = pods
                 self._reindex()
 
+    def replace_fallback(self, pods: Iterable[PodMeta]) -> bool:
+        """Replace the fallback source's pods; returns True when that changed anything.
+
+        API data wins: a pod the API has provided keeps its names, owner and labels, and
+        only gains the fallback's container names for container ids it does not list yet
+        (a container started since the last watch event).
+        """
+        table = {p.uid: p for p in pods}
+        with self._lock:
+            if table == self._fallback:
+                return False  # unchanged: keep the generation, so readers keep their caches
+            self._fallback = table
+            self._reindex()
+            return True
+
     def _reindex(self) -> None:
-        self._by_container = {cid: p for p in self._pods.values() for cid in p.containers}
+        merged = {**self._fallback, **self._pods}
+        for uid, fallback in self._fallback.items():
+            pod = self._pods.get(uid)
+            if pod is not None and not fallback.containers.keys() <= pod.containers.keys():
+                merged[uid] = replace(pod, containers={**fallback.containers, **pod.containers})
+        self._merged = merged
+        self._by_container = {cid: p for p in merged.values() for cid in p.containers}
         self.generation += 1
         self.version += 1
 
     def get(self, uid: str) -> PodMeta | None:
-        return self._pods.get(uid)
+        return self._merged.get(uid)
 
     def by_container(self, cid: str) -> PodMeta | None:
         return self._by_container.get(cid)

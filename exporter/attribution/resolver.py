@@ -38,16 +38,21 @@ class ProcAttributor:
         index: pod metadata, filled by a pod source (the API watch or a static list).
         pod_source: the object keeping ``index`` current (``healthy()``, ``stop()``), or
             None when pod names are off.
+        fallback: pod names from the container runtime (`cri.CriPodSource`: ``healthy()``,
+            ``stop()``, ``missing(container_ids)``), or None; told about the container ids
+            a pass could not name, so it can list them at once.
         user_name: uid -> user name for Slurm jobs (pwd lookup, falling back to the number).
         on_close: called by `close` (e.g. to remove a fixture tree).
     """
 
     def __init__(self, proc_root: str = "/proc", index: PodIndex | None = None, pod_source: Any = None,
-                 user_name: Callable[[int], str] = _user_name, on_close: Callable[[], None] | None = None):
+                 user_name: Callable[[int], str] = _user_name, on_close: Callable[[], None] | None = None,
+                 fallback: Any = None):
         self.procfs = ProcFS(proc_root)
         self.cache = ProcCache(self.procfs)
         self.index = index if index is not None else PodIndex()
         self.pod_source = pod_source
+        self.fallback = fallback
         self._user_name = user_name
         self._users: dict[int, str] = {}
         self._on_close = on_close
@@ -81,8 +86,23 @@ class ProcAttributor:
                 workload = self.workload(info)
             known[pid] = (info, generation, workload)
             result[pid] = workload
+        if self.fallback is not None:
+            self._fill_in(known, result)
         self._workloads = known
         return result
+
+    def _fill_in(self, known: dict[int, tuple[ProcInfo, int, Workload]], result: dict[int, Workload]) -> None:
+        """Ask the fallback about containers without names; rejoin them if it knew them."""
+        unnamed = {w.container_id for w in result.values()
+                   if w.kind == "kubernetes" and w.container_id and not (w.pod and w.container)}
+        if not self.fallback.missing(unnamed):
+            return
+        generation = self.index.generation
+        for pid, (info, _, workload) in known.items():
+            if workload.container_id in unnamed:
+                workload = self.workload(info)
+                known[pid] = (info, generation, workload)
+                result[pid] = workload
 
     def workload(self, info: ProcInfo | None) -> Workload:
         """The owner of one process (pure apart from the index and user lookups)."""
@@ -128,9 +148,10 @@ class ProcAttributor:
         return self.cache.comm(pid)
 
     def statuses(self) -> Mapping[str, bool]:
-        if self.pod_source is None:
-            return {}
-        return {"kubernetes": bool(self.pod_source.healthy())}
+        statuses = {} if self.pod_source is None else {"kubernetes": bool(self.pod_source.healthy())}
+        if self.fallback is not None:
+            statuses["cri"] = bool(self.fallback.healthy())
+        return statuses
 
     def info(self) -> Mapping[str, float]:
         return {"host_pids_visible": 1.0 if self._host_pids_visible else 0.0}
@@ -138,5 +159,7 @@ class ProcAttributor:
     def close(self) -> None:
         if self.pod_source is not None:
             self.pod_source.stop()
+        if self.fallback is not None:
+            self.fallback.stop()
         if self._on_close is not None:
             self._on_close()

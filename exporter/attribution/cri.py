@@ -1,0 +1,243 @@
+"""Pod metadata from the node's container runtime over the CRI socket: the fallback.
+
+The kubelet labels every container it creates with its pod's name, namespace and UID and
+the container's name (``io.kubernetes.pod.name``, ``io.kubernetes.pod.namespace``,
+``io.kubernetes.pod.uid``, ``io.kubernetes.container.name``). The runtime (containerd,
+CRI-O) serves them through ``runtime.v1.RuntimeService/ListContainers`` on its unix
+socket, on the node itself: so where the API server is off or unreachable, GPU series can
+still say which pod and container they belong to.
+
+`CriPodSource` lists the running containers on a slow cadence in its own daemon thread,
+and at once (rate-limited) when the resolver meets a container id the index does not
+know. Every RPC has a short deadline, so a hung runtime delays a collection pass by at
+most that much. The pods it finds go into the same `PodIndex` as the API watch's, as
+fallback entries: a pod the API has provided keeps the API's data (owner and labels,
+which CRI does not have).
+
+``grpcio`` and ``protobuf`` are imported only when the source is built (``l9gpu[k8s]``);
+the messages come from ``cri_api.proto`` (see there how ``cri_api_pb2.py`` is generated).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from exporter.attribution.kubernetes import PodIndex, PodMeta
+
+log = logging.getLogger(__name__)
+
+# Where the common runtimes put their CRI socket, in the order auto-detection tries them.
+CRI_SOCKETS = (
+    "/run/containerd/containerd.sock",
+    "/run/k3s/containerd/containerd.sock",
+    "/run/crio/crio.sock",
+)
+LIST_CONTAINERS = "/runtime.v1.RuntimeService/ListContainers"
+
+POD_NAME = "io.kubernetes.pod.name"
+POD_NAMESPACE = "io.kubernetes.pod.namespace"
+POD_UID = "io.kubernetes.pod.uid"
+CONTAINER_NAME = "io.kubernetes.container.name"
+
+# The kubelet allows CRI responses up to 16 MiB; a node with many containers needs more
+# than gRPC's 4 MiB default.
+_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+def socket_path(value: str) -> str:
+    """``unix:///run/x.sock`` or ``/run/x.sock`` -> ``/run/x.sock``."""
+    if value.startswith("unix://"):
+        return value[len("unix://"):]
+    if value.startswith("unix:"):
+        return value[len("unix:"):]
+    return value
+
+
+def detect_socket(candidates: Sequence[str] | None = None,
+                  exists: Callable[[str], bool] = os.path.exists) -> str | None:
+    """The first runtime socket (of `CRI_SOCKETS` unless given) that exists, or None."""
+    return next((path for path in (CRI_SOCKETS if candidates is None else candidates) if exists(path)), None)
+
+
+def pods_from_containers(containers: Iterable[Any]) -> list[PodMeta]:
+    """`PodMeta` entries from CRI ``Container`` messages (or anything shaped like them).
+
+    Containers without the kubelet's pod UID label (not started by the kubelet, e.g.
+    ``nerdctl run``) are skipped. Owner and pod labels are not in CRI: they stay empty.
+    """
+    pods: dict[str, tuple[str, str, dict[str, str]]] = {}
+    for container in containers:
+        labels: Mapping[str, str] = getattr(container, "labels", None) or {}
+        uid = str(labels.get(POD_UID, "")).strip()
+        if not uid:
+            continue
+        name, namespace, names = pods.setdefault(
+            uid, (str(labels.get(POD_NAME, "")), str(labels.get(POD_NAMESPACE, "")), {}))
+        cid = str(getattr(container, "id", "") or "").strip().lower()
+        metadata = getattr(container, "metadata", None)
+        cname = str(labels.get(CONTAINER_NAME, "") or getattr(metadata, "name", "") or "")
+        if cid and cname:
+            names[cid] = cname
+    return [PodMeta(uid=uid, name=name, namespace=namespace, containers=names)
+            for uid, (name, namespace, names) in sorted(pods.items())]
+
+
+class CriPodSource:
+    """Keeps the fallback part of a `PodIndex` in step with the runtime's containers.
+
+    Args:
+        socket: the runtime's CRI socket (a path or ``unix://`` target).
+        index: the index to fill (shared with the API watch, whose data wins).
+        interval: seconds between background listings.
+        min_refresh: at least this many seconds between on-demand listings.
+        timeout: deadline of one ListContainers call, seconds.
+        clock: monotonic seconds (injectable for tests).
+
+    Raises:
+        ImportError: ``grpcio`` or ``protobuf`` is not installed.
+    """
+
+    name = "cri"
+
+    def __init__(self, socket: str, index: PodIndex, interval: float = 30.0, min_refresh: float = 5.0,
+                 timeout: float = 0.5, clock: Callable[[], float] = time.monotonic):
+        import grpc  # imported here: optional dependency
+
+        from exporter.attribution import cri_api_pb2 as api
+
+        self.socket = socket_path(socket)
+        self.index = index
+        self.interval = interval
+        self.min_refresh = min_refresh
+        self.timeout = timeout
+        self._clock = clock
+        self._grpc = grpc
+        self._channel = grpc.insecure_channel("unix://" + self.socket, options=[
+            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+            # Reconnect soon after the runtime restarts, not after gRPC's default 2 minutes.
+            ("grpc.initial_reconnect_backoff_ms", 500),
+            ("grpc.max_reconnect_backoff_ms", 5000),
+        ])
+        self._list = self._channel.unary_unary(
+            LIST_CONTAINERS,
+            request_serializer=api.ListContainersRequest.SerializeToString,
+            response_deserializer=api.ListContainersResponse.FromString)
+        self._request = api.ListContainersRequest(filter=api.ContainerFilter(
+            state=api.ContainerStateValue(state=api.CONTAINER_RUNNING)))
+        self._lock = threading.Lock()  # one listing at a time
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._healthy = False
+        self._failures = 0
+        self._last_attempt: float | None = None
+        self._asked: frozenset[str] = frozenset()
+        self.last_error = ""
+        self.last_code: str = ""
+        self.listings = 0
+        self.quiet = False  # log failures at debug only (while probing an auto-detected socket)
+
+    def healthy(self) -> bool:
+        """True while the last ListContainers call worked."""
+        return self._healthy
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="l9gpu-cri", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._channel.close()
+
+    def refresh(self) -> bool:
+        """List the running containers into the index; True when the index changed.
+
+        Never raises and never waits longer than about ``timeout`` seconds: a failure
+        marks the source unhealthy, and the index keeps what it knew.
+        """
+        if not self._lock.acquire(timeout=self.timeout):
+            return False  # a listing is running in the other thread; it fills the index
+        try:
+            self._last_attempt = self._clock()
+            try:
+                response = self._list(self._request, timeout=self.timeout)
+            except self._grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                self._failed(getattr(code, "name", "ERROR"), exc.details() if hasattr(exc, "details") else str(exc))
+                return False
+            except Exception as exc:  # noqa: BLE001 - a broken channel must not reach the collector
+                self._failed(type(exc).__name__, str(exc))
+                return False
+            pods = pods_from_containers(response.containers)
+            self.listings += 1
+            if not self._healthy and self._failures:
+                log.info("CRI socket %s answers again (%d pod(s))", self.socket, len(pods))
+            self._healthy, self._failures, self.last_code, self.last_error = True, 0, "OK", ""
+            return self.index.replace_fallback(pods)
+        finally:
+            self._lock.release()
+
+    def _failed(self, code: str, detail: str) -> None:
+        self._healthy = False
+        self._failures += 1
+        self.last_code, self.last_error = code, detail
+        if code == "UNIMPLEMENTED":
+            self.last_error += " (the socket serves no CRI RuntimeService: is it the runtime's CRI endpoint?)"
+        self._report(logging.WARNING if self._failures == 1 and not self.quiet else logging.DEBUG)
+
+    def _report(self, level: int) -> None:
+        log.log(level, "listing containers over the CRI socket %s failed (%s: %s); pods the API has not named "
+                "keep their pod UID only", self.socket, self.last_code, self.last_error)
+
+    def missing(self, container_ids: Iterable[str]) -> bool:
+        """Called by the resolver with the container ids a pass could not name.
+
+        Lists at once when one of them was not asked about before and the last listing is
+        at least ``min_refresh`` seconds old; True when the index changed (names now known).
+        Ids still unknown after a listing wait for the background cadence.
+        """
+        ids = frozenset(container_ids)
+        new = ids - self._asked
+        self._asked = ids  # forget ids no longer met, so the set stays small
+        if not new:
+            return False
+        last = self._last_attempt
+        if last is not None and self._clock() - last < self.min_refresh:
+            self._asked = self._asked - new  # not asked yet: ask on a later pass
+            return False
+        return self.refresh()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.refresh()
+
+
+def build(socket: str, index: PodIndex, detected: bool = False, **kwargs: Any) -> CriPodSource | None:
+    """A `CriPodSource` that has asked the runtime once (so the first pass has names).
+
+    Returns None when ``grpcio``/``protobuf`` is not installed (with one warning), or when
+    an auto-``detected`` socket serves no CRI (Docker's containerd has its CRI plugin off:
+    UNIMPLEMENTED), which is no fault of the node. A socket given by path that fails is
+    kept, reported unhealthy, and asked again on the cadence.
+    """
+    try:
+        source = CriPodSource(socket, index, **kwargs)
+    except ImportError as exc:
+        log.warning("pod names from the container runtime are off: %s is not installed "
+                    "(pip install 'l9gpu[k8s]')", exc.name or "grpcio")
+        return None
+    source.quiet = detected
+    source.refresh()
+    source.quiet = False
+    if detected and source.last_code == "UNIMPLEMENTED":
+        log.info("%s serves no CRI RuntimeService: pod names from the container runtime are off", source.socket)
+        source.stop()
+        return None
+    if not source.healthy() and detected:  # the quiet probe's failure, said once after all
+        source._report(logging.WARNING)
+    return source
