@@ -313,7 +313,8 @@ def evaluate(scrapes: list[Scrape], events: dict[str, dict[str, Any]], pid: int 
             "pid_memory_vs_torch_reserved",
             reserved <= pid_memory <= reserved + CONTEXT_ALLOWANCE_BYTES and pid_memory >= (requested or 0),
             f"exported {pid_memory / GiB:.3f} GiB; torch reserved {reserved / GiB:.3f} GiB "
-            f"(requested {(requested or 0) / GiB:.3f} GiB), so CUDA context ≈ {(pid_memory - reserved) / 2**20:.0f} MiB",
+            f"(requested {(requested or 0) / GiB:.3f} GiB), "
+            f"so CUDA context ≈ {(pid_memory - reserved) / 2**20:.0f} MiB",
         ))
 
     busy_util = _values(busy, "pid_utilization")

@@ -19,7 +19,6 @@ from exporter import catalogue as cat
 from exporter.derive import default_labeller, device_label_values
 from exporter.model import DeviceSample, Snapshot
 
-
 Family = Union[GaugeMetricFamily, CounterMetricFamily]
 
 
