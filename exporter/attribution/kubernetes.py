@@ -142,7 +142,6 @@ class PodIndex:
         self._by_container: dict[str, PodMeta] = {}
         # Bumped on every change, so readers can cache what they derived from the index.
         self.generation = 0
-        self.version = 0  # bumps on every change
 
     def replace(self, pods: Iterable[PodMeta]) -> None:
         """Replace everything (after a list)."""
@@ -188,7 +187,6 @@ class PodIndex:
         self._merged = merged
         self._by_container = {cid: p for p in merged.values() for cid in p.containers}
         self.generation += 1
-        self.version += 1
 
     def get(self, uid: str) -> PodMeta | None:
         return self._merged.get(uid)
