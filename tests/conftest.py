@@ -50,3 +50,25 @@ def _no_ambient_l9gpu_env(monkeypatch):
     for name in list(os.environ):
         if name.startswith(("L9GPU_", "OTEL_")) or name == "NODE_NAME":
             monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def cgroups():
+    """A throwaway parent cgroup under the cgroup2 mount; everything in it is removed after."""
+    from cgroup_helpers import cgroup_tree
+
+    with cgroup_tree() as tree:
+        yield tree
+
+
+@pytest.fixture
+def apiserver():
+    """A local HTTP server speaking the Kubernetes pod list and watch protocol."""
+    from kubernetes_apiserver import FakeApiServer
+
+    server = FakeApiServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from cgroup_helpers import (
     Cgroups,
     burstable_scope,
     cgroup2_unwritable,
-    cgroup_tree,
     container_id,
     kubeconfig,
     pod_uid,
@@ -46,22 +44,6 @@ GiB = 2**30
 NODE = "mi300-node-1"
 JOB = "4242"
 RESOLUTION_UJ = 15.3  # the fake's energy counter resolution, microjoules per tick
-
-
-@pytest.fixture
-def cgroups() -> Iterator[Cgroups]:
-    with cgroup_tree() as tree:
-        yield tree
-
-
-@pytest.fixture
-def apiserver() -> Iterator[FakeApiServer]:
-    server = FakeApiServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]

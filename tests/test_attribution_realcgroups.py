@@ -15,13 +15,12 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
 
-from cgroup_helpers import Cgroups, cgroup2_unwritable, cgroup_tree, container_id, kubeconfig, pod_uid  # noqa: E402
+from cgroup_helpers import Cgroups, cgroup2_unwritable, container_id, kubeconfig, pod_uid  # noqa: E402
 from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -39,22 +38,6 @@ GiB = 2**30
 NODE = "gpu-node-1"
 
 pytestmark = pytest.mark.skipif(bool(cgroup2_unwritable()), reason=cgroup2_unwritable() or "ok")
-
-
-@pytest.fixture
-def cgroups() -> Iterator[Cgroups]:
-    with cgroup_tree() as tree:
-        yield tree
-
-
-@pytest.fixture
-def apiserver() -> Iterator[FakeApiServer]:
-    server = FakeApiServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _scrape(collector: Collector, extra: tuple[str, ...]) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -54,14 +54,6 @@ def test_pod_meta_survives_malformed_objects(bad: object) -> None:
     assert meta is None or meta.uid == "u"
 
 
-@pytest.fixture
-def apiserver():
-    server = FakeApiServer()
-    server.start()
-    yield server
-    server.stop()
-
-
 def _watcher(server: FakeApiServer, index: PodIndex, node: str = "node-a") -> PodWatcher:
     cfg = client.Configuration()
     cfg.host = server.url
