@@ -171,6 +171,9 @@ def _open(args: argparse.Namespace) -> tuple[Any, Any]:
     from exporter import attribution
     from exporter.devices import BackendUnavailable, open_backend
 
+    if not os.path.isdir(os.path.join(args.proc_root, "self")):
+        raise UsageError(f"l9gpu: --proc-root {args.proc_root} is not a proc filesystem (no {args.proc_root}/self); "
+                         "mount the host's /proc there, or run with hostPID and the default /proc")
     options = {"scenario": args.scenario, "proc_root": args.proc_root, "hl_smi": args.hl_smi,
                "hl_smi_timeout": args.hl_smi_timeout}
     try:

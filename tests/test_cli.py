@@ -17,6 +17,7 @@ from agent import AgentProcess, run_cli
     (["serve", "--backend", "cuda"], "unknown backend 'cuda'"),
     (["serve", "--backend", "simulated", "--disable-metric", "gpu_nope"], "unknown metric 'gpu_nope'"),
     (["snapshot", "--backend", "simulated", "--scenario", "/nonexistent.yaml"], "cannot read scenario"),
+    (["snapshot", "--backend", "simulated", "--proc-root", "/nonexistent"], "--proc-root /nonexistent is not a proc"),
 ])
 def test_bad_flags_exit_2_with_one_clear_line(args, message):
     result = run_cli(args)
