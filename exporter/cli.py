@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"address for /metrics, /healthz, /readyz (default: {DEFAULT_LISTEN})")
     web.add_argument("--no-metrics-endpoint", action="store_true",
                      help="serve no /metrics (push-only over OTLP); /healthz and /readyz stay")
+    web.add_argument("--web-config", metavar="FILE",
+                     help="TLS, client certificates, basic auth and response headers from a web config file in "
+                          "Prometheus exporter-toolkit's format (as node_exporter's --web.config.file); re-read "
+                          "when it changes. /healthz and /readyz need no credentials (see docs/SECURITY.md)")
     _add_bridge_args(serve)
     snap = sub.add_parser("snapshot", help="collect once and print a table (or JSON) for an on-call engineer")
     _add_device_args(snap)
@@ -234,6 +238,7 @@ def serve(args: argparse.Namespace) -> int:
     from exporter.server import Exposition, make_app
 
     enabled = _enabled(args)
+    watcher = _web_config(args.web_config)
     backend, attributor = _open(args)
     holder: dict[str, Any] = {}
     collector, extra_names = _collector(args, backend, attributor,
@@ -252,13 +257,15 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         backend.close()
         raise UsageError(f"l9gpu: {exc}") from None
-    app = make_app(holder.get("exposition"), lambda: collector.snapshot, collector.alive, args.node_name)
+    app = make_app(holder.get("exposition"), lambda: collector.snapshot, collector.alive, args.node_name,
+                   middlewares=[watcher.middleware] if watcher is not None else ())
     host, port = args.listen
 
     async def run() -> None:
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, shutdown_timeout=0.2)
+        site = web.TCPSite(runner, host, port, shutdown_timeout=0.2,
+                           ssl_context=watcher.ssl_context if watcher is not None else None)
         try:
             await site.start()
         except OSError as exc:
@@ -269,14 +276,18 @@ def serve(args: argparse.Namespace) -> int:
         gc.collect()
         gc.freeze()
         collector.start()
-        log.info("l9gpu %s serving node %s with backend %s on http://%s:%d/metrics (interval %gs)",
-                 __version__, args.node_name, backend.name, host, port, args.interval)
+        scheme = watcher.scheme if watcher is not None else "http"
+        log.info("l9gpu %s serving node %s with backend %s on %s://%s:%d/metrics (interval %gs)",
+                 __version__, args.node_name, backend.name, scheme, host, port, args.interval)
+        reload_task = asyncio.create_task(watcher.watch()) if watcher is not None else None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("shutting down")
+        if reload_task is not None:
+            reload_task.cancel()
         await runner.cleanup()
 
     try:
@@ -287,7 +298,21 @@ def serve(args: argparse.Namespace) -> int:
             bridge.stop(timeout=0.4)  # one last push, bounded: shutdown stays within about a second
         attributor.close()
         backend.close()
+        if watcher is not None:
+            watcher.close()
     return 0
+
+
+def _web_config(path: str | None) -> Any:
+    """The --web-config watcher (None without the flag); a bad file is a usage error."""
+    if not path:
+        return None
+    from exporter.webconfig import WebConfigWatcher
+
+    try:
+        return WebConfigWatcher(path)
+    except ValueError as exc:
+        raise UsageError(f"l9gpu: --web-config {exc}") from None
 
 
 def snapshot(args: argparse.Namespace) -> int:

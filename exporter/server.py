@@ -12,7 +12,7 @@ import gzip
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -101,6 +101,7 @@ def make_app(
     get_snapshot: Callable[[], Snapshot | None],
     collector_alive: Callable[[], bool],
     node: str,
+    middlewares: Sequence[Callable[..., object]] = (),
 ) -> web.Application:
     """Build the aiohttp application.
 
@@ -109,6 +110,7 @@ def make_app(
         get_snapshot: the current snapshot, for /readyz.
         collector_alive: True while the collector thread runs, for /healthz.
         node: node name shown on the landing page.
+        middlewares: aiohttp middlewares, e.g. the web config's basic auth and headers.
     """
 
     async def metrics(request: web.Request) -> web.Response:
@@ -133,7 +135,7 @@ def make_app(
     async def landing(request: web.Request) -> web.Response:
         return web.Response(text=LANDING.format(version=__version__, node=node), content_type="text/html")
 
-    app = web.Application()
+    app = web.Application(middlewares=list(middlewares))  # type: ignore[arg-type]
     if exposition is not None:
         app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -39,11 +40,20 @@ def pick(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **la
 
 
 class AgentProcess:
-    """`python -m exporter serve ...` with stdout/stderr to a log file."""
+    """`python -m exporter serve ...` with stdout/stderr to a log file.
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, log_path: Path | None = None):
+    ``scheme``, ``ssl_context`` and ``headers`` (e.g. Authorization) apply to the
+    readiness poll and to `get`, for an agent behind a --web-config.
+    """
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, log_path: Path | None = None,
+                 scheme: str = "http", ssl_context: ssl.SSLContext | None = None,
+                 headers: dict[str, str] | None = None):
         self.port = free_port()
         self.args = args
+        self.scheme = scheme
+        self.ssl_context = ssl_context
+        self.headers = dict(headers or {})
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = str(REPO) + os.pathsep + self.env.get("PYTHONPATH", "")
         self.env.update(env or {})
@@ -52,7 +62,7 @@ class AgentProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def start(self, wait_ready: bool = True, timeout: float = 20.0) -> None:
         cmd = [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{self.port}", *self.args]
@@ -67,7 +77,8 @@ class AgentProcess:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=1) as resp:
+                request = urllib.request.Request(self.url + "/readyz", headers=self.headers)
+                with urllib.request.urlopen(request, timeout=1, context=self.ssl_context) as resp:
                     if resp.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, OSError):
@@ -76,9 +87,9 @@ class AgentProcess:
         raise TimeoutError(f"agent not ready after {timeout}s:\n{self.log()}")
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        request = urllib.request.Request(self.url + path, headers=headers or {})
+        request = urllib.request.Request(self.url + path, headers={**self.headers, **(headers or {})})
         try:
-            with urllib.request.urlopen(request, timeout=5) as resp:
+            with urllib.request.urlopen(request, timeout=5, context=self.ssl_context) as resp:
                 return resp.status, dict(resp.headers), resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, dict(exc.headers), exc.read()

@@ -15,9 +15,14 @@ from agent import free_port
 
 
 class PrometheusServer:
-    """Prometheus scraping ``targets`` every second, evaluating ``rules``, in ``workdir``."""
+    """Prometheus scraping ``targets`` every second, evaluating ``rules``, in ``workdir``.
 
-    def __init__(self, binary: str, workdir: Path, targets: list[str], rules: Path | None = None):
+    ``scrape`` adds settings to the scrape job as they are written in prometheus.yml, e.g.
+    ``{"scheme": "https", "tls_config": {"ca_file": ...}, "basic_auth": {...}}``.
+    """
+
+    def __init__(self, binary: str, workdir: Path, targets: list[str], rules: Path | None = None,
+                 scrape: dict[str, Any] | None = None):
         self.binary = binary
         self.workdir = workdir
         self.port = free_port()
@@ -27,7 +32,8 @@ class PrometheusServer:
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
             + (f"rule_files: ['{rules}']\n" if rules else "")
             + "scrape_configs:\n  - job_name: l9gpu\n"
-            + f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n")
+            + f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
+            + "".join(f"    {key}: {json.dumps(value)}\n" for key, value in (scrape or {}).items()))
         self.config = config
         self.proc: subprocess.Popen | None = None
 
