@@ -32,6 +32,7 @@ import asyncio
 import base64
 import collections
 import concurrent.futures
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -94,8 +95,9 @@ class TLSServerConfig:
 
     cert_file: str = ""
     key_file: str = ""
-    cert: str = ""  # inline PEM instead of cert_file
-    key: str = field(default="", repr=False)  # inline PEM instead of key_file
+    # PEM text: inline in the file, or what load_web_config read from the *_file paths
+    cert: str = ""
+    key: str = field(default="", repr=False)
     client_auth_type: str = "NoClientCert"
     client_ca_file: str = ""
     client_ca: str = ""
@@ -315,10 +317,10 @@ def parse_web_config(data: Any, path: str) -> WebConfig:
 
 
 def _load_chain(ctx: ssl.SSLContext, tls: TLSServerConfig) -> None:
-    if tls.cert_file and tls.key_file:
+    if not tls.cert and not tls.key:
         ctx.load_cert_chain(tls.cert_file, tls.key_file)
         return
-    # ssl loads certificates only from files: inline PEM goes through a private temp dir
+    # ssl loads certificates only from files: PEM text goes through a private temp dir
     with tempfile.TemporaryDirectory(prefix="l9gpu-tls-") as tmp:
         cert, key = tls.cert_file, tls.key_file
         if tls.cert:
@@ -345,14 +347,15 @@ def apply_tls(ctx: ssl.SSLContext, tls: TLSServerConfig, path: str = "") -> None
     try:
         _load_chain(ctx, tls)
     except (ssl.SSLError, OSError) as exc:
-        raise _fail(path, "tls_server_config.cert_file/key_file",
+        where = "cert_file/key_file" if tls.cert_file or tls.key_file else "cert/key"
+        raise _fail(path, f"tls_server_config.{where}",
                     f"cannot load the certificate and key: {getattr(exc, 'reason', None) or exc}") from None
     if tls.client_ca_file or tls.client_ca:
         try:
-            if tls.client_ca_file:
-                ctx.load_verify_locations(cafile=tls.client_ca_file)
-            else:
+            if tls.client_ca:
                 ctx.load_verify_locations(cadata=tls.client_ca)
+            else:
+                ctx.load_verify_locations(cafile=tls.client_ca_file)
         except (ssl.SSLError, OSError, ValueError) as exc:
             key = "client_ca_file" if tls.client_ca_file else "client_ca"
             raise _fail(path, f"tls_server_config.{key}",
@@ -401,13 +404,22 @@ def load_web_config(path: str) -> tuple[WebConfig, ssl.SSLContext | None]:
     config = parse_web_config(_read_yaml(path), path)
     context = None
     if config.tls is not None:
+        # Read every file once: the context is built, and on reload applied to the live
+        # one, from these same bytes, so a file replaced in between cannot half-apply.
+        contents: dict[str, str] = {}
         for key, file in config.tls.files():
             try:
-                with open(file, "rb"):
-                    pass
+                with open(file, encoding="ascii") as src:
+                    contents[key.removesuffix("_file")] = src.read()
             except OSError as exc:
                 raise _fail(path, f"tls_server_config.{key}", f"cannot read {file}: {exc.strerror or exc}") from None
-        context = build_ssl_context(config.tls, path)
+            except UnicodeDecodeError:
+                raise _fail(path, f"tls_server_config.{key}", f"{file} is not a PEM file") from None
+        tls = dataclasses.replace(config.tls, cert=contents.get("cert", config.tls.cert),
+                                  key=contents.get("key", config.tls.key),
+                                  client_ca=contents.get("client_ca", config.tls.client_ca))
+        config = dataclasses.replace(config, tls=tls)
+        context = build_ssl_context(tls, path)
     if config.users:
         try:
             import bcrypt  # noqa: F401 - checked here so a missing package fails at start-up

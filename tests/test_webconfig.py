@@ -491,3 +491,47 @@ def test_prometheus_scrapes_over_tls_with_basic_auth(tmp_path, pki, agents):
         assert server.wait_for("count(gpu_up == 1)")[0]["value"][1] == "8"
     finally:
         server.stop()
+
+
+def test_a_rotated_certificate_is_served_without_a_restart(tmp_path, pki, agents):
+    """cert-manager or a Secret update replaces the files in place: new connections get the new one."""
+    for name in ("server.crt", "server.key"):
+        (tmp_path / name).write_bytes((pki.dir / name).read_bytes())
+    config = write_config(tmp_path / "web.yml", {"tls_server_config": {"cert_file": "server.crt", "key_file": "server.key"}})
+    agent = start_agent(tmp_path, config, ctx=client_context(pki))
+    agents.append(agent)
+    renewed = make_pki(tmp_path / "renewed")
+    new_ctx = client_context(renewed)
+    _fails_tls(agent, new_ctx)
+    (tmp_path / "server.key").write_bytes(renewed.server_key.read_bytes())
+    (tmp_path / "server.crt").write_bytes(renewed.server_cert.read_bytes())
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with urllib.request.urlopen(agent.url + "/healthz", timeout=5, context=new_ctx) as resp:
+                assert resp.status == 200
+                break
+        except (urllib.error.URLError, ssl.SSLError, ConnectionError):
+            assert time.monotonic() < deadline, agent.log()
+            time.sleep(0.2)
+    _fails_tls(agent, client_context(pki))  # the old CA no longer matches
+
+
+def test_chart_mounts_the_web_config_and_switches_probes_to_https():
+    """Without helm at hand: the values reach the flag, the mount, the probes and the ServiceMonitor."""
+    import re
+
+    chart = Path(__file__).resolve().parent.parent / "charts" / "l9gpu"
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    assert values["webConfig"] == {"secretName": "", "secretKey": "web-config.yml", "tls": False}
+    daemonset = (chart / "templates" / "daemonset.yaml").read_text()
+    assert re.search(r"if \.Values\.webConfig\.secretName \}\}\s*- --web-config=/etc/l9gpu/web/"
+                     r"\{\{ \.Values\.webConfig\.secretKey \}\}", daemonset)
+    assert re.search(r"- name: web-config\s+mountPath: /etc/l9gpu/web\s+readOnly: true", daemonset)
+    assert re.search(r"- name: web-config\s+secret:\s+secretName: \{\{ \.Values\.webConfig\.secretName \}\}", daemonset)
+    assert daemonset.count('include "l9gpu.probe"') == 2
+    helpers = (chart / "templates" / "_helpers.tpl").read_text()
+    assert re.search(r'define "l9gpu.probe".*webConfig\.tls.*set \$probe\.httpGet "scheme" "HTTPS"', helpers, re.S)
+    monitor = (chart / "templates" / "servicemonitor.yaml").read_text()
+    assert re.search(r"webConfig\.tls \}\}\s*scheme: https", monitor)
+    assert "tlsConfig:" in monitor and "basicAuth:" in monitor

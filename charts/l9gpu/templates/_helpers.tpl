@@ -30,6 +30,15 @@ app.kubernetes.io/component: node-agent
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{/* A probe from values; HTTPS when the web config turns TLS on (the kubelet does not verify the certificate). */}}
+{{- define "l9gpu.probe" -}}
+{{- $probe := deepCopy .probe -}}
+{{- if and .root.Values.webConfig.secretName .root.Values.webConfig.tls $probe.httpGet -}}
+{{- $_ := set $probe.httpGet "scheme" "HTTPS" -}}
+{{- end -}}
+{{- toYaml $probe -}}
+{{- end }}
+
 {{- define "l9gpu.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "l9gpu.fullname" .) .Values.serviceAccount.name }}
