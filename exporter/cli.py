@@ -348,13 +348,21 @@ def _gib(value: float | None) -> str:
     return "-" if value is None else f"{value / 2**30:.1f}"
 
 
+def _allocations_by_device(snap: Any) -> dict[str, list[Any]]:
+    by_device: dict[str, list[Any]] = {}
+    for row in getattr(snap, "allocations", ()):
+        by_device.setdefault(row.device_key, []).append(row)
+    return by_device
+
+
 def format_table(snap: Any) -> str:
-    """A plain-text table: one line per GPU, then one indented line per process."""
+    """A plain-text table: one line per GPU, then one indented line per process and allocation."""
     lines = [f"node {snap.node}",
              f"{'GPU':<4} {'MODEL':<28} {'UTIL':>5} {'MEMORY GiB':>14} {'POWER W':>8}  PROCESSES"]
     by_device: dict[str, list[Any]] = {}
     for row in snap.processes:
         by_device.setdefault(row.device_key, []).append(row)
+    allocations = _allocations_by_device(snap)
     for d in snap.devices:
         gpu = f"{d.index}" + (f"/{d.gpu_instance}" if d.gpu_instance else "")
         if not d.up:
@@ -369,6 +377,8 @@ def format_table(snap: Any) -> str:
             sm = "-" if row.sm_utilization is None else f"{row.sm_utilization * 100:.0f}%"
             lines.append(f"       pid {row.pid:<8} {row.comm[:16]:<16} {_gib(row.used_memory_bytes):>6} GiB  "
                          f"sm {sm:>4}  {_owner(row)}")
+        for alloc in allocations.get(d.key, []):
+            lines.append(f"       allocated to {_owner(alloc)} ({alloc.resource_name} {alloc.device_id})")
     return "\n".join(lines)
 
 
@@ -377,6 +387,7 @@ def snapshot_dict(snap: Any) -> dict[str, Any]:
     by_device: dict[str, list[Any]] = {}
     for row in snap.processes:
         by_device.setdefault(row.device_key, []).append(row)
+    allocations = _allocations_by_device(snap)
     gpus = []
     for d in snap.devices:
         gpus.append({
@@ -394,6 +405,10 @@ def snapshot_dict(snap: Any) -> dict[str, Any]:
                 "owner_name": r.workload.owner_name, "slurm_step": r.workload.slurm_step,
                 "slurm_user": r.workload.slurm_user, "unit": r.workload.unit,
             } for r in by_device.get(d.key, [])],
+            "allocations": [{
+                "namespace": a.workload.namespace, "pod": a.workload.pod, "container": a.workload.container,
+                "pod_uid": a.workload.pod_uid, "resource_name": a.resource_name, "device_id": a.device_id,
+            } for a in allocations.get(d.key, [])],
         })
     return {"node": snap.node, "timestamp": snap.timestamp, "gpus": gpus}
 

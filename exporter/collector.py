@@ -19,6 +19,7 @@ from exporter.derive import DeriveState, Labeller, default_labeller, step
 from exporter.devices.base import Backend
 from exporter.model import (
     UNKNOWN,
+    AllocationRow,
     CollectorStatus,
     DeviceSample,
     ProcessRow,
@@ -112,10 +113,12 @@ class Collector:
             owners = {}
             ok = False
         statuses.append(CollectorStatus("attribution", ok, time.perf_counter() - started))
+        allocations = self._allocations(devices)
         for name, healthy in self.attributor.statuses().items():
             statuses.append(CollectorStatus(name, healthy, 0.0))
 
-        self._state, derived = step(self._state, now, self.node, devices, owners, self._labeller, self._grace)
+        self._state, derived = step(self._state, now, self.node, devices, owners, self._labeller, self._grace,
+                                    allocations=allocations)
         rows = tuple(
             ProcessRow(d.key, p.pid, self.attributor.comm(p.pid), owners.get(p.pid, UNKNOWN),
                        p.used_memory_bytes, p.sm_utilization)
@@ -138,6 +141,7 @@ class Collector:
             workloads=derived.workloads,
             unattributed=derived.unattributed,
             processes=rows,
+            allocations=allocations or (),
             collectors=tuple(statuses),
             backend_errors=frozen_mapping(backend_errors),
             info=frozen_mapping(info),
@@ -149,6 +153,20 @@ class Collector:
             except Exception:  # noqa: BLE001
                 log.exception("snapshot hook failed")
         return snapshot
+
+    def _allocations(self, devices: list[DeviceSample]) -> tuple[AllocationRow, ...] | None:
+        """This pass's device allocations (kubelet pod-resources), None when unknown.
+
+        The attributor serves its source's last listing: this never waits on the kubelet.
+        """
+        allocations = getattr(self.attributor, "allocations", None)  # attributors may predate it
+        if allocations is None:
+            return None
+        try:
+            return allocations(devices)
+        except Exception as exc:  # noqa: BLE001 - allocations degrade their own series only
+            log.warning("joining GPU allocations failed: %s", exc)
+            return None
 
     def _run(self) -> None:
         deadline = self._clock()

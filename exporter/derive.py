@@ -16,6 +16,13 @@ reports neither utilisation nor memory per process (Gaudi), the processes holdin
 device share ΔE equally.
 Each process's part goes to its workload, or to the GPU's unattributed bucket. The parts
 add up to ΔE exactly (up to float rounding), which the tests hold.
+
+Allocations (kubelet pod-resources, `AllocationRow`) add no memory and no energy: they
+only say which containers hold a GPU through the device plugin. A container with a GPU
+allocated gets workload series on it even with no process there (0 processes, 0 memory,
+0 utilisation, energy share 0); its allocation time counts while the GPU is allocated or
+while it holds memory, and its idle time counts while it is allocated or holds memory with
+zero SM: "allocated and unused" is idle from the moment of allocation.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
-from exporter.model import UNKNOWN, DeviceSample, Unattributed, Workload, WorkloadUsage
+from exporter.model import UNKNOWN, AllocationRow, DeviceSample, Unattributed, Workload, WorkloadUsage
 
 # Label values a workload series gets beyond the device labels: a function of the
 # owner, so configured extras (owner, pod labels) stay out of this module.
@@ -167,6 +174,7 @@ def step(
     owners: Mapping[int, Workload],
     labeller: Labeller = default_labeller,
     grace_seconds: float = 300.0,
+    allocations: Sequence[AllocationRow] | None = None,
 ) -> tuple[DeriveState, Derived]:
     """Fold one pass into the state.
 
@@ -178,6 +186,9 @@ def step(
         owners: owner of each PID; PIDs missing here are unknown (unattributed).
         labeller: workload label values after the device labels.
         grace_seconds: how long counters of a vanished workload are still exported.
+        allocations: the GPUs the kubelet allocated to containers this pass; None when
+            unknown (pod-resources off or never answered): then no series says whether a
+            GPU was allocated.
     """
     dt = 0.0 if state.last_now is None else max(0.0, now - state.last_now)
     energy_raw = dict(state.energy_raw)
@@ -189,6 +200,10 @@ def step(
     unattributed_count = 0
     seen: set[tuple[str, tuple[str, ...]]] = set()
     label_cache: dict[int, tuple[str, ...]] = {}
+    allocated_to: dict[str, list[Workload]] = {}
+    for row in allocations or ():
+        if row.workload.attributed:
+            allocated_to.setdefault(row.device_key, []).append(row.workload)
 
     for device in devices:
         key = device.key
@@ -208,6 +223,7 @@ def step(
         holders_only = bool(procs) and reports_nothing(shares)
         dev_labels = device_label_values(node, device)
         groups: dict[tuple[str, ...], list[int]] = {}
+        pods: set[tuple[str, ...]] = set()  # groups that are Kubernetes containers
         rest_memory: int | None = 0
         rest_count, rest_energy = 0, nobody
         for i, proc in enumerate(procs):
@@ -217,6 +233,8 @@ def step(
                 if labels is None:  # one label tuple per owner, however many processes it has
                     labels = label_cache[id(owner)] = labeller(owner)
                 groups.setdefault(dev_labels + labels, []).append(i)
+                if owner.kind == "kubernetes":
+                    pods.add(dev_labels + labels)
             else:
                 rest_count += 1
                 rest_memory = (rest_memory or 0) + (proc.used_memory_bytes or 0)
@@ -227,8 +245,11 @@ def step(
         unattributed_energy[key] = unattributed_energy.get(key, 0.0) + rest_energy
         unattributed.append(Unattributed(key, rest_memory, rest_count, unattributed_energy[key]))
 
+        # dict, not set: one row per (GPU, container) however many replicas it was given
+        allocated_labels = dict.fromkeys(dev_labels + labeller(w) for w in allocated_to.get(key, ()))
         for labels, members in groups.items():
             wkey = (key, labels)
+            allocated = (labels in allocated_labels) if allocations is not None and labels in pods else None
             seen.add(wkey)
             known: list[int] = [m for m in (procs[i].used_memory_bytes for i in members) if m is not None]
             memory = sum(known) if known else None  # None: the device reports no per-process memory
@@ -242,13 +263,13 @@ def step(
                 procs[i].sm_utilization is not None or procs[i].used_memory_bytes is not None for i in members)
             old = counters.get(wkey, WorkloadCounters())
             idle_since = old.idle_since
-            if held and util == 0.0:
+            if (held or allocated) and util == 0.0:
                 idle_since = now if idle_since is None else idle_since
             else:
                 idle_since = None
             new = WorkloadCounters(
                 usage_seconds=old.usage_seconds if util is None else (old.usage_seconds or 0.0) + util * dt,
-                allocation_seconds=old.allocation_seconds + (dt if held else 0.0),
+                allocation_seconds=old.allocation_seconds + (dt if held or allocated else 0.0),
                 energy_joules=(old.energy_joules or 0.0) + sum(parts[i] for i in members) if energy_known
                 else old.energy_joules,
                 idle_since=idle_since,
@@ -261,7 +282,32 @@ def step(
                 device_key=key, labels=labels, memory_used_bytes=memory, utilization=util,
                 processes=len(members), idle_seconds=idle_seconds,
                 usage_seconds_total=new.usage_seconds, allocation_seconds_total=new.allocation_seconds,
-                energy_joules_total=new.energy_joules,
+                energy_joules_total=new.energy_joules, allocated=allocated,
+            ))
+
+        # Allocated and running nothing here: honestly using nothing, idle since allocation.
+        for labels in allocated_labels:
+            if labels in groups:
+                continue
+            wkey = (key, labels)
+            seen.add(wkey)
+            old = counters.get(wkey, WorkloadCounters())
+            idle_since = now if old.idle_since is None else old.idle_since
+            new = WorkloadCounters(
+                # Usage stays absent until the device reports an SM share for its processes
+                # (never 0 for "cannot tell" once a process runs on a device without one).
+                usage_seconds=old.usage_seconds,
+                allocation_seconds=old.allocation_seconds + dt,
+                energy_joules=old.energy_joules or 0.0,  # no process, no memory: no share
+                idle_since=idle_since,
+                last_seen=now,
+            )
+            counters[wkey] = new
+            usages.append(WorkloadUsage(
+                device_key=key, labels=labels, memory_used_bytes=0, utilization=0.0, processes=0,
+                idle_seconds=now - idle_since, usage_seconds_total=new.usage_seconds,
+                allocation_seconds_total=new.allocation_seconds, energy_joules_total=new.energy_joules,
+                allocated=True,
             ))
 
     # Vanished workloads: counters stay exported for the grace period, then go.

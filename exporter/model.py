@@ -166,6 +166,9 @@ class WorkloadUsage:
             reports no per-process memory: time it has had a process on it).
         energy_joules_total: its share of the device's energy (see docs/ATTRIBUTION.md;
             None while the device has reported neither SM share nor memory for it).
+        allocated: True while the kubelet has this GPU allocated to the container
+            (pod-resources), False for a pod's container running on a GPU it was not
+            allocated; None where allocations are unknown (pod-resources off, or not a pod).
         present: False while the workload is gone but its counters are kept for the
             grace period; only counter families are exported then.
     """
@@ -180,6 +183,25 @@ class WorkloadUsage:
     allocation_seconds_total: float
     energy_joules_total: float | None
     present: bool = True
+    allocated: bool | None = None
+
+
+@dataclass(frozen=True)
+class AllocationRow:
+    """A device the kubelet allocated to a container (pod-resources), joined to its GPU.
+
+    Attributes:
+        device_key: the `DeviceSample.key` of the GPU (or MIG instance) the id names.
+        workload: the container's owner (kind "kubernetes"; ``pod_uid``, owner and
+            labels from the pod index where it knows the pod, else "").
+        resource_name: the extended resource, e.g. ``nvidia.com/gpu``.
+        device_id: the id as the device plugin reported it (``GPU-...::1``, a PCI bus id).
+    """
+
+    device_key: str
+    workload: Workload
+    resource_name: str
+    device_id: str
 
 
 @dataclass(frozen=True)
@@ -213,6 +235,7 @@ class Snapshot:
         workloads: per (GPU, workload) usage, including workloads in their grace period.
         unattributed: per GPU, what belongs to no workload.
         processes: every GPU process joined to its owner.
+        allocations: the devices the kubelet allocated to containers, joined to GPUs.
         collectors: success and duration of each collector.
         backend_errors: cumulative (backend, reason) -> count from the backends.
         info: free-form self facts (e.g. "host_pids_visible": 1.0).
@@ -226,6 +249,7 @@ class Snapshot:
     workloads: tuple[WorkloadUsage, ...] = ()
     unattributed: tuple[Unattributed, ...] = ()
     processes: tuple[ProcessRow, ...] = ()
+    allocations: tuple[AllocationRow, ...] = ()
     collectors: tuple[CollectorStatus, ...] = ()
     backend_errors: Mapping[tuple[str, str], int] = field(default_factory=frozen_mapping)
     info: Mapping[str, float] = field(default_factory=frozen_mapping)

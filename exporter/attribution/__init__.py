@@ -5,7 +5,8 @@ The collector calls `Attributor.resolve` once per pass with every GPU PID it saw
 under ``--proc-root`` (`procfs`, `cgroups`), and joins the pod UID and container id it
 finds with pod names from the Kubernetes API watch (`kubernetes`) and, for pods the API
 has not named (API server off or unreachable), from the container runtime's CRI socket
-(`cri`). `NullAttributor`
+(`cri`). The kubelet's pod-resources socket (`podresources`) says which container
+was allocated which GPU, joined to the same index. `NullAttributor`
 knows no owners (every process counts as unattributed); the collector uses it when
 given none. See docs/ATTRIBUTION.md.
 """
@@ -14,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
-from exporter.model import UNKNOWN, Workload
+from exporter.model import UNKNOWN, AllocationRow, DeviceSample, Workload
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,9 @@ class Attributor(Protocol):
 
     def comm(self, pid: int) -> str:
         """The process's short command name ("" when unknown)."""
+
+    def allocations(self, devices: Sequence[DeviceSample]) -> tuple[AllocationRow, ...] | None:
+        """The GPUs the kubelet allocated to containers, joined to ``devices`` (None: unknown)."""
 
     def statuses(self) -> Mapping[str, bool]:
         """Health of the attribution sources, by collector name (for self-metrics)."""
@@ -48,6 +52,9 @@ class NullAttributor:
 
     def comm(self, pid: int) -> str:
         return ""
+
+    def allocations(self, devices: Sequence[DeviceSample]) -> tuple[AllocationRow, ...] | None:
+        return None
 
     def statuses(self) -> Mapping[str, bool]:
         return {}
@@ -78,6 +85,10 @@ def add_arguments(group: Any) -> None:
                             "given: a path, auto (the first of /run/containerd/containerd.sock, "
                             "/run/k3s/containerd/containerd.sock, /run/crio/crio.sock that exists) or off "
                             "(default: auto)")
+    group.add_argument("--pod-resources-socket", default="auto", metavar="PATH",
+                       help="the kubelet's pod-resources socket, for which container was allocated which GPU "
+                            "(container_gpu_allocated): a path, auto (/var/lib/kubelet/pod-resources/kubelet.sock "
+                            "if it exists) or off (default: auto)")
 
 
 def _simulated_scenario(backend: object) -> Any:
@@ -94,14 +105,16 @@ def _simulated(scenario: Any) -> Attributor:
     import tempfile
 
     from exporter.attribution.kubernetes import PodIndex, StaticPodSource
+    from exporter.attribution.podresources import StaticAllocationSource
     from exporter.attribution.resolver import ProcAttributor
-    from exporter.attribution.simulated import scenario_pods, write_proc_tree
+    from exporter.attribution.simulated import scenario_allocations, scenario_pods, write_proc_tree
 
     root = tempfile.mkdtemp(prefix="l9gpu-simulated-proc-")
     write_proc_tree(root, scenario.processes)
     index = PodIndex()
-    source = StaticPodSource(index, scenario_pods(scenario.processes))
-    return ProcAttributor(root, index, source, on_close=lambda: shutil.rmtree(root, ignore_errors=True))
+    source = StaticPodSource(index, scenario_pods(scenario.processes, getattr(scenario, "allocations", ())))
+    return ProcAttributor(root, index, source, on_close=lambda: shutil.rmtree(root, ignore_errors=True),
+                          allocation_source=StaticAllocationSource(scenario_allocations(scenario)))
 
 
 def _pod_watcher(args: argparse.Namespace, node: str, index: Any) -> Any:
@@ -153,12 +166,26 @@ def _cri_source(args: argparse.Namespace, index: Any) -> Any:
     return source
 
 
+def _pod_resources_source(args: argparse.Namespace) -> Any:
+    """The kubelet pod-resources client the flags ask for, started, or None (off, no socket)."""
+    from exporter.attribution import podresources
+
+    value = str(getattr(args, "pod_resources_socket", "auto") or "auto")
+    path = podresources.resolve_socket(value)
+    if path is None:
+        log.debug("GPU allocations from the kubelet are off (%s)", "--pod-resources-socket off"
+                  if value.strip().lower() == "off" else f"no {podresources.POD_RESOURCES_SOCKET}")
+        return None
+    return podresources.build(path)
+
+
 def build_attributor(args: argparse.Namespace, backend: object, node: str) -> Attributor:
     """Build the attributor the CLI flags ask for.
 
     The simulated backend gets a fixture /proc tree and its pods; any other backend gets
     ``--proc-root`` and, where configured, the Kubernetes API watch of this node's pods and
-    the container runtime's CRI socket (``--cri-socket``) for pods the API has not named.
+    the container runtime's CRI socket (``--cri-socket``) for pods the API has not named,
+    and the kubelet's pod-resources socket (``--pod-resources-socket``) for allocations.
 
     Raises:
         ValueError: the flags ask for something unavailable (``--kubernetes on``
@@ -179,4 +206,4 @@ def build_attributor(args: argparse.Namespace, backend: object, node: str) -> At
             log.warning("listing pods on node %s failed (%s); retrying in the background", node, exc)
         watcher.start()
     return ProcAttributor(getattr(args, "proc_root", "/proc") or "/proc", index, watcher,
-                          fallback=_cri_source(args, index))
+                          fallback=_cri_source(args, index), allocation_source=_pod_resources_source(args))

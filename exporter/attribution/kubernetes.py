@@ -140,6 +140,7 @@ class PodIndex:
         self._fallback: dict[str, PodMeta] = {}
         self._merged: dict[str, PodMeta] = {}
         self._by_container: dict[str, PodMeta] = {}
+        self._by_name: dict[tuple[str, str], PodMeta] = {}
         # Bumped on every change, so readers can cache what they derived from the index.
         self.generation = 0
 
@@ -186,6 +187,8 @@ class PodIndex:
                 merged[uid] = replace(pod, containers={**fallback.containers, **pod.containers})
         self._merged = merged
         self._by_container = {cid: p for p in merged.values() for cid in p.containers}
+        # API pods come after fallback ones in `merged`, so they win a (namespace, name) clash.
+        self._by_name = {(p.namespace, p.name): p for p in merged.values() if p.name}
         self.generation += 1
 
     def get(self, uid: str) -> PodMeta | None:
@@ -193,6 +196,10 @@ class PodIndex:
 
     def by_container(self, cid: str) -> PodMeta | None:
         return self._by_container.get(cid)
+
+    def by_name(self, namespace: str, name: str) -> PodMeta | None:
+        """The pod named ``namespace/name`` (pod-resources names pods without a UID)."""
+        return self._by_name.get((namespace, name))
 
     def __len__(self) -> int:
         return len(self._pods)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import pwd
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from exporter.attribution import cgroups
+from exporter.attribution import cgroups, podresources
 from exporter.attribution.kubernetes import PodIndex
 from exporter.attribution.procfs import ProcCache, ProcFS, ProcInfo
-from exporter.model import HOST, UNKNOWN, Workload
+from exporter.model import HOST, UNKNOWN, AllocationRow, DeviceSample, Workload
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +42,21 @@ class ProcAttributor:
             ``stop()``, ``missing(container_ids)``), or None; told about the container ids
             a pass could not name, so it can list them at once.
         user_name: uid -> user name for Slurm jobs (pwd lookup, falling back to the number).
+        allocation_source: the kubelet's device allocations (`podresources.PodResourcesSource`
+            or a static list: ``allocations()``, ``healthy()``, ``stop()``), or None when off.
         on_close: called by `close` (e.g. to remove a fixture tree).
     """
 
     def __init__(self, proc_root: str = "/proc", index: PodIndex | None = None, pod_source: Any = None,
                  user_name: Callable[[int], str] = _user_name, on_close: Callable[[], None] | None = None,
-                 fallback: Any = None):
+                 fallback: Any = None, allocation_source: Any = None):
         self.procfs = ProcFS(proc_root)
         self.cache = ProcCache(self.procfs)
         self.index = index if index is not None else PodIndex()
         self.pod_source = pod_source
         self.fallback = fallback
+        self.allocation_source = allocation_source
+        self.unknown_device_ids: tuple[str, ...] = ()
         self._user_name = user_name
         self._users: dict[int, str] = {}
         self._on_close = on_close
@@ -147,10 +151,30 @@ class ProcAttributor:
     def comm(self, pid: int) -> str:
         return self.cache.comm(pid)
 
+    def allocations(self, devices: Sequence[DeviceSample]) -> tuple[AllocationRow, ...] | None:
+        """The kubelet's device allocations joined to this pass's GPUs (None when unknown).
+
+        Reads the source's last listing only: never waits on the kubelet.
+        """
+        if self.allocation_source is None:
+            return None
+        listed = self.allocation_source.allocations()
+        if listed is None:
+            return None
+        rows, unknown = podresources.join(listed, devices, self.index)
+        if unknown != self.unknown_device_ids:
+            self.unknown_device_ids = unknown
+            if unknown:
+                log.debug("%d allocated device id(s) name no GPU on this node (other device plugins' devices, "
+                          "or GPUs the agent cannot see): %s", len(unknown), ", ".join(sorted(set(unknown))[:10]))
+        return rows
+
     def statuses(self) -> Mapping[str, bool]:
         statuses = {} if self.pod_source is None else {"kubernetes": bool(self.pod_source.healthy())}
         if self.fallback is not None:
             statuses["cri"] = bool(self.fallback.healthy())
+        if self.allocation_source is not None:
+            statuses["pod_resources"] = bool(self.allocation_source.healthy())
         return statuses
 
     def info(self) -> Mapping[str, float]:
@@ -161,5 +185,7 @@ class ProcAttributor:
             self.pod_source.stop()
         if self.fallback is not None:
             self.fallback.stop()
+        if self.allocation_source is not None:
+            self.allocation_source.stop()
         if self._on_close is not None:
             self._on_close()

@@ -5,8 +5,12 @@ formats real nodes use: systemd and cgroupfs drivers, containerd and CRI-O, cgro
 and v2, the ``kubelet-`` prefix of kind, Slurm v2), ``stat``, ``comm``, ``status`` and,
 for Slurm steps, ``environ``. `scenario_pods` returns the pods as the Kubernetes API
 would list them (UIDs, owner references, labels, container statuses with ids), which a
-`StaticPodSource` puts into the same index the API watch fills. The attributor then
-reads that tree and that index exactly as it reads a real node.
+`StaticPodSource` puts into the same index the API watch fills. `scenario_allocations`
+returns what the node's kubelet would list over pod-resources (each pod's container is
+allocated the GPUs its processes run on, plus the scenario's ``allocations``: pods that
+hold a GPU and run nothing), which a `podresources.StaticAllocationSource` serves to the
+same join a real kubelet's list goes through. The attributor then reads that tree, that
+index and those allocations exactly as it reads a real node.
 
 Scenario ``workload`` mappings understood::
 
@@ -85,10 +89,13 @@ def _owner_reference(owner: Mapping[str, Any], pod: str) -> tuple[dict[str, Any]
             "uid": str(uuid.uuid5(_NAMESPACE, f"{kind}/{name}"))}, extra
 
 
-def scenario_pods(processes: Iterable[Any]) -> list[dict[str, Any]]:
-    """The scenario's pods as the API server lists them (JSON dicts)."""
+def scenario_pods(processes: Iterable[Any], allocations: Iterable[Any] = ()) -> list[dict[str, Any]]:
+    """The scenario's pods as the API server lists them (JSON dicts).
+
+    ``allocations`` (scenario `AllocationSpec`s) add the pods that run no process.
+    """
     pods: dict[tuple[str, str], dict[str, Any]] = {}
-    for proc in processes:
+    for proc in [*processes, *allocations]:
         w = proc.workload
         if not w.get("pod"):
             continue
@@ -112,6 +119,44 @@ def scenario_pods(processes: Iterable[Any]) -> list[dict[str, Any]]:
                              "containerID": f"{runtime}://{container_id(namespace, name, container)}"})
             pods[key]["spec"]["containers"].append({"name": container})
     return list(pods.values())
+
+
+def scenario_allocations(scenario: Any) -> list[Any]:
+    """What the simulated node's kubelet lists over pod-resources (`PodAllocation`s).
+
+    Each pod's container is allocated the GPUs its processes run on, then come the
+    scenario's ``allocations``. A GPU allocated to more than one container is shared by
+    time-slicing, as the NVIDIA device plugin does it: each container gets a replica
+    ``<uuid>::<n>``.
+    """
+    from exporter.attribution.podresources import PodAllocation
+
+    wanted: dict[tuple[str, str, str, str], list[int]] = {}
+    entries: list[tuple[Mapping[str, Any], tuple[int, ...], str]] = [
+        (p.workload, (p.gpu,), "nvidia.com/gpu") for p in scenario.processes]
+    entries += [(a.workload, tuple(a.gpus), a.resource) for a in scenario.allocations]
+    for workload, gpus, resource in entries:
+        if not workload.get("pod"):
+            continue
+        who = (str(workload.get("namespace", "default")), str(workload["pod"]),
+               str(workload.get("container", "main")), resource)
+        held = wanted.setdefault(who, [])
+        held.extend(g for g in gpus if g not in held)
+    sharers: dict[int, int] = {}
+    for held in wanted.values():
+        for gpu in held:
+            sharers[gpu] = sharers.get(gpu, 0) + 1
+    uuids = {g.index: g.uuid for g in scenario.gpus}
+    replica: dict[int, int] = {}
+    allocations = []
+    for (namespace, pod, container, resource), held in wanted.items():
+        for gpu in held:
+            device_id = uuids[gpu]
+            if sharers[gpu] > 1:
+                device_id += f"::{replica.get(gpu, 0)}"
+                replica[gpu] = replica.get(gpu, 0) + 1
+            allocations.append(PodAllocation(namespace, pod, container, resource, device_id))
+    return allocations
 
 
 def _layout_for(order: list[tuple[str, str]], key: tuple[str, str]) -> str:

@@ -21,6 +21,13 @@ Scenario format (see ``exporter/scenarios/default.yaml``)::
         memory_gib: 72.5      # or memory: {start_gib, growth_gib_per_hour, max_gib}
         utilization: 0.5      # or utilization: {wave: {min, max, period}}
         workload: {...}       # free-form, read by attribution
+    allocations:              # pods given GPUs by the device plugin that run nothing there
+      - gpus: [7]
+        workload: {namespace: ..., pod: ..., container: ...}
+        resource: nvidia.com/gpu   # optional
+
+The simulated kubelet allocates every pod's container the GPUs its processes run on,
+plus the ``allocations`` entries (see `exporter.attribution.simulated.scenario_allocations`).
 """
 
 from __future__ import annotations
@@ -75,10 +82,20 @@ class ProcessSpec:
 
 
 @dataclass(frozen=True)
+class AllocationSpec:
+    """A pod's container that holds GPUs through the device plugin and runs nothing on them."""
+
+    gpus: tuple[int, ...]
+    workload: Mapping[str, Any]
+    resource: str = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
 class Scenario:
     node: str
     gpus: tuple[GpuSpec, ...]
     processes: tuple[ProcessSpec, ...]
+    allocations: tuple[AllocationSpec, ...] = ()
 
 
 def _number(where: str, value: Any, minimum: float = 0.0) -> float:
@@ -178,7 +195,20 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         peak_memory = sum(p.memory(1e9) for p in processes if p.gpu == gpu.index) + gpu.reserved_bytes
         if peak_memory > gpu.memory_bytes:
             raise ScenarioError(f"{source}: processes on GPU {gpu.index} can use more memory than it has")
-    return Scenario(str(data.get("node", "")), gpus, tuple(processes))
+    allocations: list[AllocationSpec] = []
+    for n, entry in enumerate(data.get("allocations") or []):
+        where = f"{source}: allocations[{n}]"
+        if not isinstance(entry, Mapping):
+            raise ScenarioError(f"{where}: expected a mapping with gpus and workload")
+        on = entry.get("gpus", [])
+        if not isinstance(on, list) or not on or not all(isinstance(g, int) and 0 <= g < count for g in on):
+            raise ScenarioError(f"{where}.gpus: expected a non-empty list of GPU indexes 0-{count - 1}")
+        workload = entry.get("workload")
+        if not isinstance(workload, Mapping) or not workload.get("pod"):
+            raise ScenarioError(f"{where}.workload: expected a mapping with at least a pod")
+        allocations.append(AllocationSpec(tuple(on), frozen_mapping(workload),
+                                          str(entry.get("resource", "nvidia.com/gpu"))))
+    return Scenario(str(data.get("node", "")), gpus, tuple(processes), tuple(allocations))
 
 
 def load_scenario(path: str | Path | None = None) -> Scenario:
