@@ -52,6 +52,20 @@ def test_device_values_match_the_scenario(demo):
     assert "process_resident_memory_bytes" in m  # prometheus_client's process metrics
 
 
+def test_the_idle_reservation_holds_gpu_7_and_uses_nothing(demo):
+    m = demo.samples()
+    reserved = dict(gpu="7", namespace="ml-research", pod="idle-reservation-0", container="trainer")
+    assert pick(m, "container_gpu_allocated", **reserved) == [1.0]
+    assert pick(m, "container_gpu_processes", **reserved) == [0.0]
+    assert pick(m, "container_gpu_memory_used_bytes", **reserved) == [0.0]
+    assert pick(m, "container_gpu_utilization_ratio", **reserved) == [0.0]
+    assert pick(m, "container_gpu_energy_joules_total", **reserved) == [0.0]
+    assert [lab["owner_kind"] for lab, _ in m["container_gpu_allocated"] if lab["gpu"] == "7"] == ["StatefulSet"]
+    # GPU 6 is time-sliced between four pods: one allocated series each
+    assert pick(m, "container_gpu_allocated", gpu="6") == [1.0] * 4
+    assert pick(m, "l9gpu_collector_success", collector="pod_resources") == [1.0]
+
+
 def test_values_change_between_passes(demo):
     first = demo.samples()
     time.sleep(0.6)

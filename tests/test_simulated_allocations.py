@@ -1,0 +1,63 @@
+"""The simulated node's kubelet: which pod was allocated which GPU, through the real join."""
+
+import argparse
+
+import pytest
+
+from exporter.attribution.simulated import pod_uid, scenario_allocations
+from exporter.collector import Collector
+from exporter.derive import label_schema
+from exporter.devices.simulated import ScenarioError, SimulatedBackend, load_scenario, parse_scenario
+
+
+def test_default_scenario_allocates_each_pod_its_gpus_and_reserves_gpu_7():
+    scenario = load_scenario()
+    uuid = {g.index: g.uuid for g in scenario.gpus}
+    got = {(a.pod, a.container, a.device_id) for a in scenario_allocations(scenario)}
+    assert ("vllm-llama3-70b-6d8b94df7-q5z82", "inference-engine", uuid[0]) in got
+    assert ("vllm-llama3-70b-6d8b94df7-q5z82", "inference-engine", uuid[1]) in got
+    assert {d for p, _, d in got if p == "llm-finetune-worker-0"} == {uuid[i] for i in (2, 3, 4, 5)}
+    # GPU 6 is time-sliced between four pods: one replica each; the Slurm step is no pod
+    assert sorted(d for _, _, d in got if d.startswith(uuid[6])) == [f"{uuid[6]}::{n}" for n in range(4)]
+    assert ("idle-reservation-0", "trainer", uuid[7]) in got
+    assert not any(d.startswith(uuid[1] + "::") for _, _, d in got)  # GPU 1's host process is no pod
+
+
+def test_the_idle_reservation_has_series_with_its_pod_identity_and_gpu_7_stays_idle():
+    now = [100.0]
+    backend = SimulatedBackend(clock=lambda: now[0])
+    backend.open()
+    from exporter.attribution import build_attributor
+
+    attributor = build_attributor(argparse.Namespace(), backend, "sim-node-01")
+    names, labeller = label_schema(["team"])
+    collector = Collector(backend, "sim-node-01", attributor=attributor, labeller=labeller, clock=lambda: now[0])
+    try:
+        collector.collect_once()
+        now[0] += 30
+        snap = collector.collect_once()
+        gpu7 = next(d for d in snap.devices if d.index == 7)
+        assert gpu7.processes == () and gpu7.utilization == 0.0
+        [row] = [u for u in snap.workloads if u.device_key == gpu7.key]
+        labels = dict(zip(("node", "gpu", "uuid", "model", "gpu_instance", "namespace", "pod", "container",
+                           "pod_uid", "slurm_job_id") + names, row.labels))
+        assert (labels["namespace"], labels["pod"], labels["container"], labels["pod_uid"], labels["owner_kind"],
+                labels["owner_name"], labels["label_team"]) == (
+            "ml-research", "idle-reservation-0", "trainer", pod_uid("ml-research", "idle-reservation-0"),
+            "StatefulSet", "idle-reservation", "research")
+        assert (row.allocated, row.processes, row.memory_used_bytes, row.utilization) == (True, 0, 0, 0.0)
+        assert row.idle_seconds == 30.0 and row.allocation_seconds_total == 30.0
+        assert dict(c for c in ((s.name, s.success) for s in snap.collectors))["pod_resources"] is True
+    finally:
+        attributor.close()
+
+
+@pytest.mark.parametrize("entry,match", [
+    ("not a mapping", r"allocations\[0\]: expected a mapping"),
+    ({"gpus": [9], "workload": {"pod": "p"}}, r"allocations\[0\]\.gpus"),
+    ({"gpus": [0], "workload": {"namespace": "x"}}, r"allocations\[0\]\.workload"),
+])
+def test_bad_allocations_name_the_field(entry, match):
+    doc = {"gpus": {"count": 2}, "processes": [], "allocations": [entry]}
+    with pytest.raises(ScenarioError, match=match):
+        parse_scenario(doc, "s.yaml")
