@@ -61,3 +61,21 @@ def test_bad_allocations_name_the_field(entry, match):
     doc = {"gpus": {"count": 2}, "processes": [], "allocations": [entry]}
     with pytest.raises(ScenarioError, match=match):
         parse_scenario(doc, "s.yaml")
+
+
+def test_snapshot_lists_allocations_per_gpu_and_the_flag_turns_them_off(capsys):
+    import json
+
+    from exporter.cli import main
+
+    assert main(["snapshot", "--backend", "simulated", "--json"]) == 0
+    gpus = {g["index"]: g for g in json.loads(capsys.readouterr().out)["gpus"]}
+    assert [(a["namespace"], a["pod"], a["container"], a["resource_name"]) for a in gpus[7]["allocations"]] == [
+        ("ml-research", "idle-reservation-0", "trainer", "nvidia.com/gpu")]
+    assert gpus[7]["allocations"][0]["pod_uid"] == pod_uid("ml-research", "idle-reservation-0")
+    assert len(gpus[6]["allocations"]) == 4 and gpus[7]["processes"] == []
+    assert main(["snapshot", "--backend", "simulated"]) == 0
+    assert "allocated to ml-research/idle-reservation-0/trainer (nvidia.com/gpu GPU-" in capsys.readouterr().out
+    assert main(["snapshot", "--backend", "simulated", "--json", "--pod-resources-socket", "off"]) == 0
+    gpus = json.loads(capsys.readouterr().out)["gpus"]
+    assert all(g["allocations"] == [] for g in gpus)

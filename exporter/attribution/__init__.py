@@ -99,8 +99,11 @@ def _simulated_scenario(backend: object) -> Any:
     return None
 
 
-def _simulated(scenario: Any) -> Attributor:
-    """The simulated node: a fixture /proc tree and its pods, read by the real code."""
+def _simulated(scenario: Any, allocations: bool = True) -> Attributor:
+    """The simulated node: a fixture /proc tree, its pods and its kubelet, read by the real code.
+
+    ``allocations`` False (``--pod-resources-socket off``) leaves the kubelet's allocations out.
+    """
     import shutil
     import tempfile
 
@@ -114,7 +117,8 @@ def _simulated(scenario: Any) -> Attributor:
     index = PodIndex()
     source = StaticPodSource(index, scenario_pods(scenario.processes, getattr(scenario, "allocations", ())))
     return ProcAttributor(root, index, source, on_close=lambda: shutil.rmtree(root, ignore_errors=True),
-                          allocation_source=StaticAllocationSource(scenario_allocations(scenario)))
+                          allocation_source=StaticAllocationSource(scenario_allocations(scenario))
+                          if allocations else None)
 
 
 def _pod_watcher(args: argparse.Namespace, node: str, index: Any) -> Any:
@@ -193,7 +197,8 @@ def build_attributor(args: argparse.Namespace, backend: object, node: str) -> At
     """
     scenario = _simulated_scenario(backend)
     if scenario is not None:
-        return _simulated(scenario)
+        off = str(getattr(args, "pod_resources_socket", "auto") or "auto").strip().lower() == "off"
+        return _simulated(scenario, allocations=not off)
     from exporter.attribution.kubernetes import PodIndex
     from exporter.attribution.resolver import ProcAttributor
 
