@@ -223,7 +223,9 @@ def step(
         holders_only = bool(procs) and reports_nothing(shares)
         dev_labels = device_label_values(node, device)
         groups: dict[tuple[str, ...], list[int]] = {}
-        pods: set[tuple[str, ...]] = set()  # groups that are Kubernetes containers
+        # Groups that are named Kubernetes containers: only those can be matched to an
+        # allocation (pod-resources names pods; a pod known by UID only cannot be told).
+        pods: set[tuple[str, ...]] = set()
         rest_memory: int | None = 0
         rest_count, rest_energy = 0, nobody
         for i, proc in enumerate(procs):
@@ -233,7 +235,7 @@ def step(
                 if labels is None:  # one label tuple per owner, however many processes it has
                     labels = label_cache[id(owner)] = labeller(owner)
                 groups.setdefault(dev_labels + labels, []).append(i)
-                if owner.kind == "kubernetes":
+                if owner.kind == "kubernetes" and owner.pod:
                     pods.add(dev_labels + labels)
             else:
                 rest_count += 1

@@ -168,7 +168,8 @@ class WorkloadUsage:
             None while the device has reported neither SM share nor memory for it).
         allocated: True while the kubelet has this GPU allocated to the container
             (pod-resources), False for a pod's container running on a GPU it was not
-            allocated; None where allocations are unknown (pod-resources off, or not a pod).
+            allocated; None where allocations are unknown (pod-resources off, not a pod, or a
+            pod known by UID only).
         present: False while the workload is gone but its counters are kept for the
             grace period; only counter families are exported then.
     """

@@ -85,6 +85,10 @@ def test_allocated_is_unknown_without_allocations_and_for_slurm_jobs():
     _, d = step(DeriveState(), 0.0, "n", [gpu(energy=0.0, procs=procs)], owners, allocations=[])
     by_kind = {u.labels[6] or "slurm": u.allocated for u in d.workloads}
     assert by_kind == {"a": False, "slurm": None}  # a pod on a GPU it was not allocated: 0
+    # a pod known by UID only (no names yet) cannot be matched to pod-resources: unknown
+    uid_only = Workload(kind="kubernetes", pod_uid="uid-x", container_id="c" * 64)
+    _, d = step(DeriveState(), 0.0, "n", [gpu(energy=0.0, procs=procs[:1])], {1: uid_only}, allocations=[])
+    assert [u.allocated for u in d.workloads] == [None]
 
 
 def test_a_released_allocation_keeps_its_counters_for_the_grace_period():
