@@ -252,6 +252,17 @@ def workloads() -> dict[str, Any]:
             by_name("memory held", unit="bytes"),
         ]), 24, 8)
 
+    unused = f"(container_gpu_allocated{{{WL}}} == 1 and container_gpu_processes{{{WL}}} == 0)"
+    b.add(table("GPUs allocated but unused", [
+        target(f"sort_desc(container_gpu_idle_seconds{{{WL}}} and {unused})", ref="A", instant=True, table=True),
+    ], "Containers the device plugin gave a GPU (kubelet pod-resources) that run no process on it, longest "
+       "first: the whole GPU is reserved and does nothing. Over an hour this fires GPUAllocatedButUnused.",
+        rename={"Value #A": "allocated and unused for"}, sort="allocated and unused for", overrides=[
+            by_name("allocated and unused for", unit="s",
+                    thresholds=_thresholds([("green", None), ("orange", 600), ("red", 3600)]),
+                    custom__cellOptions={"type": "color-background", "mode": "basic"}),
+        ]), 24, 6)
+
     b.row("Chargeback (selected time range)")
     cb = WL + ', namespace!=""'
     b.add(table("Per namespace", [
