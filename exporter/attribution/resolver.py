@@ -57,6 +57,11 @@ class ProcAttributor:
         self.fallback = fallback
         self.allocation_source = allocation_source
         self.unknown_device_ids: tuple[str, ...] = ()
+        # One Workload object per container (all its processes share it), per index generation.
+        self._containers: dict[tuple[str, str], Workload] = {}
+        self._containers_generation = -1
+        # The last allocation join and what it was made from (listing, index generation, GPUs).
+        self._joined: tuple[Any, int, tuple[Any, ...], tuple[AllocationRow, ...]] | None = None
         self._user_name = user_name
         self._users: dict[int, str] = {}
         self._on_close = on_close
@@ -93,6 +98,9 @@ class ProcAttributor:
         if self.fallback is not None:
             self._fill_in(known, result)
         self._workloads = known
+        # keep the shared container workloads of live processes only
+        self._containers = {(info.cgroup.pod_uid, info.cgroup.container_id): workload
+                            for info, _, workload in known.values() if info.cgroup.kind == cgroups.KUBERNETES}
         return result
 
     def _fill_in(self, known: dict[int, tuple[ProcInfo, int, Workload]], result: dict[int, Workload]) -> None:
@@ -114,15 +122,13 @@ class ProcAttributor:
             return UNKNOWN
         owner = info.cgroup
         if owner.kind == cgroups.KUBERNETES:
-            pod = self.index.get(owner.pod_uid)
-            if pod is None and owner.container_id:
-                pod = self.index.by_container(owner.container_id)
-            if pod is None:
-                return Workload(kind="kubernetes", pod_uid=owner.pod_uid, container_id=owner.container_id)
-            return Workload(kind="kubernetes", namespace=pod.namespace, pod=pod.name,
-                            container=pod.containers.get(owner.container_id, ""), pod_uid=pod.uid,
-                            container_id=owner.container_id, owner_kind=pod.owner_kind, owner_name=pod.owner_name,
-                            labels=pod.labels)
+            if self._containers_generation != self.index.generation:
+                self._containers, self._containers_generation = {}, self.index.generation
+            key = (owner.pod_uid, owner.container_id)
+            shared = self._containers.get(key)
+            if shared is None:
+                shared = self._containers[key] = self._kubernetes_workload(owner)
+            return shared
         if owner.kind == cgroups.SLURM:
             env = info.slurm_env
             user = env.get("SLURM_JOB_USER", "")
@@ -141,6 +147,18 @@ class ProcAttributor:
         if owner.kind == cgroups.HOST:
             return HOST
         return UNKNOWN
+
+    def _kubernetes_workload(self, owner: Any) -> Workload:
+        """A container's `Workload` from the pod index (UID and container id only when unknown)."""
+        pod = self.index.get(owner.pod_uid)
+        if pod is None and owner.container_id:
+            pod = self.index.by_container(owner.container_id)
+        if pod is None:
+            return Workload(kind="kubernetes", pod_uid=owner.pod_uid, container_id=owner.container_id)
+        return Workload(kind="kubernetes", namespace=pod.namespace, pod=pod.name,
+                        container=pod.containers.get(owner.container_id, ""), pod_uid=pod.uid,
+                        container_id=owner.container_id, owner_kind=pod.owner_kind, owner_name=pod.owner_name,
+                        labels=pod.labels)
 
     def _user(self, uid: int) -> str:
         name = self._users.get(uid)
@@ -161,7 +179,12 @@ class ProcAttributor:
         listed = self.allocation_source.allocations()
         if listed is None:
             return None
+        gpus = tuple((d.key, d.uuid, d.gpu_instance, d.pci_bus_id, d.serial) for d in devices)
+        joined = self._joined
+        if joined is not None and joined[0] is listed and joined[1] == self.index.generation and joined[2] == gpus:
+            return joined[3]  # same listing, same pods, same GPUs: same rows
         rows, unknown = podresources.join(listed, devices, self.index)
+        self._joined = (listed, self.index.generation, gpus, rows)
         if unknown != self.unknown_device_ids:
             self.unknown_device_ids = unknown
             if unknown:
