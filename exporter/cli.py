@@ -246,7 +246,8 @@ def serve(args: argparse.Namespace) -> int:
                                         if "exposition" in holder else None)
     registry = build_registry(lambda: collector.snapshot, enabled, extra_names)
     if not args.no_metrics_endpoint:
-        holder["exposition"] = Exposition(registry, lambda: collector.snapshot, max_age=args.interval)
+        holder["exposition"] = Exposition(registry, lambda: collector.snapshot,
+                                                  max_age=2 * args.interval)  # a pass and its rendering
     bridge = None
     try:
         from bridge import cli as bridge_cli

@@ -12,7 +12,8 @@ import gzip
 import logging
 import threading
 import time
-from typing import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -39,18 +40,62 @@ LANDING = """<!doctype html>
 """
 
 
-class Exposition:
-    """Renders the registry to bytes, cached per snapshot, encoding and compression.
+_EOF = b"# EOF\n"
 
-    The uncompressed body is rendered once per (snapshot, encoding) and the gzip body is
-    compressed once from it. After each new snapshot the collector thread calls `warm`,
-    which renders the variants scrapers asked for recently (Prometheus asks for
-    OpenMetrics with gzip), so scrapes find their bytes ready.
+
+class _Families:
+    """A registry stand-in serving a fixed list of families to an encoder."""
+
+    def __init__(self, families: list[Any]):
+        self._families = families
+
+    def collect(self) -> list[Any]:
+        return self._families
+
+
+def _encode_in_steps(encoder: Callable[[Any], bytes], registry: CollectorRegistry, step: int = 4) -> bytes:
+    """The encoder's output for ``registry``, produced ``step`` families at a time.
+
+    Both exposition formats are a sequence of families, so encoding them in groups and
+    joining the parts gives the same bytes; OpenMetrics' closing ``# EOF`` is kept once, at
+    the end. Between groups the thread sleeps for zero seconds, which hands the
+    interpreter to any thread waiting for it (the event loop answering scrapes).
+    """
+    families = list(registry.collect())
+    parts: list[bytes] = []
+    for start in range(0, len(families), step):
+        part = encoder(_Families(families[start:start + step]))
+        if part.endswith(_EOF):
+            part = part[: -len(_EOF)]
+        parts.append(part)
+        time.sleep(0)
+    body = b"".join(parts)
+    return body + _EOF if encoder(_Families([])).endswith(_EOF) else body
+
+
+@dataclass(frozen=True)
+class _Rendered:
+    seq: int
+    rendered_at: float
+    body: bytes
+    zipped: bytes | None = None
+
+
+class Exposition:
+    """Renders the registry to bytes, cached per encoding, once per snapshot.
+
+    After each pass the collector thread calls `warm`, which renders (and gzips) the
+    variants scrapers asked for recently — Prometheus asks for OpenMetrics with gzip —
+    a few families at a time so the event loop keeps answering in between. Until those
+    bytes are ready, scrapes get the previous pass's bytes, at most ``max_age`` old; a
+    scrape renders by itself only when nothing recent enough is cached (the first scrape
+    of a new encoding, or a collector that stopped publishing, so that
+    ``l9gpu_snapshot_age_seconds`` keeps growing).
 
     Args:
         registry: the registry to render (the snapshot collector plus process metrics).
         get_snapshot: the current snapshot.
-        max_age: seconds after which the bytes of an unchanged snapshot are rendered again.
+        max_age: seconds for which cached bytes may still be served.
     """
 
     def __init__(self, registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot | None],
@@ -59,41 +104,45 @@ class Exposition:
         self._get_snapshot = get_snapshot
         self._max_age = max_age
         self._lock = threading.Lock()
-        # (seq, content type) -> (rendered at, body, gzipped body or None)
-        self._cache: dict[tuple[int, str], tuple[float, bytes, bytes | None]] = {}
+        self._cache: dict[str, _Rendered] = {}  # by content type
         # variants asked for since the last warm: (Accept header, gzip)
         self._wanted: dict[tuple[str, bool], None] = {("", False): None}
 
-    def render(self, accept: str | None, want_gzip: bool) -> tuple[bytes, str]:
-        """Return (body, content type) for a request's Accept and Accept-Encoding."""
+    def render(self, accept: str | None, want_gzip: bool, background: bool = False) -> tuple[bytes, str]:
+        """Return (body, content type) for a request's Accept and Accept-Encoding.
+
+        Args:
+            accept: the request's Accept header.
+            want_gzip: the request accepts gzip.
+            background: called from the collector thread: render the current snapshot
+                (unless already done), a few families at a time.
+        """
         encoder, content_type = choose_encoder(accept or "")
         snapshot = self._get_snapshot()
         seq = snapshot.seq if snapshot is not None else 0
-        key = (seq, content_type)
         now = time.monotonic()
         with self._lock:
             self._wanted[(accept or "", want_gzip)] = None
-            hit = self._cache.get(key)
-        if hit is None or now - hit[0] > self._max_age:
-            hit = (now, encoder(self.registry), None)
-        rendered_at, body, zipped = hit
-        if want_gzip and zipped is None:
-            zipped = gzip.compress(body, compresslevel=5)
-            hit = (rendered_at, body, zipped)
+            hit = self._cache.get(content_type)
+        if hit is None or now - hit.rendered_at > self._max_age or (background and hit.seq != seq):
+            body = _encode_in_steps(encoder, self.registry) if background else encoder(self.registry)
+            hit = _Rendered(seq, now, body)
+        if want_gzip and hit.zipped is None:
+            hit = replace(hit, zipped=gzip.compress(hit.body, compresslevel=5))
         with self._lock:
-            if any(k[0] != seq for k in self._cache):
-                self._cache = {k: v for k, v in self._cache.items() if k[0] == seq}
-            self._cache[key] = hit
-        return (zipped if want_gzip else body), content_type  # type: ignore[return-value]
+            current = self._cache.get(content_type)
+            if current is None or (current.seq, current.rendered_at) <= (hit.seq, hit.rendered_at):
+                self._cache[content_type] = hit
+        return (hit.zipped if want_gzip and hit.zipped is not None else hit.body), content_type
 
     def warm(self, snapshot: Snapshot) -> None:
-        """Pre-render the variants scrapers asked for (collector thread hook)."""
+        """Render the variants scrapers asked for, for a new snapshot (collector thread)."""
         with self._lock:
             wanted = list(self._wanted)
             if len(self._wanted) > 8:  # forget odd one-off clients
                 self._wanted = {("", False): None}
         for accept, want_gzip in wanted:
-            self.render(accept or None, want_gzip)
+            self.render(accept or None, want_gzip, background=True)
 
 
 def make_app(

@@ -207,8 +207,13 @@ def test_bytes_are_rendered_once_per_snapshot():
     first, _ = exposition.render(None, False)
     assert exposition.render(None, False)[0] is first
     clock.t = 11.0
-    c.collect_once()
-    assert exposition.render(None, False)[0] is not first
+    snap = c.collect_once()
+    # until the collector thread has rendered the new pass, scrapes get the previous bytes
+    assert exposition.render(None, False)[0] is first
+    exposition.warm(snap)
+    second, _ = exposition.render(None, False)
+    assert second is not first and exposition.render(None, False)[0] is second
+    assert b"gpu_energy_joules_total" in second
 
 
 def test_stalled_collector_shows_a_growing_snapshot_age():
@@ -238,3 +243,22 @@ def test_warm_prerenders_the_variants_scrapers_ask_for():
     exposition.render(prometheus_accept, True)  # the scrape finds its bytes ready
     exposition.render(None, False)
     assert len(calls) == rendered
+
+
+def test_rendering_in_steps_gives_the_same_bytes_in_both_formats():
+    from prometheus_client.exposition import choose_encoder
+
+    from exporter.server import _encode_in_steps
+
+    _, c = _simulated_collector()
+    registry = _app(c)[1].registry
+
+    def without_age(body: bytes) -> bytes:  # the one value that moves with the wall clock
+        return b"\n".join(line for line in body.split(b"\n") if not line.startswith(b"l9gpu_snapshot_age_seconds "))
+
+    for accept in ("", "application/openmetrics-text; version=1.0.0"):
+        encoder, _ = choose_encoder(accept)
+        whole = without_age(encoder(registry))
+        assert whole.count(b"# EOF") == (1 if accept else 0)
+        for step in (1, 3, 100):
+            assert without_age(_encode_in_steps(encoder, registry, step)) == whole
