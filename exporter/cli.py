@@ -195,14 +195,13 @@ def _open(args: argparse.Namespace) -> tuple[Any, Any]:
     return backend, attributor
 
 
-def _collector(args: argparse.Namespace, backend: Any, attributor: Any,
-               on_snapshot: Any = None) -> tuple[Any, tuple[str, ...]]:
+def _collector(args: argparse.Namespace, backend: Any, attributor: Any) -> tuple[Any, tuple[str, ...]]:
     from exporter.collector import Collector
     from exporter.derive import label_schema
 
     extra_names, labeller = label_schema(getattr(args, "pod_label", []) or [])
     collector = Collector(backend, args.node_name, args.interval, attributor, labeller,
-                          grace_seconds=args.workload_grace, on_snapshot=on_snapshot)
+                          grace_seconds=args.workload_grace)
     return collector, extra_names
 
 
@@ -240,14 +239,13 @@ def serve(args: argparse.Namespace) -> int:
     enabled = _enabled(args)
     watcher = _web_config(args.web_config)
     backend, attributor = _open(args)
-    holder: dict[str, Any] = {}
-    collector, extra_names = _collector(args, backend, attributor,
-                                        on_snapshot=lambda snap: holder["exposition"].warm(snap)
-                                        if "exposition" in holder else None)
+    collector, extra_names = _collector(args, backend, attributor)
     registry = build_registry(lambda: collector.snapshot, enabled, extra_names)
+    exposition = None
     if not args.no_metrics_endpoint:
-        holder["exposition"] = Exposition(registry, lambda: collector.snapshot,
-                                                  max_age=2 * args.interval)  # a pass and its rendering
+        # cached bytes may be served for a pass and its rendering, then they are stale
+        exposition = Exposition(registry, lambda: collector.snapshot, max_age=2 * args.interval)
+        collector.on_snapshot = exposition.warm
     bridge = None
     try:
         from bridge import cli as bridge_cli
@@ -258,7 +256,7 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         backend.close()
         raise UsageError(f"l9gpu: {exc}") from None
-    app = make_app(holder.get("exposition"), lambda: collector.snapshot, collector.alive, args.node_name,
+    app = make_app(exposition, lambda: collector.snapshot, collector.alive, args.node_name,
                    middlewares=[watcher.middleware] if watcher is not None else ())
     host, port = args.listen
 

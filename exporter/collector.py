@@ -72,7 +72,7 @@ class Collector:
         self._grace = grace_seconds
         self._clock = clock
         self._wall = wall
-        self._on_snapshot = on_snapshot
+        self.on_snapshot = on_snapshot
         self._state = DeriveState()
         self._snapshot: Snapshot | None = None
         self._last_devices: list[DeviceSample] = []
@@ -147,9 +147,9 @@ class Collector:
             info=frozen_mapping(info),
         )
         self._snapshot = snapshot  # the atomic swap readers rely on
-        if self._on_snapshot is not None:
+        if self.on_snapshot is not None:
             try:
-                self._on_snapshot(snapshot)
+                self.on_snapshot(snapshot)
             except Exception:  # noqa: BLE001
                 log.exception("snapshot hook failed")
         return snapshot
