@@ -157,9 +157,10 @@ def _cri_source(args: argparse.Namespace, index: Any) -> Any:
     if value.lower() == "off":
         return None
     from exporter.attribution import cri
+    from exporter.attribution.unixgrpc import socket_path
 
     auto = value.lower() == "auto"
-    path = cri.detect_socket() if auto else cri.socket_path(value)
+    path = cri.detect_socket() if auto else socket_path(value)
     if path is None:
         log.debug("pod names from the container runtime are off: none of %s exists", ", ".join(cri.CRI_SOCKETS))
         return None

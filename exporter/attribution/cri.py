@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from exporter.attribution.kubernetes import PodIndex, PodMeta
+from exporter.attribution.unixgrpc import SocketLister
 
 log = logging.getLogger(__name__)
 
@@ -42,20 +42,6 @@ POD_NAME = "io.kubernetes.pod.name"
 POD_NAMESPACE = "io.kubernetes.pod.namespace"
 POD_UID = "io.kubernetes.pod.uid"
 CONTAINER_NAME = "io.kubernetes.container.name"
-
-# The kubelet allows CRI responses up to 16 MiB; a node with many containers needs more
-# than gRPC's 4 MiB default.
-_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-
-
-def socket_path(value: str) -> str:
-    """``unix:///run/x.sock`` or ``/run/x.sock`` -> ``/run/x.sock``."""
-    if value.startswith("unix://"):
-        return value[len("unix://"):]
-    if value.startswith("unix:"):
-        return value[len("unix:"):]
-    return value
-
 
 def detect_socket(candidates: Sequence[str] | None = None,
                   exists: Callable[[str], bool] = os.path.exists) -> str | None:
@@ -86,7 +72,7 @@ def pods_from_containers(containers: Iterable[Any]) -> list[PodMeta]:
             for uid, (name, namespace, names) in sorted(pods.items())]
 
 
-class CriPodSource:
+class CriPodSource(SocketLister):
     """Keeps the fallback part of a `PodIndex` in step with the runtime's containers.
 
     Args:
@@ -102,93 +88,39 @@ class CriPodSource:
     """
 
     name = "cri"
+    thread_name = "l9gpu-cri"
 
     def __init__(self, socket: str, index: PodIndex, interval: float = 30.0, min_refresh: float = 5.0,
                  timeout: float = 0.5, clock: Callable[[], float] = time.monotonic):
-        import grpc  # imported here: optional dependency
-
         from exporter.attribution import cri_api_pb2 as api
 
-        self.socket = socket_path(socket)
-        self.index = index
-        self.interval = interval
-        self.min_refresh = min_refresh
-        self.timeout = timeout
-        self._clock = clock
-        self._grpc = grpc
-        self._channel = grpc.insecure_channel("unix://" + self.socket, options=[
-            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-            # Reconnect soon after the runtime restarts, not after gRPC's default 2 minutes.
-            ("grpc.initial_reconnect_backoff_ms", 500),
-            ("grpc.max_reconnect_backoff_ms", 5000),
-        ])
-        self._list = self._channel.unary_unary(
-            LIST_CONTAINERS,
-            request_serializer=api.ListContainersRequest.SerializeToString,
-            response_deserializer=api.ListContainersResponse.FromString)
-        self._request = api.ListContainersRequest(filter=api.ContainerFilter(
+        request = api.ListContainersRequest(filter=api.ContainerFilter(
             state=api.ContainerStateValue(state=api.CONTAINER_RUNNING)))
-        self._lock = threading.Lock()  # one listing at a time
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._healthy = False
-        self._failures = 0
+        super().__init__(socket, LIST_CONTAINERS, request, api.ListContainersResponse, interval, timeout)
+        self.index = index
+        self.min_refresh = min_refresh
+        self._clock = clock
         self._last_attempt: float | None = None
         self._asked: frozenset[str] = frozenset()
-        self.last_error = ""
-        self.last_code: str = ""
-        self.listings = 0
+        self._pods = 0
         self.quiet = False  # log failures at debug only (while probing an auto-detected socket)
 
-    def healthy(self) -> bool:
-        """True while the last ListContainers call worked."""
-        return self._healthy
+    def before_call(self) -> None:
+        self._last_attempt = self._clock()
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="l9gpu-cri", daemon=True)
-        self._thread.start()
+    def listed(self, response: Any) -> bool:
+        """Put the running containers' pods into the index; True when it changed."""
+        pods = pods_from_containers(response.containers)
+        self._pods = len(pods)
+        return self.index.replace_fallback(pods)
 
-    def stop(self, timeout: float = 1.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self._channel.close()
+    def recovered(self) -> None:
+        log.info("CRI socket %s answers again (%d pod(s))", self.socket, self._pods)
 
-    def refresh(self) -> bool:
-        """List the running containers into the index; True when the index changed.
-
-        Never raises and never waits longer than about ``timeout`` seconds: a failure
-        marks the source unhealthy, and the index keeps what it knew.
-        """
-        if not self._lock.acquire(timeout=self.timeout):
-            return False  # a listing is running in the other thread; it fills the index
-        try:
-            self._last_attempt = self._clock()
-            try:
-                response = self._list(self._request, timeout=self.timeout)
-            except self._grpc.RpcError as exc:
-                code = exc.code() if hasattr(exc, "code") else None
-                self._failed(getattr(code, "name", "ERROR"), exc.details() if hasattr(exc, "details") else str(exc))
-                return False
-            except Exception as exc:  # noqa: BLE001 - a broken channel must not reach the collector
-                self._failed(type(exc).__name__, str(exc))
-                return False
-            pods = pods_from_containers(response.containers)
-            self.listings += 1
-            if not self._healthy and self._failures:
-                log.info("CRI socket %s answers again (%d pod(s))", self.socket, len(pods))
-            self._healthy, self._failures, self.last_code, self.last_error = True, 0, "OK", ""
-            return self.index.replace_fallback(pods)
-        finally:
-            self._lock.release()
-
-    def _failed(self, code: str, detail: str) -> None:
-        self._healthy = False
-        self._failures += 1
-        self.last_code, self.last_error = code, detail
-        if code == "UNIMPLEMENTED":
+    def failed(self, first: bool) -> None:
+        if self.last_code == "UNIMPLEMENTED":
             self.last_error += " (the socket serves no CRI RuntimeService: is it the runtime's CRI endpoint?)"
-        self._report(logging.WARNING if self._failures == 1 and not self.quiet else logging.DEBUG)
+        self._report(logging.WARNING if first and not self.quiet else logging.DEBUG)
 
     def _report(self, level: int) -> None:
         log.log(level, "listing containers over the CRI socket %s failed (%s: %s); pods the API has not named "
@@ -211,11 +143,6 @@ class CriPodSource:
             self._asked = self._asked - new  # not asked yet: ask on a later pass
             return False
         return self.refresh()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.refresh()
-
 
 def build(socket: str, index: PodIndex, detected: bool = False, **kwargs: Any) -> CriPodSource | None:
     """A `CriPodSource` that has asked the runtime once (so the first pass has names).

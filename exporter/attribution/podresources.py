@@ -34,12 +34,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from exporter.attribution.kubernetes import PodIndex
+from exporter.attribution.unixgrpc import SocketLister, socket_path
 from exporter.model import AllocationRow, DeviceSample, Workload
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,6 @@ POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST = "/v1.PodResourcesLister/List"
 
 # The kubelet's own limit for pod-resources responses is 16 MiB.
-_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-
 _PCI = re.compile(r"^(?:([0-9a-f]{1,8}):)?([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])$")
 
 
@@ -171,7 +169,7 @@ class StaticAllocationSource:
         return None
 
 
-class PodResourcesSource:
+class PodResourcesSource(SocketLister):
     """Keeps the kubelet's device allocations, listed in a background thread.
 
     Args:
@@ -188,43 +186,18 @@ class PodResourcesSource:
     """
 
     name = "pod_resources"
+    thread_name = "l9gpu-pod-resources"
 
     def __init__(self, socket: str, interval: float = 10.0, timeout: float = 1.0, stale_after: float = 300.0,
                  clock: Callable[[], float] = time.monotonic):
-        import grpc  # imported here: optional dependency
-
         from exporter.attribution import podresources_api_pb2 as api
 
-        self.socket = socket_path(socket)
-        self.interval = interval
-        self.timeout = timeout
+        super().__init__(socket, LIST, api.ListPodResourcesRequest(), api.ListPodResourcesResponse,
+                         interval, timeout)
         self.stale_after = stale_after
         self._clock = clock
-        self._grpc = grpc
-        self._channel = grpc.insecure_channel("unix://" + self.socket, options=[
-            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-            # Reconnect soon after the kubelet restarts, not after gRPC's default 2 minutes.
-            ("grpc.initial_reconnect_backoff_ms", 500),
-            ("grpc.max_reconnect_backoff_ms", 5000),
-        ])
-        self._list = self._channel.unary_unary(
-            LIST, request_serializer=api.ListPodResourcesRequest.SerializeToString,
-            response_deserializer=api.ListPodResourcesResponse.FromString)
-        self._request = api.ListPodResourcesRequest()
-        self._lock = threading.Lock()  # one listing at a time
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         # (allocations, clock time of the listing): replaced as one reference
         self._last: tuple[tuple[PodAllocation, ...], float] | None = None
-        self._healthy = False
-        self._failures = 0
-        self.last_code = ""
-        self.last_error = ""
-        self.listings = 0
-
-    def healthy(self) -> bool:
-        """True while the last List call worked."""
-        return self._healthy
 
     def allocations(self) -> tuple[PodAllocation, ...] | None:
         """The last listing's allocations; None before the first one or once it is stale."""
@@ -233,60 +206,19 @@ class PodResourcesSource:
             return None
         return last[0]
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="l9gpu-pod-resources", daemon=True)
-        self._thread.start()
+    def listed(self, response: Any) -> bool:
+        self._last = (allocations_from_response(response), self._clock())
+        return True
 
-    def stop(self, timeout: float = 1.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self._channel.close()
+    def recovered(self) -> None:
+        log.info("kubelet pod-resources socket %s answers again (%d device allocation(s))",
+                 self.socket, len(self._last[0]) if self._last else 0)
 
-    def refresh(self) -> bool:
-        """List the allocations; True when it worked. Never raises; waits at most ``timeout``."""
-        if not self._lock.acquire(timeout=self.timeout):
-            return False
-        try:
-            try:
-                response = self._list(self._request, timeout=self.timeout)
-                allocations = allocations_from_response(response)
-            except self._grpc.RpcError as exc:
-                code = exc.code() if hasattr(exc, "code") else None
-                self._failed(getattr(code, "name", "ERROR"), exc.details() if hasattr(exc, "details") else str(exc))
-                return False
-            except Exception as exc:  # noqa: BLE001 - a broken channel must not reach the collector
-                self._failed(type(exc).__name__, str(exc))
-                return False
-            self._last = (allocations, self._clock())
-            self.listings += 1
-            if self._failures:
-                log.info("kubelet pod-resources socket %s answers again (%d device allocation(s))",
-                         self.socket, len(allocations))
-            self._healthy, self._failures, self.last_code, self.last_error = True, 0, "OK", ""
-            return True
-        finally:
-            self._lock.release()
-
-    def _failed(self, code: str, detail: str) -> None:
-        self._healthy = False
-        self._failures += 1
-        self.last_code, self.last_error = code, detail
-        (log.warning if self._failures == 1 else log.debug)(
+    def failed(self, first: bool) -> None:
+        (log.warning if first else log.debug)(
             "listing device allocations over the kubelet pod-resources socket %s failed (%s: %s); "
-            "container_gpu_allocated keeps the last list for %gs", self.socket, code, detail, self.stale_after)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.refresh()
-
-
-def socket_path(value: str) -> str:
-    """``unix:///var/lib/.../kubelet.sock`` or a plain path -> the path."""
-    for prefix in ("unix://", "unix:"):
-        if value.startswith(prefix):
-            return value[len(prefix):]
-    return value
+            "container_gpu_allocated keeps the last list for %gs", self.socket, self.last_code, self.last_error,
+            self.stale_after)
 
 
 def resolve_socket(value: str, exists: Callable[[str], bool] = os.path.exists) -> str | None:
