@@ -72,3 +72,15 @@ def apiserver():
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def sockdir():
+    """A short temporary directory for unix sockets (a socket path must fit in 108 bytes;
+    pytest's tmp_path may not)."""
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="l9gpu-sock-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

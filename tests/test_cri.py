@@ -77,14 +77,6 @@ class FakeRuntime:
 
 
 @pytest.fixture
-def sockdir() -> Iterator[str]:
-    # Short: a unix socket path must fit in 108 bytes, pytest's tmp_path may not.
-    path = tempfile.mkdtemp(prefix="l9gpu-cri-")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
 def runtime(sockdir: str) -> Iterator[FakeRuntime]:
     server = FakeRuntime(sockdir)
     yield server

@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from concurrent import futures
@@ -82,14 +80,6 @@ def pod(namespace: str, name: str, **containers: list[tuple[str, list[str]]]) ->
                                  topology=api.TopologyInfo(nodes=[api.NUMANode(ID=0)]))
             for resource, ids in devices])
         for cname, devices in containers.items()])
-
-
-@pytest.fixture
-def sockdir() -> Iterator[str]:
-    # Short: a unix socket path must fit in 108 bytes, pytest's tmp_path may not.
-    path = tempfile.mkdtemp(prefix="l9gpu-pr-")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
