@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST = "/v1.PodResourcesLister/List"
 
-# The kubelet's own limit for pod-resources responses is 16 MiB.
+# A PCI bus id: [domain:]bus:device.function, hexadecimal.
 _PCI = re.compile(r"^(?:([0-9a-f]{1,8}):)?([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])$")
 
 

@@ -104,6 +104,14 @@ def _number(where: str, value: Any, minimum: float = 0.0) -> float:
     return float(value)
 
 
+def _gpu_indexes(where: str, value: Any, count: int) -> list[int]:
+    """A scenario entry's ``gpus``: a non-empty list of indexes of the node's GPUs."""
+    if not isinstance(value, list) or not value or not all(
+            isinstance(g, int) and 0 <= g < count for g in value):
+        raise ScenarioError(f"{where}.gpus: expected a non-empty list of GPU indexes 0-{count - 1}")
+    return value
+
+
 def _memory_curve(where: str, spec: Mapping[str, Any]) -> Callable[[float], float]:
     """Memory in bytes as a function of seconds since start."""
     if "memory_gib" in spec:
@@ -174,21 +182,19 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         where = f"{source}: processes[{n}]"
         if not isinstance(proc, Mapping):
             raise ScenarioError(f"{where}: expected a mapping")
-        on = proc.get("gpus", [])
-        if not isinstance(on, list) or not on or not all(isinstance(g, int) and 0 <= g < count for g in on):
-            raise ScenarioError(f"{where}.gpus: expected a non-empty list of GPU indexes 0-{count - 1}")
+        on = _gpu_indexes(where, proc.get("gpus", []), count)
         base_pid = int(_number(f"{where}.pid", proc.get("pid", next_pid), 2))
         memory = _memory_curve(where, proc)
         utilization = _utilization_curve(f"{where}.utilization", proc.get("utilization", 0.0))
         workload = proc.get("workload") or {}
         if not isinstance(workload, Mapping):
             raise ScenarioError(f"{where}.workload: expected a mapping")
-        for offset, gpu in enumerate(on):
+        for offset, index in enumerate(on):
             pid = base_pid + offset
             if pid in seen:
                 raise ScenarioError(f"{where}: PID {pid} is used twice")
             seen.add(pid)
-            processes.append(ProcessSpec(pid, gpu, str(proc.get("name", "python")), memory, utilization,
+            processes.append(ProcessSpec(pid, index, str(proc.get("name", "python")), memory, utilization,
                                          frozen_mapping(workload)))
         next_pid = max(next_pid, base_pid + len(on)) + 100
     for gpu in gpus:
@@ -200,9 +206,7 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         where = f"{source}: allocations[{n}]"
         if not isinstance(entry, Mapping):
             raise ScenarioError(f"{where}: expected a mapping with gpus and workload")
-        on = entry.get("gpus", [])
-        if not isinstance(on, list) or not on or not all(isinstance(g, int) and 0 <= g < count for g in on):
-            raise ScenarioError(f"{where}.gpus: expected a non-empty list of GPU indexes 0-{count - 1}")
+        on = _gpu_indexes(where, entry.get("gpus", []), count)
         workload = entry.get("workload")
         if not isinstance(workload, Mapping) or not workload.get("pod"):
             raise ScenarioError(f"{where}.workload: expected a mapping with at least a pod")
