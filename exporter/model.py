@@ -14,6 +14,29 @@ from typing import Mapping
 
 _EMPTY: Mapping[str, object] = MappingProxyType({})
 
+# Keys of `DeviceSample.gpm`: NVML GPM (GPU Performance Monitoring, Hopper and newer)
+# metrics averaged between two consecutive samples of a device. Activity values are
+# ratios 0-1 (NVML gives percent); the rates are bytes per second.
+GPM_RATIO_KEYS: tuple[str, ...] = (
+    "graphics_active",      # NVML_GPM_METRIC_GRAPHICS_UTIL  ~ DCGM_FI_PROF_GR_ENGINE_ACTIVE
+    "sm_active",            # NVML_GPM_METRIC_SM_UTIL        ~ DCGM_FI_PROF_SM_ACTIVE
+    "sm_occupancy",         # NVML_GPM_METRIC_SM_OCCUPANCY   ~ DCGM_FI_PROF_SM_OCCUPANCY
+    "tensor_active",        # NVML_GPM_METRIC_ANY_TENSOR_UTIL ~ DCGM_FI_PROF_PIPE_TENSOR_ACTIVE
+    "tensor_hmma_active",   # NVML_GPM_METRIC_HMMA_TENSOR_UTIL ~ DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE
+    "tensor_imma_active",   # NVML_GPM_METRIC_IMMA_TENSOR_UTIL ~ DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE
+    "tensor_dfma_active",   # NVML_GPM_METRIC_DFMA_TENSOR_UTIL ~ DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE
+    "dram_active",          # NVML_GPM_METRIC_DRAM_BW_UTIL   ~ DCGM_FI_PROF_DRAM_ACTIVE
+    "fp16_active",          # NVML_GPM_METRIC_FP16_UTIL      ~ DCGM_FI_PROF_PIPE_FP16_ACTIVE
+    "fp32_active",          # NVML_GPM_METRIC_FP32_UTIL      ~ DCGM_FI_PROF_PIPE_FP32_ACTIVE
+    "fp64_active",          # NVML_GPM_METRIC_FP64_UTIL      ~ DCGM_FI_PROF_PIPE_FP64_ACTIVE
+)
+GPM_RATE_KEYS: tuple[str, ...] = (
+    "pcie_tx_bytes_per_second",    # NVML_GPM_METRIC_PCIE_TX_PER_SEC ~ DCGM_FI_PROF_PCIE_TX_BYTES
+    "pcie_rx_bytes_per_second",    # NVML_GPM_METRIC_PCIE_RX_PER_SEC ~ DCGM_FI_PROF_PCIE_RX_BYTES
+    "nvlink_tx_bytes_per_second",  # NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC ~ DCGM_FI_PROF_NVLINK_TX_BYTES
+    "nvlink_rx_bytes_per_second",  # NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC ~ DCGM_FI_PROF_NVLINK_RX_BYTES
+)
+
 
 def frozen_mapping(values: Mapping | None = None) -> Mapping:
     """Return a read-only copy of ``values`` (an empty mapping for None)."""
@@ -62,6 +85,13 @@ class DeviceSample:
         ecc_errors: cumulative ECC error counts by type ("corrected", "uncorrected").
         xid_errors: XID events seen since the agent started, by XID code.
         throttle_reasons: clock throttle (clock event) reasons by name, True if active.
+        pcie_tx_bytes_total, pcie_rx_bytes_total: cumulative bytes over PCIe as the
+            driver counts them (NVML field values PCIE_COUNT_TX/RX_BYTES), None where the
+            driver has no such counter.
+        gpm: GPM metrics between this pass's sample and the previous one, keyed by
+            `GPM_RATIO_KEYS` (ratios 0-1) and `GPM_RATE_KEYS` (bytes per second); empty
+            where GPM is unsupported or on the first pass. A key the device does not
+            report is absent, never 0.
     """
 
     index: int
@@ -88,6 +118,9 @@ class DeviceSample:
     pcie_rx_bytes_per_second: float | None = None
     pcie_tx_bytes_per_second: float | None = None
     fan_speed_ratio: float | None = None
+    pcie_tx_bytes_total: int | None = None
+    pcie_rx_bytes_total: int | None = None
+    gpm: Mapping[str, float] = field(default_factory=frozen_mapping)
     ecc_errors: Mapping[str, int] = field(default_factory=frozen_mapping)
     xid_errors: Mapping[str, int] = field(default_factory=frozen_mapping)
     throttle_reasons: Mapping[str, bool] = field(default_factory=frozen_mapping)
