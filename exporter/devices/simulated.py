@@ -246,6 +246,7 @@ class SimulatedBackend:
         self._start = 0.0
         self._last: float | None = None
         self._energy: dict[int, float] = {}
+        self._pcie_bytes: dict[int, list[float]] = {}
         self._on_gpu: dict[int, list[ProcessSpec]] = {}
 
     def open(self) -> None:
@@ -258,6 +259,8 @@ class SimulatedBackend:
         self._start = self._clock()
         # Like NVML's counter, energy starts at what the GPU used since the driver loaded.
         self._energy = {g.index: 3.6e6 * (1 + g.index) for g in self.scenario.gpus}
+        # PCIe byte counters (tx, rx), like NVML's, count from the driver's load.
+        self._pcie_bytes = {g.index: [7.0e11 * (1 + g.index), 1.3e12 * (1 + g.index)] for g in self.scenario.gpus}
         self._on_gpu = {g.index: [p for p in self.scenario.processes if p.gpu == g.index] for g in self.scenario.gpus}
 
     def close(self) -> None:
@@ -280,6 +283,10 @@ class SimulatedBackend:
             busy = min(1.0, sum(shares))
             power = gpu.idle_watts + (gpu.max_watts - gpu.idle_watts) * busy
             self._energy[gpu.index] += power * dt
+            pcie_tx, pcie_rx = 1.2e8 * busy, 2.5e8 * busy
+            counters = self._pcie_bytes[gpu.index]
+            counters[0] += pcie_tx * dt
+            counters[1] += pcie_rx * dt
             samples.append(
                 DeviceSample(
                     index=gpu.index,
@@ -300,8 +307,11 @@ class SimulatedBackend:
                     energy_joules=self._energy[gpu.index],
                     sm_clock_hertz=(1980e6 if busy > 0 else 345e6),
                     memory_clock_hertz=2619e6,
-                    pcie_rx_bytes_per_second=2.5e8 * busy,
-                    pcie_tx_bytes_per_second=1.2e8 * busy,
+                    pcie_rx_bytes_per_second=pcie_rx,
+                    pcie_tx_bytes_per_second=pcie_tx,
+                    pcie_tx_bytes_total=int(counters[0]),
+                    pcie_rx_bytes_total=int(counters[1]),
+                    gpm=(_gpm_values(busy, pcie_tx, pcie_rx) if dt > 0 else frozen_mapping()),
                     ecc_errors=frozen_mapping({"corrected": 0, "uncorrected": 0}),
                     throttle_reasons=frozen_mapping({
                         "gpu_idle": busy == 0,
@@ -318,3 +328,30 @@ class SimulatedBackend:
                 )
             )
         return samples
+
+
+def _gpm_values(busy: float, pcie_tx: float, pcie_rx: float) -> Mapping[str, float]:
+    """GPM metrics of a simulated H100 whose SMs are busy ``busy`` (0-1) of the time.
+
+    Like NVML's GPM, the values average over the time between two samples, so none
+    exist on the first pass. The shapes follow a bf16 training or inference job: the
+    graphics engine is active whenever a kernel runs, SMs slightly less, tensor pipes
+    (HMMA) about nine tenths of SM time, DRAM bandwidth a fifth.
+    """
+    return frozen_mapping({
+        "graphics_active": round(busy, 4),
+        "sm_active": round(0.93 * busy, 4),
+        "sm_occupancy": round(0.14 * busy, 4),
+        "tensor_active": round(0.85 * busy, 4),
+        "tensor_hmma_active": round(0.85 * busy, 4),
+        "tensor_imma_active": 0.0,
+        "tensor_dfma_active": 0.0,
+        "dram_active": round(0.2 * busy, 4),
+        "fp16_active": round(0.05 * busy, 4),
+        "fp32_active": round(0.08 * busy, 4),
+        "fp64_active": 0.0,
+        "pcie_tx_bytes_per_second": pcie_tx,
+        "pcie_rx_bytes_per_second": pcie_rx,
+        "nvlink_tx_bytes_per_second": 0.0,
+        "nvlink_rx_bytes_per_second": 0.0,
+    })
