@@ -91,8 +91,8 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from exporter.devices.base import BackendUnavailable
@@ -261,10 +261,10 @@ class _Nvml:
     def _key(name: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
         if not args:
             return (name,)
-        rest = args[1:]
+        rest: Any = args[1:]
         try:
             hash(rest)
-        except TypeError:
+        except TypeError:  # e.g. a list of field ids
             rest = repr(rest)
         return (name, _handle_key(args[0]), rest)
 
