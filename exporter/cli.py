@@ -244,7 +244,8 @@ def serve(args: argparse.Namespace) -> int:
     exposition = None
     if not args.no_metrics_endpoint:
         # cached bytes may be served for a pass and its rendering, then they are stale
-        exposition = Exposition(registry, lambda: collector.snapshot, max_age=2 * args.interval)
+        exposition = Exposition(registry, lambda: collector.snapshot, max_age=2 * args.interval,
+                                interval=args.interval)
         collector.on_snapshot = exposition.warm
     bridge = None
     try:
