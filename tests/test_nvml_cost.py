@@ -259,3 +259,28 @@ def test_call_plan_fits_the_per_gpu_budget_on_h200_costs():
     cpu = (fake.bill[1] - cpu0) / passes / 8
     assert cpu <= 3e-3, f"{cpu * 1e3:.2f} ms of CPU per GPU per pass"
     assert wall <= 5e-3, f"{wall * 1e3:.2f} ms of wall time per GPU per pass"
+
+
+def test_snapshot_timings_show_what_each_call_costs(monkeypatch, capsys):
+    """`l9gpu snapshot --timings` on a node whose driver charges H200 prices."""
+    from fake_pynvml import install
+
+    from exporter.cli import main
+
+    fake = FakeNvml([h200(processes=2, base_pid=999_990)], costs=H200_COSTS)
+    fake.add_util_samples(0, [FakeUtilSample(pid=999_990, timestamp=10, sm=30)])
+    install(monkeypatch, fake)
+    assert main(["snapshot", "--backend", "nvml", "--interval", "50ms", "--kubernetes", "off",
+                 "--cri-socket", "off", "--pod-resources-socket", "off", "--timings"]) == 0
+    out = capsys.readouterr().out
+    first, steady = out.split("first pass: ")[1].split("steady pass: ")
+    rows = {line.split()[0]: line.split() for line in steady.splitlines()[2:] if line.strip()}
+    # The costliest call of a steady pass is the per-process utilisation (1.5 ms on an H200):
+    # costs are real CPU time, so the figures cannot come out below them, however busy the machine.
+    assert float(rows["nvmlDeviceGetProcessesUtilizationInfo"][4]) >= 1.4
+    assert next(iter(rows)) == "nvmlDeviceGetProcessesUtilizationInfo"
+    # What the first pass asked once is not asked again: energy counter, fan, MIG mode.
+    assert "nvmlDeviceGetTotalEnergyConsumption" in first and "nvmlDeviceGetFanSpeed" in first
+    for once in ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetFanSpeed", "nvmlDeviceGetMigMode",
+                 "nvmlDeviceGetPcieThroughput"):
+        assert once not in rows
