@@ -443,6 +443,9 @@ class FakeGpu:
     clock_reasons: int = 0
     processes: list[FakeProcess] = field(default_factory=list)
     util_samples: list[FakeUtilSample] = field(default_factory=list)
+    # pid -> SM percent: every utilisation query answers one fresh sample per listed
+    # process, stamped now (as an H200 does: the latest sample per process).
+    live_sm: dict[int, int] | None = None
     mig_devices: list[FakeMig] = field(default_factory=list)
     mig_capable: bool = False  # MIG mode query supported (disabled) even without MIG devices
     xid_supported: bool = True
@@ -806,7 +809,7 @@ class FakeNvml:
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[c_nvmlProcessUtilizationSample_t]:
         """Samples newer than ``timeStamp`` (µs); NOT_FOUND when there are none, like NVML."""
         gpu, _ = self._device("nvmlDeviceGetProcessUtilization", handle, timeStamp)
-        newer = [s for s in gpu.util_samples if s.timestamp > timeStamp]
+        newer = self._live_samples(gpu) or [s for s in gpu.util_samples if s.timestamp > timeStamp]
         if not newer:
             raise NVMLError(NVML_ERROR_NOT_FOUND)
         return [
@@ -815,13 +818,20 @@ class FakeNvml:
             for s in newer
         ]
 
+    @staticmethod
+    def _live_samples(gpu: FakeGpu) -> list[FakeUtilSample]:
+        if not gpu.live_sm:
+            return []
+        stamp = int(time.time() * 1e6)
+        return [FakeUtilSample(pid=pid, timestamp=stamp, sm=sm) for pid, sm in gpu.live_sm.items()]
+
     def nvmlDeviceGetProcessesUtilizationInfo(self, handle: Any, timeStamp: int) -> list[
             c_nvmlProcessUtilizationInfo_v1_t]:
         """Like pynvml's: the samples newer than ``timeStamp`` (µs) as a list of
         ``c_nvmlProcessUtilizationInfo_v1_t``; NVMLError(SUCCESS) when there are none
         (the binding raises the sizing call's SUCCESS), NOT_FOUND as NVML answers it."""
         gpu, _ = self._device("nvmlDeviceGetProcessesUtilizationInfo", handle, timeStamp)
-        newer = [s for s in gpu.util_samples if s.timestamp > timeStamp]
+        newer = self._live_samples(gpu) or [s for s in gpu.util_samples if s.timestamp > timeStamp]
         if not newer:
             raise NVMLError(NVML_ERROR_NOT_FOUND)
         return [
