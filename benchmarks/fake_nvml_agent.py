@@ -55,19 +55,18 @@ def install(scenario_path: str, h200_costs: bool) -> None:
     attribution._simulated_scenario = lambda backend: scenario  # type: ignore[attr-defined]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     usage="%(prog)s SCENARIO [--h200-costs] -- L9GPU_ARGS...")
     parser.add_argument("scenario")
     parser.add_argument("--h200-costs", action="store_true", help="charge every NVML call its H200 cost")
-    parser.add_argument("l9gpu_args", nargs=argparse.REMAINDER, help="after --: the l9gpu command line")
-    opts = parser.parse_args()
+    opts = parser.parse_args(own)
     install(opts.scenario, opts.h200_costs)
     from exporter.cli import main as l9gpu_main
 
-    args = list(opts.l9gpu_args)
-    while args[:1] == ["--"]:
-        args = args[1:]
-    return l9gpu_main(args + ["--backend", "nvml"])
+    return l9gpu_main(rest + ["--backend", "nvml"])
 
 
 if __name__ == "__main__":

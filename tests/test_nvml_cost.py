@@ -61,13 +61,20 @@ def test_pcie_from_byte_counters_never_the_blocking_throughput_call():
     (first,) = backend.sample(0.0)
     fake.gpus[0].pcie_tx_bytes += 4_000_000
     fake.gpus[0].pcie_rx_bytes += 9_000_000
-    (second,) = backend.sample(1.0)
-    assert second.pcie_tx_bytes_total - first.pcie_tx_bytes_total == 4_000_000
-    assert second.pcie_rx_bytes_total - first.pcie_rx_bytes_total == 9_000_000
+    counters = []
+    for t in range(1, 12):
+        (dev,) = backend.sample(float(t))
+        counters.append(dev.pcie_tx_bytes_total)
+        assert dev.memory_temperature_celsius == 52  # every pass
+    # Cumulative counters, read every PCIE_PERIOD (10 s): the last reading in between.
+    assert counters[0] == first.pcie_tx_bytes_total
+    assert dev.pcie_tx_bytes_total - first.pcie_tx_bytes_total == 4_000_000
+    assert dev.pcie_rx_bytes_total - first.pcie_rx_bytes_total == 9_000_000
     assert fake.called("nvmlDeviceGetPcieThroughput") == []  # blocks 20 ms on a real driver
-    # Memory temperature and both counters come from one field-values call per pass.
-    assert len(fake.called("nvmlDeviceGetFieldValues")) == 2
-    assert second.memory_temperature_celsius == 52
+    # One field-values call per pass; the costly counter fields only when due.
+    asked = [args[1] for args in fake.called("nvmlDeviceGetFieldValues")]
+    assert len(asked) == 12
+    assert sum(1 for fields in asked if 197 in fields) == 2
 
 
 def test_unsupported_pcie_counters_are_absent_and_not_asked_again():
@@ -81,6 +88,8 @@ def test_unsupported_pcie_counters_are_absent_and_not_asked_again():
     assert dev.memory_temperature_celsius == 52
     asked = [args[1] for args in fake.called("nvmlDeviceGetFieldValues")]
     assert asked[0] == [82, 197, 198] and asked[-1] == [82]
+    backend.sample(30.0)
+    assert fake.called("nvmlDeviceGetFieldValues")[-1][1] == [82]  # due again, still not asked
 
 
 def test_slow_values_are_reread_on_their_schedule():
@@ -240,6 +249,26 @@ def _add_samples(fake: FakeNvml, t: int) -> None:
     for index, gpu in enumerate(fake.gpus):
         fake.add_util_samples(index, [FakeUtilSample(pid=p.pid, timestamp=(t + 1) * 1_000_000, sm=20)
                                       for p in gpu.processes])
+
+
+def test_graphics_processes_asked_on_a_slow_schedule_while_there_are_none():
+    fake = FakeNvml([h200(processes=1)])
+    backend = opened(fake)
+    for t in range(10):
+        backend.sample(float(t))
+    assert len(fake.called("nvmlDeviceGetComputeRunningProcesses_v3")) == 10
+    assert len(fake.called("nvmlDeviceGetGraphicsRunningProcesses_v3")) == 2
+    fake.gpus[0].processes.append(FakeProcess(pid=77, kind="graphics"))
+    seen_at = None
+    for t in range(10, 20):
+        (dev,) = backend.sample(float(t))
+        if seen_at is None and 77 in {p.pid for p in dev.processes}:
+            seen_at = t
+    assert seen_at is not None and seen_at - 10 <= nvml_backend.GRAPHICS_PERIOD
+    # With a graphics process present, the list is asked every pass.
+    before = len(fake.called("nvmlDeviceGetGraphicsRunningProcesses_v3"))
+    backend.sample(20.0)
+    assert len(fake.called("nvmlDeviceGetGraphicsRunningProcesses_v3")) == before + 1
 
 
 def test_call_plan_fits_the_per_gpu_budget_on_h200_costs():

@@ -66,8 +66,11 @@ docs/PERFORMANCE.md), so a pass asks only for what it needs:
   held until the counter catches up, so the error never accumulates. A counter that
   drops (the driver reloaded) is passed through as the reset it is.
 * MIG mode and the enforced power limit are re-read every `SLOW_PERIOD` seconds, ECC
-  totals every `ECC_PERIOD`; static facts (UUID, name, serial, PCI bus id, MIG slots)
-  once. The re-reads of different GPUs are spread over the period.
+  totals and the PCIe byte counters every `ECC_PERIOD` and `PCIE_PERIOD` (cumulative
+  counters lose nothing by it; dcgm-exporter polls every 30 s), the graphics process
+  list every `GRAPHICS_PERIOD` while a GPU has no graphics process; static facts (UUID,
+  name, serial, PCI bus id, MIG slots) once. The re-reads of different GPUs are spread
+  over the period.
 * Per-process utilisation is asked only of GPUs that have processes, with
   ``nvmlDeviceGetProcessesUtilizationInfo`` where the driver has it (cheaper than
   ``nvmlDeviceGetProcessUtilization``, which remains the fallback).
@@ -178,6 +181,10 @@ _MAX_EVENTS_PER_PASS = 10_000
 ENERGY_COUNTER_PERIOD = 30.0
 SLOW_PERIOD = 30.0
 ECC_PERIOD = 10.0
+PCIE_PERIOD = 10.0
+# Graphics contexts are rare on data-centre GPUs: while a GPU has none, its graphics
+# process list is asked this often (compute processes: every pass).
+GRAPHICS_PERIOD = 5.0
 # NVML averages power over the last second (Ampere and newer): up to this interval the
 # reading times the interval is the energy used in it; in longer intervals the reading
 # covers the last second and the mean of the readings at both ends the rest.
@@ -658,7 +665,7 @@ class NvmlBackend:
 
         throttle = self._guard(nvml, lambda: nvml.first(_THROTTLE_FUNCTIONS, handle))
         power_watts = _scaled(self._opt(nvml, "nvmlDeviceGetPowerUsage", handle), 1e-3)
-        fields = self._field_values(nvml, index, handle)
+        fields = self._field_values(nvml, index, handle, now)
 
         values: dict[str, Any] = {
             "utilization": _ratio(getattr(utilization, "gpu", None)) if utilization is not NA else None,
@@ -688,7 +695,7 @@ class NvmlBackend:
         }
         processes: tuple[ProcessSample, ...] = ()
         if not mig_enabled:
-            processes = self._processes(nvml, index, handle, per_process_util=True)
+            processes = self._processes(nvml, index, handle, per_process_util=True, now=now)
         parent = DeviceSample(
             index=index,
             uuid=static["uuid"],
@@ -702,7 +709,7 @@ class NvmlBackend:
         )
         samples = [parent]
         if mig_enabled:
-            samples.extend(self._sample_mig(nvml, index, handle, static))
+            samples.extend(self._sample_mig(nvml, index, handle, static, now))
         return samples
 
     def _read_mig_mode(self, nvml: _Nvml, index: int, handle: Any) -> bool:
@@ -722,25 +729,27 @@ class NvmlBackend:
         self._mig_enabled[index] = enabled
         return enabled
 
-    def _field_values(self, nvml: _Nvml, index: int, handle: Any) -> dict[int, float]:
-        """Memory temperature and the PCIe byte counters, in one field-values call.
+    def _field_values(self, nvml: _Nvml, index: int, handle: Any, now: float) -> dict[int, float]:
+        """Memory temperature every pass and the PCIe byte counters every `PCIE_PERIOD`,
+        in one field-values call (the counters cost 0.46 ms on an H200, the temperature
+        next to nothing); between counter reads the last counter values are served.
 
         A field the device answers NOT_SUPPORTED for is not asked again.
         """
         skip = self._fields_unsupported[index]
-        wanted = [
-            field for field in (
-                nvml.const("NVML_FI_DEV_MEMORY_TEMP"),
-                nvml.const("NVML_FI_DEV_PCIE_COUNT_TX_BYTES"),
-                nvml.const("NVML_FI_DEV_PCIE_COUNT_RX_BYTES"),
-            ) if field not in skip
-        ]
+        pcie = (nvml.const("NVML_FI_DEV_PCIE_COUNT_TX_BYTES"), nvml.const("NVML_FI_DEV_PCIE_COUNT_RX_BYTES"))
+        candidates = (nvml.const("NVML_FI_DEV_MEMORY_TEMP"),)
+        last_pcie: dict[int, float] = self._slow_values.get((index, "pcie"), {})
+        if self._due(index, "pcie", now, PCIE_PERIOD):
+            candidates += pcie
+            last_pcie = {}
+        wanted = [field for field in candidates if field not in skip]
         if not wanted:
-            return {}
+            return dict(last_pcie)
         values = self._opt(nvml, "nvmlDeviceGetFieldValues", handle, wanted)
         if values is NA or not values:
-            return {}
-        out: dict[int, float] = {}
+            return dict(last_pcie)
+        out: dict[int, float] = dict(last_pcie)
         for field, value in zip(wanted, values):
             ret = getattr(value, "nvmlReturn", _NVML_SUCCESS)
             if ret != _NVML_SUCCESS:
@@ -751,6 +760,8 @@ class NvmlBackend:
             number = getattr(getattr(value, "value", None), member, None)
             if number is not None:
                 out[field] = number
+        if pcie[0] in wanted or pcie[1] in wanted:
+            self._slow_values[(index, "pcie")] = {f: v for f, v in out.items() if f in pcie}
         return out
 
     def _energy_joules(self, nvml: _Nvml, index: int, handle: Any, now: float,
@@ -815,11 +826,18 @@ class NvmlBackend:
     # ---- processes --------------------------------------------------------------
 
     def _processes(
-        self, nvml: _Nvml, index: int, handle: Any, per_process_util: bool
+        self, nvml: _Nvml, index: int, handle: Any, per_process_util: bool, now: float
     ) -> tuple[ProcessSample, ...]:
         found: dict[int, tuple[int | None, str]] = {}
-        for kind, functions in (("compute", _COMPUTE_PROCESS_FUNCTIONS), ("graphics", _GRAPHICS_PROCESS_FUNCTIONS)):
+        graphics_key = (index, "graphics", _handle_key(handle))
+        kinds = [("compute", _COMPUTE_PROCESS_FUNCTIONS)]
+        if self._slow_values.get(graphics_key) or self._due(index, f"graphics {graphics_key[2]}", now,
+                                                             GRAPHICS_PERIOD):
+            kinds.append(("graphics", _GRAPHICS_PROCESS_FUNCTIONS))
+        for kind, functions in kinds:
             infos = self._guard(nvml, lambda fns=functions: nvml.first(fns, handle))
+            if kind == "graphics":
+                self._slow_values[graphics_key] = bool(infos)
             if infos is NA or infos is None:
                 continue
             for info in infos:
@@ -921,7 +939,8 @@ class NvmlBackend:
 
     # ---- MIG --------------------------------------------------------------------
 
-    def _sample_mig(self, nvml: _Nvml, index: int, handle: Any, parent: Mapping[str, Any]) -> list[DeviceSample]:
+    def _sample_mig(self, nvml: _Nvml, index: int, handle: Any, parent: Mapping[str, Any],
+                    now: float) -> list[DeviceSample]:
         count = self._mig_slots.get(index)
         if count is None:
             count = self._mig_slots[index] = self._opt(nvml, "nvmlDeviceGetMaxMigDeviceCount", handle)
@@ -961,7 +980,7 @@ class NvmlBackend:
                     memory_used_bytes=_int_or_none(getattr(memory, "used", None)) if memory is not NA else None,
                     memory_total_bytes=_int_or_none(getattr(memory, "total", None)) if memory is not NA else None,
                     # NVML has no per-process utilisation on MIG devices.
-                    processes=self._processes(nvml, index, mig, per_process_util=False),
+                    processes=self._processes(nvml, index, mig, per_process_util=False, now=now),
                 )
             )
         return samples
