@@ -122,7 +122,8 @@ class ScrapeForecast:
         """True when a client of ``variant`` is expected to scrape before ``now + horizon``.
 
         A client seen once (period unknown) is not expected: its next scrape renders by
-        itself, and from the third on they are foreseen.
+        itself, and from the third on they are foreseen. A scrape overdue by more than
+        ``horizon`` is no longer expected.
         """
         with self._lock:
             for key, client in list(self._clients.items()):
@@ -136,10 +137,11 @@ class ScrapeForecast:
                     continue
                 if key[1:] != variant:
                     continue
-                # The next scrape, or the one that is late by up to half a period.
-                missed = max(0, int((now - client.last) / period - 0.5)) if period > 0 else 0
-                expected = client.last + (missed + 1) * period
-                if expected <= now + horizon:
+                # Its next scrape, unless that is overdue by more than the horizon: a client
+                # that missed its time (stopped, or irregular) is not rendered for on every
+                # pass; its next scrape renders by itself and tells its period anew.
+                expected = client.last + period
+                if now - horizon <= expected <= now + horizon:
                     return True
             return False
 
