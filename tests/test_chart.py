@@ -308,8 +308,11 @@ def test_the_documented_install_command_sets_every_value_it_names():
     assert "--interval=2s" in release.container["args"]
     assert args.otlp_endpoint == "otel-collector.monitoring.svc.cluster.local:4317"
     assert args.otlp_insecure is True and args.otlp_protocol == "grpc"
-    assert release.one("DaemonSet")["metadata"] == {**release.one("DaemonSet")["metadata"], "name": "l9gpu",
-                                                    "namespace": "monitoring"}
+    assert "collects every 2s" in release.notes
+    assert "OTLP: pushing to otel-collector.monitoring.svc.cluster.local:4317 over grpc (plaintext) every 60s" \
+        in release.notes
+    metadata = release.one("DaemonSet")["metadata"]
+    assert (metadata["name"], metadata["namespace"]) == ("l9gpu", "monitoring")
 
 
 def test_the_readmes_lead_with_the_install_command():
