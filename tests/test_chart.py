@@ -275,8 +275,7 @@ CASES: dict[str, dict[str, Any]] = {
         "serviceAccount.create=false", "serviceAccount.name=gpu-agent", "rbac.create=false",
         "service.enabled=false", "podResources.enabled=false", "nvidia.visibleDevicesAll=false",
         "gpuNodeAffinity.enabled=false", "nodeSelector.gpu=true", "podAnnotations.team=ml",
-        "podMetadataLabels.tier=monitoring", "serviceMonitor.enabled=true", "serviceMonitor.interval=",
-        "serviceMonitor.scrapeTimeout=", "updateStrategy.type=OnDelete", "updateStrategy.rollingUpdate=null",
+        "podMetadataLabels.tier=monitoring", "updateStrategy.type=OnDelete", "updateStrategy.rollingUpdate=null",
         "podSecurityContext.fsGroup=0"),
         # a values file's bare `off` is YAML's false
         helm.values_from_yaml("kubernetesApi: off\nextraEnv: [{name: L9GPU_WORKLOAD_GRACE, value: 10m}]\n"
@@ -389,6 +388,10 @@ def test_monitoring_objects(releases):
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == release.one("Service")["spec"]["ports"][0]["name"] == "metrics"
     assert endpoint["honorLabels"] is True and (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "10s")
+    # empty durations leave the choice to Prometheus
+    (endpoint,) = render(_sets("serviceMonitor.enabled=true", "serviceMonitor.interval=",
+                               "serviceMonitor.scrapeTimeout=")).one("ServiceMonitor")["spec"]["endpoints"]
+    assert "interval" not in endpoint and "scrapeTimeout" not in endpoint
     rule = release.one("PrometheusRule")
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert rule["spec"] == yaml.safe_load((REPO / "alerts" / "l9gpu.rules.yaml").read_text())
@@ -443,9 +446,10 @@ def test_everything_else(releases):
     assert release.container["livenessProbe"] == {"tcpSocket": {"port": "metrics"}, "periodSeconds": 10,
                                                   "initialDelaySeconds": 10, "failureThreshold": 3}
     assert release.one("DaemonSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
-    (endpoint,) = release.one("ServiceMonitor")["spec"]["endpoints"]
-    assert "interval" not in endpoint and "scrapeTimeout" not in endpoint
-    assert release.kinds() == ["DaemonSet", "ServiceMonitor"]
+    assert release.kinds() == ["DaemonSet"]
+    # a ServiceMonitor without the Service it selects is refused, saying so
+    with pytest.raises(helm.HelmRenderError, match="serviceMonitor.enabled needs service.enabled"):
+        render(_sets("service.enabled=false", "serviceMonitor.enabled=true"))
 
 
 # --- values.schema.json ----------------------------------------------------------------
