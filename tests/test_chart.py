@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import http.server
 import json
+import os
 import re
 import shlex
 import shutil
@@ -630,6 +631,17 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+# `helm repo add` + `helm pull` in a process of their own: Helm's Go runtime reads
+# HELM_*_HOME from the environment the process started with, and a pull writes its cache.
+_PULL = """
+import json, sys, helm_python
+url, dest = sys.argv[1:]
+index = helm_python.repo_index(url)
+helm_python.pull("l9gpu", repo_url=url, destination=dest)
+print(json.dumps([entry["version"] for entry in index["entries"]["l9gpu"]]))
+"""
+
+
 def test_make_chart_packages_a_repository_helm_can_install_from(tmp_path):
     """`make chart`'s command, then what `helm repo add` + `helm install l9gpu/l9gpu` do."""
     repo = tmp_path / "charts"
@@ -659,18 +671,21 @@ def test_make_chart_packages_a_repository_helm_can_install_from(tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: _QuietHandler(*a, directory=str(repo)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    pulled = tmp_path / "pulled"
+    pulled.mkdir()
+    env = {**os.environ, **{f"HELM_{home}_HOME": str(tmp_path / "helm" / home.lower())
+                            for home in ("CACHE", "CONFIG", "DATA")}}
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        remote = helm.repo_index(url)
-        assert [e["version"] for e in remote["entries"]["l9gpu"]] == [version]
-        pulled = tmp_path / "pulled"
-        pulled.mkdir()
-        helm.pull("l9gpu", repo_url=url, destination=pulled)
-        (downloaded,) = pulled.glob("l9gpu-*.tgz")
-        assert downloaded.read_bytes() == archive.read_bytes()
+        result = subprocess.run([sys.executable, "-c", _PULL, url, str(pulled)], capture_output=True, text=True,
+                                env=env, timeout=120)
     finally:
         server.shutdown()
         server.server_close()
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [version]
+    (downloaded,) = pulled.glob("l9gpu-*.tgz")
+    assert downloaded.read_bytes() == archive.read_bytes()
     release = render(values, name=name, namespace=namespace, chart=downloaded)
     assert serve_args(release).interval == 2.0
     assert validate_objects(release, tmp_path) == list(KUBERNETES_VERSIONS)
