@@ -421,7 +421,7 @@ class NvmlBackend:
         self._errors: Counter[str] = Counter()
         self._initialized = False
         self._next_read: dict[tuple[int, str], float] = {}  # (gpu, what) -> when to re-read
-        self._slow_values: dict[tuple[int, str], Any] = {}
+        self._slow_values: dict[tuple[Any, ...], Any] = {}
         self._energy: dict[int, _EnergyEstimate] = {}
         self._fields_unsupported: dict[int, set[int]] = defaultdict(set)
         self._mig_enabled: dict[int, bool] = {}
@@ -738,7 +738,7 @@ class NvmlBackend:
         """
         skip = self._fields_unsupported[index]
         pcie = (nvml.const("NVML_FI_DEV_PCIE_COUNT_TX_BYTES"), nvml.const("NVML_FI_DEV_PCIE_COUNT_RX_BYTES"))
-        candidates = (nvml.const("NVML_FI_DEV_MEMORY_TEMP"),)
+        candidates: tuple[int, ...] = (nvml.const("NVML_FI_DEV_MEMORY_TEMP"),)
         last_pcie: dict[int, float] = self._slow_values.get((index, "pcie"), {})
         if self._due(index, "pcie", now, PCIE_PERIOD):
             candidates += pcie
