@@ -50,6 +50,10 @@ processes). The parent GPU is still reported for whole-board values (power, ener
 temperature, clocks, ECC, XIDs) but without processes, so that no process is counted
 twice.
 
+GPM. On Hopper and newer GPUs, `exporter.devices.gpm.GpmReader` adds SM, tensor-core,
+DRAM, FP-pipe, PCIe and NVLink activity (``DeviceSample.gpm``) from NVML's GPM samples,
+per GPU, or per MIG instance in MIG mode (the parent then has none).
+
 XIDs. At ``open()`` an NVML event set is registered for critical XID events on every
 device that supports them; each pass drains it without waiting and counts events per
 device and XID code, cumulatively since the agent started.
@@ -69,6 +73,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from exporter.devices.base import BackendUnavailable
+from exporter.devices.gpm import DEFAULT_INTERVAL_SECONDS, GpmReader
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
 
 log = logging.getLogger(__name__)
@@ -293,12 +298,17 @@ class NvmlBackend:
     Args:
         nvml: a module with the ``pynvml`` API. Default: ``import pynvml`` (the
             ``nvidia-ml-py`` package) in `open`. Tests pass a fake.
+        gpm: read GPM metrics (SM, tensor-core, DRAM activity) where the GPU has them.
+        gpm_interval: seconds between two GPM samples of a device (see `gpm`).
     """
 
     name = "nvml"
 
-    def __init__(self, nvml: Any = None):
+    def __init__(self, nvml: Any = None, gpm: bool = True, gpm_interval: float = DEFAULT_INTERVAL_SECONDS):
         self._module = nvml
+        self._gpm_enabled = gpm
+        self._gpm_interval = gpm_interval
+        self._gpm: GpmReader | None = None
         self._nvml: _Nvml | None = None
         self._count = 0
         self._handles: dict[int, Any] = {}
@@ -339,6 +349,8 @@ class NvmlBackend:
         except OSError as exc:
             raise BackendUnavailable(f"cannot load the NVIDIA management library: {exc}") from exc
         self._initialized = True
+        if self._gpm_enabled:
+            self._gpm = GpmReader(nvml, self._gpm_interval, NA)
         try:
             self._count = int(nvml.module.nvmlDeviceGetCount())
         except nvml.error as exc:
@@ -379,6 +391,8 @@ class NvmlBackend:
         nvml = self._nvml
         if nvml is None:
             return
+        if self._gpm is not None:
+            self._gpm.close()
         if self._event_set is not None:
             try:
                 nvml.call("nvmlEventSetFree", self._event_set)
@@ -394,7 +408,16 @@ class NvmlBackend:
 
     def errors(self) -> Mapping[str, int]:
         """Problems survived since start, by reason (``gpu_lost``, ``device_error``, ...)."""
-        return dict(self._errors)
+        errors = Counter(self._errors)
+        if self._gpm is not None:
+            errors.update(self._gpm.errors)
+        return dict(errors)
+
+    def gpm_status(self) -> dict[tuple[int, str], str]:
+        """GPM per (GPU index, MIG instance or ""): active, warming up, or why it is unsupported."""
+        if self._gpm is None:
+            return {}
+        return self._gpm.status()
 
     # ---- sampling ---------------------------------------------------------------
 
@@ -402,11 +425,15 @@ class NvmlBackend:
         """Read every GPU (and MIG instance) once; ``now`` is not needed by NVML."""
         nvml = self._require()
         self._drain_xid_events(nvml)
+        if self._gpm is not None:
+            self._gpm.begin_pass(now)
         samples: list[DeviceSample] = []
         for index in range(self._count):
             try:
                 samples.extend(self._sample_gpu(nvml, index))
             except _DeviceDown as down:
+                if self._gpm is not None:
+                    self._gpm.forget(index)
                 self._errors[down.reason] += 1
                 self._handles.pop(index, None)  # get a fresh handle next pass
                 static = self._static.get(index, {})
@@ -425,6 +452,8 @@ class NvmlBackend:
                         xid_errors=frozen_mapping(self._xid_counts.get(index)),
                     )
                 )
+        if self._gpm is not None:
+            self._gpm.end_pass()
         return samples
 
     def _require(self) -> _Nvml:
@@ -535,6 +564,8 @@ class NvmlBackend:
             "ecc_errors": frozen_mapping(self._ecc(nvml, handle)),
             "throttle_reasons": frozen_mapping(decode_throttle_reasons(throttle) if throttle is not NA else None),
             "xid_errors": frozen_mapping(self._xid_counts.get(index)),
+            # GPM of the whole GPU; in MIG mode each instance has its own (below).
+            "gpm": self._read_gpm(nvml, handle, index) if not mig_enabled else frozen_mapping(),
         }
         processes: tuple[ProcessSample, ...] = ()
         if not mig_enabled:
@@ -727,6 +758,7 @@ class NvmlBackend:
                 log.debug("MIG device %d/%d not readable: %s", index, slot, exc)
                 continue
             utilization = self._opt(nvml, "nvmlDeviceGetUtilizationRates", mig)
+            gpm = frozen_mapping() if instance is NA else self._read_gpm(nvml, handle, index, int(instance))
             samples.append(
                 DeviceSample(
                     index=index,
@@ -743,11 +775,22 @@ class NvmlBackend:
                     ),
                     memory_used_bytes=_int_or_none(getattr(memory, "used", None)) if memory is not NA else None,
                     memory_total_bytes=_int_or_none(getattr(memory, "total", None)) if memory is not NA else None,
+                    gpm=gpm,
                     # NVML has no per-process utilisation on MIG devices.
                     processes=self._processes(nvml, index, mig, per_process_util=False),
                 )
             )
         return samples
+
+    def _read_gpm(self, nvml: _Nvml, handle: Any, index: int, gpu_instance: int | None = None) -> Any:
+        """GPM values (see `exporter.devices.gpm`); a lost GPU stops the device."""
+        gpm = self._gpm
+        if gpm is None:
+            return frozen_mapping()
+        try:
+            return gpm.read(handle, index, gpu_instance)
+        except nvml.error as exc:
+            raise self._down(nvml, exc) from exc
 
     # ---- XID events -------------------------------------------------------------
 
