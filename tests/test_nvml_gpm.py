@@ -296,3 +296,43 @@ def test_fake_gpm_shapes_match_the_installed_binding():
     for key, constant, value, _ in gpm_module.METRICS:
         assert getattr(pynvml, constant) == value, (key, constant)
     assert NVML_GPM_METRIC_HMMA_TENSOR_UTIL == pynvml.NVML_GPM_METRIC_HMMA_TENSOR_UTIL
+
+
+# ---- l9gpu snapshot ---------------------------------------------------------------------------
+
+
+def test_snapshot_shows_gpm_activity_and_why_a_gpu_has_none(monkeypatch, capsys):
+    import json
+
+    from fake_pynvml import install
+
+    from exporter import cli
+
+    fake = install(monkeypatch, FakeNvml(gpus=[FakeGpu(), FakeGpu(name="NVIDIA A100-SXM4-80GB")]))
+    monkeypatch.setattr(cli, "SNAPSHOT_GPM_WINDOW", 0.05)
+    assert cli.main(["snapshot", "--backend", "nvml", "--kubernetes", "off"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    gpu0 = out.index([line for line in out if line.startswith("0 ")][0])
+    assert out[gpu0 + 1] == "       gpm: graphics 59%  sm 55%  occupancy 8%  tensor 53%  dram 11%"
+    gpu1 = out.index([line for line in out if line.startswith("1 ")][0])
+    assert out[gpu1 + 1] == ("       gpm: not available (the GPU does not support GPM (Hopper or newer needed))")
+    assert len(fake.called("nvmlGpmMetricsGet")) == 1  # two passes, one window, on the H100 only
+
+    assert cli.main(["snapshot", "--backend", "nvml", "--kubernetes", "off", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    h100, a100 = doc["gpus"]
+    assert h100["gpm_status"] == "active" and h100["gpm"]["tensor_active"] == pytest.approx(0.53)
+    assert a100["gpm"] == {} and a100["gpm_status"].startswith("unsupported: the GPU does not support GPM")
+
+    calls = len(fake.calls)
+    assert cli.main(["snapshot", "--backend", "nvml", "--kubernetes", "off", "--gpm-interval", "off"]) == 0
+    assert "gpm:" not in capsys.readouterr().out
+    assert not [name for name, _ in fake.calls[calls:] if name.startswith("nvmlGpm")]
+
+
+def test_gpm_interval_flag_rejects_a_bad_value(capsys):
+    from exporter import cli
+
+    assert cli.main(["snapshot", "--backend", "simulated", "--gpm-interval", "soon"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--gpm-interval" in err[0] and "invalid duration 'soon'" in err[0]
