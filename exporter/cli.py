@@ -378,6 +378,9 @@ def snapshot(args: argparse.Namespace) -> int:
             print()
             print(format_timings(passes) if timed else
                   f"no per-call timings for the {backend.name} backend (NVIDIA's nvml backend has them)")
+            if any(name.startswith("nvmlGpm") for _, calls in passes for name in calls):
+                print("(nvmlGpm* calls: this snapshot samples GPM on both passes; `l9gpu serve` samples a GPU "
+                      "every --gpm-interval)")
     return 0
 
 
