@@ -123,6 +123,8 @@ def test_chart_daemonset_template_wiring():
     assert re.search(r"if not \.Values\.hostPID \}\}\s*- --proc-root=/host/proc", text)
     assert "fieldPath: spec.nodeName" in text and "name: NODE_NAME" in text
     assert re.search(r"range \.Values\.podLabels \}\}\s*- --pod-label=\{\{ \. \}\}", text)
+    assert re.search(r'if and \.Values\.metricSchema \(ne \.Values\.metricSchema "l9gpu"\) \}\}\s*'
+                     r"- --metric-schema=\{\{ \.Values\.metricSchema \}\}", text)
     assert re.search(r"name: OTEL_EXPORTER_OTLP_HEADERS\s+valueFrom:\s+secretKeyRef:", text)
     assert re.search(r"if \.Values\.cri\.enabled \}\}\s*- name: cri-socket", text)
     assert re.search(r"name: pod-resources\s+mountPath: /var/lib/kubelet/pod-resources\s+readOnly: true", text)
@@ -257,6 +259,12 @@ def test_helm_without_host_pid_mounts_host_proc():
     container = _container(pod_objects)
     assert "--proc-root=/host/proc" in container["args"]
     assert {"name": "host-proc", "mountPath": "/host/proc", "readOnly": True} in container["volumeMounts"]
+
+
+def test_helm_metric_schema_switches_to_dcgm_names():
+    assert "--metric-schema=dcgm" in _container(_render("metricSchema=dcgm"))["args"]
+    assert "--metric-schema=l9gpu,dcgm" in _container(_render("metricSchema=l9gpu\\,dcgm"))["args"]
+    assert not any(a.startswith("--metric-schema") for a in _container(_render())["args"])
 
 
 def test_helm_otlp_pod_labels_cri_and_monitoring_objects():
