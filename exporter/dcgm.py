@@ -411,7 +411,7 @@ def parse_counters(text: str, source: str) -> list[CounterLine]:
             continue
         where = f"{source}:{number}"
         try:
-            row = [cell.strip() for cell in next(csv.reader([stripped]))]
+            row = [cell.strip() for cell in next(csv.reader([stripped], skipinitialspace=True, strict=True))]
         except csv.Error as exc:
             raise CountersError(f"{where}: not a CSV line ({exc})") from None
         if len(row) != 3:
