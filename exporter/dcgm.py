@@ -258,17 +258,17 @@ def _workload_graphics(usage: WorkloadUsage, device: _Device) -> float | None:
 
 
 _GPM_FIELDS: tuple[tuple[str, str, str], ...] = (
-    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "graphics_active", "ratio"),
-    ("DCGM_FI_PROF_SM_ACTIVE", "sm_active", "ratio"),
-    ("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy", "ratio"),
-    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active", "ratio"),
-    ("DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE", "tensor_hmma_active", "ratio"),
-    ("DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE", "tensor_imma_active", "ratio"),
-    ("DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE", "tensor_dfma_active", "ratio"),
-    ("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active", "ratio"),
-    ("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "fp16_active", "ratio"),
-    ("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "fp32_active", "ratio"),
-    ("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "fp64_active", "ratio"),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "graphics_active", "ratio 0-1"),
+    ("DCGM_FI_PROF_SM_ACTIVE", "sm_active", "ratio 0-1"),
+    ("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy", "ratio 0-1"),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_active", "ratio 0-1"),
+    ("DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE", "tensor_hmma_active", "ratio 0-1"),
+    ("DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE", "tensor_imma_active", "ratio 0-1"),
+    ("DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE", "tensor_dfma_active", "ratio 0-1"),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "dram_active", "ratio 0-1"),
+    ("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "fp16_active", "ratio 0-1"),
+    ("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "fp32_active", "ratio 0-1"),
+    ("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "fp64_active", "ratio 0-1"),
     ("DCGM_FI_PROF_PCIE_TX_BYTES", "pcie_tx_bytes_per_second", "B/s"),
     ("DCGM_FI_PROF_PCIE_RX_BYTES", "pcie_rx_bytes_per_second", "B/s"),
     ("DCGM_FI_PROF_NVLINK_TX_BYTES", "nvlink_tx_bytes_per_second", "B/s"),
@@ -663,15 +663,22 @@ class DcgmCollector(Collector):
 
 def markdown_table() -> str:
     """The field table for docs/MIGRATING-FROM-DCGM.md (kept in sync by a test)."""
-    rows = ["| DCGM field | type | unit | from l9gpu | per-workload series |", "|---|---|---|---|---|"]
+    default = {line.name for line in parse_counters(DEFAULT_COUNTERS, "default")}
+    rows = ["| DCGM field | type | unit | from l9gpu | per-workload series | default |", "|---|---|---|---|---|---|"]
     for spec in FIELDS:
         rows.append(f"| `{spec.name}` | {spec.type} | {spec.unit or '—'} | {spec.l9gpu} | "
-                    f"{spec.workload_note or '—'} |")
+                    f"{spec.workload_note or '—'} | {'yes' if spec.name in default else ''} |")
     return "\n".join(rows)
 
 
 def markdown_not_provided() -> str:
     """The fields l9gpu cannot provide, for the docs."""
-    rows = ["| DCGM field | why it is left out |", "|---|---|"]
-    rows += [f"| `{name}` | {reason} |" for name, reason in NOT_PROVIDED.items()]
+    default = {line.name for line in parse_counters(DEFAULT_COUNTERS, "default")}
+    rows = ["| DCGM field | why it is left out | in dcgm-exporter's default counters |", "|---|---|---|"]
+    rows += [f"| `{name}` | {reason} | {'yes' if name in default else ''} |" for name, reason in NOT_PROVIDED.items()]
     return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    # the two tables of docs/MIGRATING-FROM-DCGM.md
+    print(markdown_table() + "\n\n" + markdown_not_provided())

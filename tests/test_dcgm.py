@@ -413,3 +413,10 @@ def test_the_time_shared_gpu_shows_each_pods_own_share(simulated_snapshot):
             assert sum(parts.values()) + 512 == pytest.approx(device[0])
         else:
             assert sum(parts.values()) == pytest.approx(device[0])
+
+
+def test_the_migration_guide_shows_the_field_tables():
+    text = (Path(__file__).resolve().parent.parent / "docs" / "MIGRATING-FROM-DCGM.md").read_text()
+    hint = "paste the tables `python -m exporter.dcgm` prints into docs/MIGRATING-FROM-DCGM.md"
+    assert dcgm.markdown_table() in text, hint
+    assert dcgm.markdown_not_provided() in text, hint

@@ -183,6 +183,10 @@ def test_a_dcgm_exporter_query_by_pod(prometheus):
     rest = prometheus.query('sum by (pod) (DCGM_FI_DEV_FB_USED) - on (pod) '
                             '(sum(DCGM_FI_DEV_FB_USED{pod="", hpc_job=""}) + sum(DCGM_FI_DEV_FB_USED{hpc_job!=""}))')
     assert len(rest) == 1 and float(rest[0]["value"][1]) == 0.0
+    # a device field has no pod series; the documented join finds the pod's GPU
+    assert prometheus.query('DCGM_FI_DEV_GPU_TEMP{pod="embedder-7c9f5-abcde"}') == []
+    joined = prometheus.query('DCGM_FI_DEV_GPU_TEMP and on (gpu, Hostname) DCGM_FI_DEV_FB_USED{pod="embedder-7c9f5-abcde"}')
+    assert [r["metric"]["gpu"] for r in joined] == ["6"]
     # the node's total, as a dcgm-exporter dashboard on unshared GPUs computes it, needs pod=""
     node = prometheus.query('sum(DCGM_FI_DEV_FB_USED{pod="", hpc_job=""}) * 2^20 - sum(gpu_memory_used_bytes)')
     assert float(node[0]["value"][1]) == 0.0
