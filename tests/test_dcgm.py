@@ -420,3 +420,24 @@ def test_the_migration_guide_shows_the_field_tables():
     hint = "paste the tables `python -m exporter.dcgm` prints into docs/MIGRATING-FROM-DCGM.md"
     assert dcgm.markdown_table() in text, hint
     assert dcgm.markdown_not_provided() in text, hint
+
+
+def test_the_catalogues_dcgm_equivalents_hold(simulated_snapshot):
+    """docs/METRICS.md names a DCGM equivalent and factor for l9gpu families: where the
+    DCGM schema serves that field, the factor turns the l9gpu value into the served one."""
+    ours, theirs = _l9gpu(simulated_snapshot), dcgm_samples(simulated_snapshot)
+    checked = []
+    for spec in cat.METRICS:
+        name, factor = spec.dcgm
+        if name not in theirs or spec.scope not in (cat.DEVICE, cat.WORKLOAD) or spec.name not in ours:
+            continue
+        if spec.scope == cat.DEVICE and spec.labels != cat.DEVICE_LABELS:
+            continue  # a label per type or reason (ECC, throttling): a different shape in DCGM
+        workload = spec.scope == cat.WORKLOAD
+        native = {(lab["gpu"], lab["pod"] or lab["slurm_job_id"] if workload else ""): v * factor
+                  for lab, v in ours[spec.name]}
+        served = {(lab["gpu"], lab.get("pod") or lab.get("hpc_job") or ""): v for lab, v in theirs[name]
+                  if workload == ("pod" in lab or "hpc_job" in lab)}
+        assert served == pytest.approx(native, rel=1e-9), (spec.name, name)
+        checked.append(spec.name)
+    assert len(checked) >= 12, checked
