@@ -164,12 +164,14 @@ METRICS: tuple[MetricSpec, ...] = (
                D, DEVICE, "sm_clock_hertz", ("DCGM_FI_DEV_SM_CLOCK", 1e-6)),
     MetricSpec("gpu_memory_clock_hertz", GAUGE, "hertz", "Memory clock, in hertz.",
                D, DEVICE, "memory_clock_hertz", ("DCGM_FI_DEV_MEM_CLOCK", 1e-6)),
-    MetricSpec("gpu_pcie_rx_bytes_per_second", GAUGE, "bytes_per_second",
-               "PCIe receive throughput over the driver's last sample window, in bytes per second.",
-               D, DEVICE, "pcie_rx_bytes_per_second", ("DCGM_FI_PROF_PCIE_RX_BYTES", 1.0)),
-    MetricSpec("gpu_pcie_tx_bytes_per_second", GAUGE, "bytes_per_second",
-               "PCIe transmit throughput over the driver's last sample window, in bytes per second.",
-               D, DEVICE, "pcie_tx_bytes_per_second", ("DCGM_FI_PROF_PCIE_TX_BYTES", 1.0)),
+    MetricSpec("gpu_pcie_tx_bytes_total", COUNTER, "bytes",
+               "Bytes the GPU sent over PCIe, as the driver counts them (take rate() for throughput).",
+               D, DEVICE, "pcie_tx_bytes_total", ("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", 1.0 / 1024),
+               vendors_note="absent where the driver has no PCIe byte counters (see the per-vendor table)"),
+    MetricSpec("gpu_pcie_rx_bytes_total", COUNTER, "bytes",
+               "Bytes the GPU received over PCIe, as the driver counts them (take rate() for throughput).",
+               D, DEVICE, "pcie_rx_bytes_total", ("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", 1.0 / 1024),
+               vendors_note="absent where the driver has no PCIe byte counters (see the per-vendor table)"),
     MetricSpec("gpu_fan_speed_ratio", GAUGE, "ratio", "Fan speed as a fraction of its maximum (cards with fans only).",
                D, DEVICE, "fan_speed_ratio", ("DCGM_FI_DEV_FAN_SPEED", 100.0),
                vendors_note="absent on passively cooled data-centre cards"),
@@ -288,11 +290,15 @@ VENDOR_NOTES: dict[str, tuple[str, str, str]] = {
     "gpu_memory_temperature_celsius": ("HBM (data-centre cards)", "VRAM (HBM) sensor", "—"),
     "gpu_power_watts": ("board power", "socket power (current on MI300+, average before)", "`power.draw`"),
     "gpu_power_limit_watts": ("enforced limit", "`power_limit`", "—"),
-    "gpu_energy_joules_total": ("NVML energy counter", "amdsmi energy accumulator", "integrated from `power.draw`"),
+    "gpu_energy_joules_total": ("NVML energy counter, read every 30 s; in between, integrated power is added "
+                                "(never decreasing; within 1% of the counter)", "amdsmi energy accumulator", "integrated from `power.draw`"),
     "gpu_sm_clock_hertz": ("SM clock", "GFX clock", "—"),
     "gpu_memory_clock_hertz": ("memory clock", "memory (MEM) clock", "—"),
-    "gpu_pcie_rx_bytes_per_second": ("NVML PCIe throughput", "—", "—"),
-    "gpu_pcie_tx_bytes_per_second": ("NVML PCIe throughput", "—", "—"),
+    "gpu_pcie_tx_bytes_total": ("field value `PCIE_COUNT_TX_BYTES` (driver counter); absent where the field "
+                                "is NOT_SUPPORTED (older drivers): the blocking PCIe throughput call is never "
+                                "made, so there is no PCIe series there", "—", "—"),
+    "gpu_pcie_rx_bytes_total": ("field value `PCIE_COUNT_RX_BYTES` (driver counter); absent where the field "
+                                "is NOT_SUPPORTED, as for tx", "—", "—"),
     "gpu_fan_speed_ratio": ("fan speed (cards with fans)", "—", "—"),
     "gpu_ecc_errors_total": ("volatile ECC counts", "RAS total correctable/uncorrectable counts", "—"),
     "gpu_xid_errors_total": ("XID events", "—", "—"),
@@ -323,6 +329,8 @@ VENDOR_NOTES: dict[str, tuple[str, str, str]] = {
 def _fmt_scale(scale: float) -> str:
     if scale == 1.0:
         return ""
+    if scale == 1.0 / 1024:
+        return " (÷ 1024, KB)"
     if scale == 1.0 / 2**20:
         return " (÷ 2^20, MiB)"
     return f" (× {scale:g})"
