@@ -263,6 +263,9 @@ def _enabled(args: argparse.Namespace) -> frozenset[str]:
     if "l9gpu" not in getattr(args, "metric_schema", ("l9gpu",)):
         # DCGM names only: keep the agent's own health families, which no DCGM name covers
         names = frozenset(name for name in names if cat.get(name).scope == cat.SELF)
+        if args.process_metrics or args.enable_metric:
+            log.warning("--process-metrics and --enable-metric name l9gpu families, which --metric-schema %s "
+                        "does not export (use l9gpu,dcgm for both)", ",".join(args.metric_schema))
     return names
 
 

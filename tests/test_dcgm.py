@@ -183,7 +183,8 @@ def test_a_counters_file_chooses_the_fields_and_names_the_rest_once(agent_factor
                     "DCGM_FI_DEV_ENC_UTIL, gauge, Encoder utilization (in %).\n"
                     "DCGM_FI_DEV_FB_USED, gauge, Framebuffer memory used (in MiB).\n"
                     "DCGM_FI_DEV_NO_SUCH_FIELD, gauge, Typo.\n")
-    agent = agent_factory("--backend", "simulated", "--metric-schema", "dcgm", "--collectors", str(path))
+    agent = agent_factory("--backend", "simulated", "--metric-schema", "dcgm", "--collectors", str(path),
+                          "--process-metrics")
     samples = agent.samples()
     assert {name for name in samples if name.startswith("DCGM_")} == {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_FB_USED"}
     assert not any(name.startswith(("gpu_", "container_")) for name in samples)
@@ -197,6 +198,8 @@ def test_a_counters_file_chooses_the_fields_and_names_the_rest_once(agent_factor
     assert "DCGM_FI_DEV_ENC_UTIL (encoder utilisation is not read)" in warnings[0]
     assert "DCGM_FI_DEV_NO_SUCH_FIELD (not a field l9gpu reads)" in warnings[0]
     assert str(path) in warnings[0] and "WARNING" in warnings[0]
+    assert "--process-metrics and --enable-metric name l9gpu families, which --metric-schema dcgm does not export" \
+        in log
 
 
 def test_a_counters_file_with_nothing_servable_is_an_error(tmp_path):
