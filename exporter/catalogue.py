@@ -238,11 +238,11 @@ METRICS: tuple[MetricSpec, ...] = (
                D, DEVICE, "memory_clock_hertz", ("DCGM_FI_DEV_MEM_CLOCK", 1e-6)),
     MetricSpec("gpu_pcie_tx_bytes_total", COUNTER, "bytes",
                "Bytes the GPU sent over PCIe, as the driver counts them (take rate() for throughput).",
-               D, DEVICE, "pcie_tx_bytes_total",
+               D, DEVICE, "pcie_tx_bytes_total", ("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", 1.0 / 1024),
                vendors_note="absent where the driver has no PCIe byte counters (see the per-vendor table)"),
     MetricSpec("gpu_pcie_rx_bytes_total", COUNTER, "bytes",
                "Bytes the GPU received over PCIe, as the driver counts them (take rate() for throughput).",
-               D, DEVICE, "pcie_rx_bytes_total",
+               D, DEVICE, "pcie_rx_bytes_total", ("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", 1.0 / 1024),
                vendors_note="absent where the driver has no PCIe byte counters (see the per-vendor table)"),
     MetricSpec("gpu_fan_speed_ratio", GAUGE, "ratio", "Fan speed as a fraction of its maximum (cards with fans only).",
                D, DEVICE, "fan_speed_ratio", ("DCGM_FI_DEV_FAN_SPEED", 100.0),
@@ -432,6 +432,8 @@ GPM_DOC: tuple[str, ...] = (
 def _fmt_scale(scale: float) -> str:
     if scale == 1.0:
         return ""
+    if scale == 1.0 / 1024:
+        return " (÷ 1024, KB)"
     if scale == 1.0 / 2**20:
         return " (÷ 2^20, MiB)"
     if scale == 1.0 / 1024:

@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="TLS, client certificates, basic auth and response headers from a web config file in "
                           "Prometheus exporter-toolkit's format (as node_exporter's --web.config.file); re-read "
                           "when it changes. /healthz and /readyz need no credentials (see docs/SECURITY.md)")
+    _add_schema_args(serve)
     _add_bridge_args(serve)
     snap = sub.add_parser("snapshot", help="collect once and print a table (or JSON) for an on-call engineer")
     _add_device_args(snap)
@@ -110,6 +111,48 @@ def build_parser() -> argparse.ArgumentParser:
     for action in (serve, snap):
         _apply_environment(action)
     return parser
+
+
+def _add_schema_args(parser: argparse.ArgumentParser) -> None:
+    from exporter.dcgm import parse_schemas
+
+    group = parser.add_argument_group("metric schema")
+    group.add_argument("--metric-schema", default="l9gpu", type=argtype(parse_schemas), metavar="SCHEMA",
+                       help="names of the exported series: l9gpu, dcgm (NVIDIA dcgm-exporter's DCGM_FI_* names, "
+                            "units and labels, with honest per-pod series), or l9gpu,dcgm for both while migrating "
+                            "(default: l9gpu; see docs/MIGRATING-FROM-DCGM.md)")
+    group.add_argument("--collectors", metavar="FILE",
+                       help="with --metric-schema dcgm: the DCGM fields to serve, from a counters file in "
+                            "dcgm-exporter's CSV format (DCGM field, type, help); fields l9gpu cannot provide are "
+                            "named at start-up and skipped (default: dcgm-exporter's default counters plus the "
+                            "DCGM_FI_PROF_* fields)")
+
+
+def _dcgm_selection(args: argparse.Namespace) -> Any:
+    """The DCGM fields to serve (None when the DCGM schema is off); logs what is skipped."""
+    from exporter import dcgm
+
+    if dcgm.DCGM not in args.metric_schema:
+        if args.collectors:
+            raise UsageError("l9gpu: --collectors needs --metric-schema dcgm (or l9gpu,dcgm)")
+        return None
+    if not args.collectors:
+        selection = dcgm.default_selection()
+        message = dcgm.describe_skipped(selection, "DCGM schema: default counters")
+        if message:
+            log.info("%s", message)
+        return selection
+    try:
+        selection = dcgm.select(dcgm.read_counters(args.collectors))
+    except dcgm.CountersError as exc:
+        raise UsageError(f"l9gpu: --collectors {exc}") from None
+    if not selection.metrics:
+        raise UsageError(f"l9gpu: --collectors {args.collectors}: none of its fields can be served "
+                         "(see docs/MIGRATING-FROM-DCGM.md)")
+    message = dcgm.describe_skipped(selection, f"--collectors {args.collectors}")
+    if message:
+        log.warning("%s", message)
+    return selection
 
 
 def _add_bridge_args(parser: argparse.ArgumentParser) -> None:
@@ -229,20 +272,32 @@ def _enabled(args: argparse.Namespace) -> frozenset[str]:
     if args.process_metrics:
         enable += [s.name for s in cat.METRICS if s.scope == cat.PROCESS]
     try:
-        return cat.enabled_names(enable, args.disable_metric)
+        names = cat.enabled_names(enable, args.disable_metric)
     except ValueError as exc:
         raise UsageError(f"l9gpu: {exc}") from None
+    if "l9gpu" not in getattr(args, "metric_schema", ("l9gpu",)):
+        # DCGM names only: keep the agent's own health families, which no DCGM name covers
+        names = frozenset(name for name in names if cat.get(name).scope == cat.SELF)
+        if args.process_metrics or args.enable_metric:
+            log.warning("--process-metrics and --enable-metric name l9gpu families, which --metric-schema %s "
+                        "does not export (use l9gpu,dcgm for both)", ",".join(args.metric_schema))
+    return names
 
 
 def build_registry(get_snapshot: Callable[[], Any], enabled: frozenset[str],
-                   extra_labels: tuple[str, ...]) -> Any:
-    """The registry /metrics and the OTLP bridge both read: snapshot + process metrics."""
+                   extra_labels: tuple[str, ...], dcgm_selection: Any = None) -> Any:
+    """The registry /metrics and the OTLP bridge both read: snapshot + process metrics,
+    plus the DCGM schema's families when ``dcgm_selection`` (`exporter.dcgm.Selection`) is given."""
     from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
     from exporter.render import SnapshotCollector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(get_snapshot, enabled, extra_labels))
+    if dcgm_selection is not None:
+        from exporter.dcgm import DcgmCollector
+
+        registry.register(DcgmCollector(get_snapshot, dcgm_selection))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
@@ -256,10 +311,14 @@ def serve(args: argparse.Namespace) -> int:
     from exporter.server import Exposition, make_app
 
     enabled = _enabled(args)
+    dcgm_selection = _dcgm_selection(args)
     watcher = _web_config(args.web_config)
     backend, attributor = _open(args)
+    if dcgm_selection is not None and not {"nvml", "simulated"} & set(backend.name.split(",")):
+        log.warning("the DCGM schema covers NVIDIA GPUs only: the %s backend's GPUs are exported in the l9gpu "
+                    "schema only", backend.name)
     collector, extra_names = _collector(args, backend, attributor)
-    registry = build_registry(lambda: collector.snapshot, enabled, extra_names)
+    registry = build_registry(lambda: collector.snapshot, enabled, extra_names, dcgm_selection)
     exposition = None
     if not args.no_metrics_endpoint:
         # cached bytes may be served for a pass and its rendering, then they are stale
