@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 from exporter import __version__
 from exporter import catalogue as cat
 from exporter.config import argtype, parse_listen, parse_positive_duration
+from exporter.snapshot_json import describe_owner, snapshot_json
 
 log = logging.getLogger("l9gpu")
 
@@ -78,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_args(serve)
     web = serve.add_argument_group("http")
     web.add_argument("--listen", default=DEFAULT_LISTEN, type=argtype(parse_listen), metavar="HOST:PORT",
-                     help=f"address for /metrics, /healthz, /readyz (default: {DEFAULT_LISTEN})")
+                     help=f"address for /metrics, /healthz, /readyz, the page at / and /api/v1/snapshot "
+                          f"(default: {DEFAULT_LISTEN})")
     web.add_argument("--no-metrics-endpoint", action="store_true",
                      help="serve no /metrics (push-only over OTLP); /healthz and /readyz stay")
     web.add_argument("--web-config", metavar="FILE",
@@ -256,8 +258,11 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         backend.close()
         raise UsageError(f"l9gpu: {exc}") from None
+    from exporter.page import SnapshotPages
+
+    pages = SnapshotPages(lambda: collector.snapshot, args.node_name, args.interval, extra_names)
     app = make_app(exposition, lambda: collector.snapshot, collector.alive, args.node_name,
-                   middlewares=[watcher.middleware] if watcher is not None else ())
+                   middlewares=[watcher.middleware] if watcher is not None else (), pages=pages)
     host, port = args.listen
 
     async def run() -> None:
@@ -318,29 +323,20 @@ def snapshot(args: argparse.Namespace) -> int:
     """Collect once and print the node's GPUs and their processes' owners."""
     backend, attributor = _open(args)
     try:
-        collector, _ = _collector(args, backend, attributor)
+        collector, extra_names = _collector(args, backend, attributor)
         snap = collector.collect_once()
     finally:
         attributor.close()
         backend.close()
     if args.json:
-        print(json.dumps(snapshot_dict(snap), indent=2))
+        sys.stdout.write(snapshot_json(snap, extra_names))
     else:
         print(format_table(snap))
     return 0
 
 
 def _owner(row: Any) -> str:
-    w = row.workload
-    if w.kind == "kubernetes":
-        name = f"{w.namespace}/{w.pod}" if w.pod else f"pod {w.pod_uid or '?'}"
-        return f"{name}/{w.container}" if w.container else name
-    if w.kind == "slurm":
-        return f"slurm job {w.slurm_job_id}" + (f" step {w.slurm_step}" if w.slurm_step else "") + (
-            f" ({w.slurm_user})" if w.slurm_user else "")
-    if w.kind in ("systemd", "docker"):
-        return f"{w.kind} {w.unit or w.container_id[:12]}"
-    return w.kind
+    return describe_owner(row.workload)
 
 
 def _gib(value: float | None) -> str:
@@ -379,37 +375,6 @@ def format_table(snap: Any) -> str:
         for alloc in allocations.get(d.key, []):
             lines.append(f"       allocated to {_owner(alloc)} ({alloc.resource_name} {alloc.device_id})")
     return "\n".join(lines)
-
-
-def snapshot_dict(snap: Any) -> dict[str, Any]:
-    """The snapshot as plain JSON-able data (units in the key names)."""
-    by_device: dict[str, list[Any]] = {}
-    for row in snap.processes:
-        by_device.setdefault(row.device_key, []).append(row)
-    allocations = _allocations_by_device(snap)
-    gpus = []
-    for d in snap.devices:
-        gpus.append({
-            "index": d.index, "uuid": d.uuid, "model": d.model, "vendor": d.vendor,
-            "gpu_instance": d.gpu_instance, "up": d.up, "error": d.error,
-            "utilization_ratio": d.utilization, "memory_used_bytes": d.memory_used_bytes,
-            "memory_total_bytes": d.memory_total_bytes, "power_watts": d.power_watts,
-            "temperature_celsius": d.temperature_celsius,
-            "processes": [{
-                "pid": r.pid, "comm": r.comm, "memory_used_bytes": r.used_memory_bytes,
-                "sm_utilization_ratio": r.sm_utilization, "owner": _owner(r), "kind": r.workload.kind,
-                "namespace": r.workload.namespace, "pod": r.workload.pod, "container": r.workload.container,
-                "pod_uid": r.workload.pod_uid, "slurm_job_id": r.workload.slurm_job_id,
-                "container_id": r.workload.container_id, "owner_kind": r.workload.owner_kind,
-                "owner_name": r.workload.owner_name, "slurm_step": r.workload.slurm_step,
-                "slurm_user": r.workload.slurm_user, "unit": r.workload.unit,
-            } for r in by_device.get(d.key, [])],
-            "allocations": [{
-                "namespace": a.workload.namespace, "pod": a.workload.pod, "container": a.workload.container,
-                "pod_uid": a.workload.pod_uid, "resource_name": a.resource_name, "device_id": a.device_id,
-            } for a in allocations.get(d.key, [])],
-        })
-    return {"node": snap.node, "timestamp": snap.timestamp, "gpus": gpus}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
