@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gzip
 import html
-import json
 import os
 import string
 import time
@@ -31,7 +30,7 @@ from aiohttp import web
 
 from exporter import __version__
 from exporter.model import Snapshot
-from exporter.snapshot_json import snapshot_document
+from exporter.snapshot_json import document_json, snapshot_document
 
 PAGE_PATH = "/"
 API_PATH = "/api/v1/snapshot"
@@ -314,7 +313,7 @@ class SnapshotPages:
             return hit
         doc = self._document(snap)
         if kind == "json":
-            body = (json.dumps(doc, indent=2) + "\n").encode()
+            body = document_json(doc, pretty=False).encode()
         else:
             body = render_page(doc, snap.node or self.node, self.interval, self.links).encode()
         self.renders[kind] += 1

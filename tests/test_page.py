@@ -96,6 +96,8 @@ def test_json_text_is_what_the_cli_prints():
     text = snapshot_json(snap, names)
     assert text.endswith("}\n") and json.loads(text) == snapshot_document(snap, names)
     assert text == json.dumps(snapshot_document(snap, names), indent=2) + "\n"
+    compact = snapshot_json(snap, names, pretty=False)  # what /api/v1/snapshot serves
+    assert json.loads(compact) == json.loads(text) and "\n" not in compact[:-1] and len(compact) < len(text)
 
 
 @pytest.mark.parametrize("seconds,text", [(None, "n/a"), (0, "0s"), (59.9, "59s"), (61, "1m 1s"),
@@ -166,7 +168,7 @@ def test_page_and_json_render_on_request_once_per_snapshot_apart_from_metrics():
         assert r.headers["Content-Encoding"] == "gzip" and gzip.decompress(await r.read()).decode() == html
         api = await client.get("/api/v1/snapshot")
         assert api.headers["Content-Type"] == "application/json; charset=utf-8"
-        assert await api.text() == snapshot_json(collector.snapshot, names)
+        assert await api.text() == snapshot_json(collector.snapshot, names, pretty=False)
         await client.get("/api/v1/snapshot")
         assert pages.renders == {"html": 1, "json": 1}
         assert registry.collects == 0  # the page never renders /metrics ...
