@@ -3,8 +3,8 @@
 ``/`` shows what ``l9gpu snapshot`` prints, for an on-call engineer with a browser and a
 ``kubectl port-forward``: every GPU (model, utilisation, memory bar, power, temperature,
 up or down) and every workload on it (pod or Slurm job, memory, SM share, idle time,
-allocated or not), with zombies (memory held at 0% SM) and GPUs allocated but unused
-called out at the top. One self-contained HTML document (the template ``page.html``:
+allocated or not), with zombies (memory held at 0% SM, three passes in a row) and GPUs
+allocated but unused called out at the top. One self-contained HTML document (the template ``page.html``:
 inline CSS and a small script, nothing fetched from elsewhere) that re-fetches itself
 every interval and swaps its ``<main>``; without JavaScript it reloads instead.
 
@@ -129,10 +129,20 @@ def _idle(w: Mapping[str, Any]) -> str:
     return "&ndash;"
 
 
-def _workload_row(w: Mapping[str, Any], comms: Mapping[int, str]) -> str:
+def _is_zombie(w: Mapping[str, Any], interval: float) -> bool:
+    """At 0% SM with memory held for three passes in a row, not a single pass between kernels.
+
+    Per-process SM shares are point samples (NVML gives the latest sample per process), so
+    one pass at 0% between kernels says little. The document's ``zombie`` is that single
+    pass; ``idle_seconds`` says how long it has lasted (two intervals: three passes).
+    """
+    return bool(w.get("zombie")) and (w.get("idle_seconds") or 0.0) >= 1.5 * interval
+
+
+def _workload_row(w: Mapping[str, Any], comms: Mapping[int, str], interval: float) -> str:
     flags = ""
     cls = ""
-    if w.get("zombie"):
+    if _is_zombie(w, interval):
         flags += '<span class="flag">zombie</span>'
         cls = ' class="zombie" data-flag="zombie"'
     if w.get("allocated_unused"):
@@ -153,7 +163,7 @@ def _gpm_facts(gpm: Mapping[str, Any]) -> list[str]:
     return [f"{label} <b>{_percent(gpm[key])}</b>" for key, label in shown if isinstance(gpm.get(key), (int, float))]
 
 
-def _gpu_card(gpu: Mapping[str, Any]) -> str:
+def _gpu_card(gpu: Mapping[str, Any], interval: float) -> str:
     name = _gpu_name(gpu)
     head = (f'<h2>{_e(name)} <span class="model">{_e(gpu.get("model", ""))}</span>'
             f'<span class="state">{"up" if gpu.get("up", True) else "down"}</span></h2>')
@@ -176,7 +186,7 @@ def _gpu_card(gpu: Mapping[str, Any]) -> str:
     facts += _gpm_facts(gpu.get("gpm") or {})
     comms = {p.get("pid"): p.get("comm", "") for p in gpu.get("processes") or ()}
     workloads = sorted(gpu.get("workloads") or (), key=lambda w: -(w.get("memory_used_bytes") or 0))
-    rows = [_workload_row(w, comms) for w in workloads]
+    rows = [_workload_row(w, comms, interval) for w in workloads]
     rest = gpu.get("unattributed") or {}
     if rest.get("processes"):
         others = [p for p in gpu.get("processes") or () if p.get("kind") not in ("kubernetes", "slurm")]
@@ -196,7 +206,7 @@ def _gpu_card(gpu: Mapping[str, Any]) -> str:
             f'<div class="facts">{"".join(f"<span>{f}</span>" for f in facts)}</div>{table}</section>')
 
 
-def _attention(gpus: Sequence[Mapping[str, Any]]) -> str:
+def _attention(gpus: Sequence[Mapping[str, Any]], interval: float) -> str:
     items: list[tuple[str, str]] = []
     for gpu in gpus:
         name = _gpu_name(gpu)
@@ -204,7 +214,7 @@ def _attention(gpus: Sequence[Mapping[str, Any]]) -> str:
             items.append(("bad", f"<b>{_e(name)}</b> is down: {_e(gpu.get('error') or 'not readable')}"))
     for gpu in gpus:
         for w in gpu.get("workloads") or ():
-            if w.get("zombie"):
+            if _is_zombie(w, interval):
                 items.append(("bad", f'<b>zombie</b>: {_who(w)} holds {_bytes(w.get("memory_used_bytes"))} on '
                                      f'{_e(_gpu_name(gpu))} at 0% SM (idle {duration(w.get("idle_seconds"))})'))
     for gpu in gpus:
@@ -231,15 +241,20 @@ def _summary(gpus: Sequence[Mapping[str, Any]]) -> str:
     return '<p class="summary">' + " · ".join(parts) + "</p>"
 
 
-def render_main(doc: Mapping[str, Any] | None) -> str:
-    """The page's ``<main>``: what the script swaps in on every refresh."""
+def render_main(doc: Mapping[str, Any] | None, interval: float = 1.0) -> str:
+    """The page's ``<main>``: what the script swaps in on every refresh.
+
+    Args:
+        doc: a `snapshot_document` (None before the first pass).
+        interval: the collection interval, seconds (a zombie is flagged after three passes).
+    """
     if doc is None:
         return ('<main data-seq="0" data-ts="0"><p class="none">waiting for the first collection pass'
                 '</p></main>')
     gpus = doc.get("gpus") or []
-    cards = "".join(_gpu_card(g) for g in gpus) or '<p class="none">no GPUs found on this node</p>'
+    cards = "".join(_gpu_card(g, interval) for g in gpus) or '<p class="none">no GPUs found on this node</p>'
     return (f'<main data-seq="{_e(doc.get("seq", 0))}" data-ts="{_e(doc.get("timestamp", 0))}">'
-            f'{_attention(gpus)}{_summary(gpus)}<div class="grid">{cards}</div></main>')
+            f'{_attention(gpus, interval)}{_summary(gpus)}<div class="grid">{cards}</div></main>')
 
 
 def render_page(doc: Mapping[str, Any] | None, node: str, interval: float, links: Iterable[str] = (),
@@ -259,7 +274,7 @@ def render_page(doc: Mapping[str, Any] | None, node: str, interval: float, links
         asof = time.strftime("%H:%M:%S UTC", time.gmtime(float(doc["timestamp"])))
     return _TEMPLATE.substitute(
         title=_e(f"{node} · l9gpu"), node=_e(node), refresh_ms=int(refresh * 1000),
-        refresh_s=max(1, round(refresh)), asof=_e(asof), main=render_main(doc), version=_e(version),
+        refresh_s=max(1, round(refresh)), asof=_e(asof), main=render_main(doc, interval), version=_e(version),
         links=" · ".join(f'<a href="{_e(p)}">{_e(p)}</a>' for p in links))
 
 

@@ -127,6 +127,20 @@ def test_page_renders_documents_without_optional_fields_and_escapes_names():
     assert "waiting for the first collection pass" in waiting
 
 
+def test_page_flags_a_zombie_after_three_passes_at_zero_sm_not_one():
+    def doc(idle):
+        return {"seq": 1, "timestamp": 0, "gpus": [{"index": 0, "workloads": [
+            {"kind": "kubernetes", "namespace": "ns", "pod": "nb-0", "container": "c", "memory_used_bytes": GIB,
+             "sm_utilization_ratio": 0.0, "idle_seconds": idle, "zombie": True}]}]}
+
+    blip = render_page(doc(1.0), "n", 1.0)  # two passes at 0%: between kernels, maybe
+    assert 'data-flag="zombie"' not in blip and "nothing needs attention" in blip
+    held = render_page(doc(2.0), "n", 1.0)  # three passes
+    assert 'data-flag="zombie"' in held and "<b>zombie</b>" in held and "(idle 2s)" in held
+    assert 'data-flag="zombie"' in render_page(doc(4.0), "n", 2.0)
+    assert 'data-flag="zombie"' not in render_page(doc(2.0), "n", 2.0)
+
+
 def _app(collector, names):
     registry = CountingRegistry()
     registry.register(SnapshotCollector(lambda: collector.snapshot, cat.enabled_names(), names))

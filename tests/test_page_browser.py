@@ -77,7 +77,7 @@ def agent(tmp_path_factory):
     need_chromium()
     proc = AgentProcess(AGENT_ARGS, log_path=tmp_path_factory.mktemp("agent") / "agent.log")
     proc.start()
-    while _seq(proc) < 3:  # a few passes: idle timers running, GPM activity known
+    while _seq(proc) < 5:  # a few passes: the zombie idle for three, GPM activity known
         time.sleep(0.05)
     yield proc
     proc.stop()
@@ -133,7 +133,8 @@ def test_page_refreshes_in_place_fits_a_phone_and_says_when_the_agent_is_gone(tm
             await browser.wait_for(f"Number(document.querySelector('main').dataset.seq) >= {first + 2}")
             assert await browser.evaluate("window.loadedOnce") is True
             assert await browser.evaluate("document.getElementById('live').className") == "ok"
-            assert "jupyter-alice-0" in await browser.evaluate("document.querySelector('tr.zombie').textContent")
+            zombie = await browser.wait_for("document.querySelector('tr.zombie')?.textContent")
+            assert "jupyter-alice-0" in zombie
             # Readable on a phone: nothing wider than the screen.
             await browser.call("Emulation.setDeviceMetricsOverride", width=390, height=844, deviceScaleFactor=2,
                                mobile=True)
