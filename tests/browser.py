@@ -117,6 +117,7 @@ class DevTools:
         self._pending: dict[int, asyncio.Future] = {}
         self._credentials: tuple[str, str] | None = None
         self.prompts = 0  # HTTP authentication prompts the browser showed
+        self._tasks: set[asyncio.Task] = set()
         self._reader = asyncio.create_task(self._read())
         await self.call("Page.enable")
         return self
@@ -150,10 +151,15 @@ class DevTools:
                 else:
                     answer = {"response": "ProvideCredentials", "username": self._credentials[0],
                               "password": self._credentials[1]}
-                asyncio.create_task(self.call("Fetch.continueWithAuth", requestId=params["requestId"],
-                                              authChallengeResponse=answer))
+                self._spawn(self.call("Fetch.continueWithAuth", requestId=params["requestId"],
+                                      authChallengeResponse=answer))
             elif data.get("method") == "Fetch.requestPaused":
-                asyncio.create_task(self.call("Fetch.continueRequest", requestId=data["params"]["requestId"]))
+                self._spawn(self.call("Fetch.continueRequest", requestId=data["params"]["requestId"]))
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)  # keep a reference until it is done
+        task.add_done_callback(self._tasks.discard)
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         """Send one DevTools command and return its result."""
