@@ -18,17 +18,27 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from exporter import __version__
 from exporter import catalogue as cat
-from exporter.config import argtype, parse_listen, parse_positive_duration
+from exporter.config import argtype, parse_duration, parse_listen, parse_positive_duration
+from exporter.devices.gpm import WARMING_UP
 from exporter.snapshot_json import describe_owner, document_json, snapshot_document
 
 log = logging.getLogger("l9gpu")
 
 ENV_PREFIX = "L9GPU_"
 DEFAULT_LISTEN = "0.0.0.0:9835"
+# `l9gpu snapshot` measures GPM activity over this long (two samples this far apart).
+SNAPSHOT_GPM_WINDOW = 1.0
+
+
+def parse_gpm_interval(text: str) -> float | None:
+    """``--gpm-interval``: a duration (0 = every pass), or ``off`` (None)."""
+    if str(text).strip().lower() == "off":
+        return None
+    return parse_duration(text)
 
 
 class UsageError(Exception):
@@ -57,6 +67,10 @@ def _add_device_args(parser: argparse.ArgumentParser) -> None:
                             "then the hostname)")
     group.add_argument("--interval", default="1s", type=argtype(parse_positive_duration), metavar="DURATION",
                        help="time between collection passes, e.g. 500ms, 2s, 1m (default: 1s)")
+    group.add_argument("--gpm-interval", default="5s", type=argtype(parse_gpm_interval), metavar="DURATION|off",
+                       help="NVIDIA Hopper and newer: time between two GPM samples of a GPU, over which SM, "
+                            "tensor-core and DRAM activity are averaged; 0 samples every pass, off turns GPM "
+                            "off (default: 5s)")
     group.add_argument("--process-metrics", action="store_true",
                        help="also export per-process series (pid, comm) for debugging")
     group.add_argument("--enable-metric", action="append", default=[], metavar="NAME",
@@ -185,7 +199,8 @@ def _open(args: argparse.Namespace) -> tuple[Any, Any]:
         raise UsageError(f"l9gpu: --proc-root {args.proc_root} is not a proc filesystem (no {args.proc_root}/self); "
                          "mount the host's /proc there, or run with hostPID and the default /proc")
     options = {"scenario": args.scenario, "proc_root": args.proc_root, "hl_smi": args.hl_smi,
-               "hl_smi_timeout": args.hl_smi_timeout}
+               "hl_smi_timeout": args.hl_smi_timeout, "gpm": args.gpm_interval is not None,
+               "gpm_interval": args.gpm_interval}
     try:
         backend = open_backend(args.backend, options)
     except BackendUnavailable as exc:
@@ -265,7 +280,8 @@ def serve(args: argparse.Namespace) -> int:
         raise UsageError(f"l9gpu: {exc}") from None
     from exporter.page import SnapshotPages
 
-    pages = SnapshotPages(lambda: collector.snapshot, args.node_name, args.interval, extra_names)
+    pages = SnapshotPages(lambda: collector.snapshot, args.node_name, args.interval, extra_names,
+                          gpm_status=lambda: gpm_status(backend))
     app = make_app(exposition, lambda: collector.snapshot, collector.alive, args.node_name,
                    middlewares=[watcher.middleware] if watcher is not None else (), pages=pages)
     host, port = args.listen
@@ -325,7 +341,13 @@ def _web_config(path: str | None) -> Any:
 
 
 def snapshot(args: argparse.Namespace) -> int:
-    """Collect once and print the node's GPUs and their processes' owners."""
+    """Collect once and print the node's GPUs and their processes' owners.
+
+    Where a GPU has GPM, its activity needs two samples: a second pass follows the
+    first after `SNAPSHOT_GPM_WINDOW` seconds, and the second pass is printed.
+    """
+    if args.gpm_interval is not None:
+        args.gpm_interval = 0.0  # sample on each of the (at most two) passes
     backend, attributor = _open(args)
     timed = [b for b in getattr(backend, "backends", [backend]) if callable(getattr(b, "enable_timings", None))]
     passes: list[tuple[str, dict[str, Any]]] = []
@@ -335,28 +357,36 @@ def snapshot(args: argparse.Namespace) -> int:
             for part in timed:
                 part.enable_timings()
         snap = collector.collect_once()
+        gpm_warming = any(status == WARMING_UP for status in gpm_status(backend).values())
         if args.timings:
             # The first pass also reads what is read once or on a slow schedule; a steady
             # pass, one interval later (at most a second), is what every pass costs.
             passes.append(("first pass", _call_timings(timed)))
-            time.sleep(min(args.interval, 1.0))
+        if args.timings or gpm_warming:
+            time.sleep(max(min(args.interval, 1.0) if args.timings else 0.0,
+                           SNAPSHOT_GPM_WINDOW if gpm_warming else 0.0))
             snap = collector.collect_once()
+        if args.timings:
             passes.append(("steady pass", _call_timings(timed)))
+        statuses = gpm_status(backend)
     finally:
         attributor.close()
         backend.close()
     if args.json:
-        doc = snapshot_document(snap, extra_names)
+        doc = snapshot_document(snap, extra_names, statuses)
         if args.timings:
             doc["timings"] = {name: {call: {"calls": c, "wall_seconds": w, "cpu_seconds": cpu, "max_wall_seconds": m}
                                      for call, (c, w, cpu, m) in calls.items()} for name, calls in passes}
         sys.stdout.write(document_json(doc))
     else:
-        print(format_table(snap))
+        print(format_table(snap, statuses))
         if args.timings:
             print()
             print(format_timings(passes) if timed else
                   f"no per-call timings for the {backend.name} backend (NVIDIA's nvml backend has them)")
+            if any(name.startswith("nvmlGpm") for _, calls in passes for name in calls):
+                print("(nvmlGpm* calls: this snapshot samples GPM on both passes; `l9gpu serve` samples a GPU "
+                      "every --gpm-interval)")
     return 0
 
 
@@ -381,6 +411,29 @@ def format_timings(passes: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def gpm_status(backend: Any) -> dict[tuple[int, str], str]:
+    """GPM status per (GPU index, MIG instance) from the backend(s) that have GPM."""
+    out: dict[tuple[int, str], str] = {}
+    for part in getattr(backend, "backends", [backend]):
+        status = getattr(part, "gpm_status", None)
+        if callable(status):
+            out.update(status())
+    return out
+
+
+def _gpm_line(device: Any, status: str | None) -> str | None:
+    """One line of GPM activity for the table, or why there is none."""
+    gpm = device.gpm
+    if gpm:
+        parts = [f"{label} {gpm[key] * 100:.0f}%" for label, key in (
+            ("graphics", "graphics_active"), ("sm", "sm_active"), ("occupancy", "sm_occupancy"),
+            ("tensor", "tensor_active"), ("dram", "dram_active")) if key in gpm]
+        return "       gpm: " + "  ".join(parts)
+    if status and status.startswith("unsupported: "):
+        return f"       gpm: not available ({status[len('unsupported: '):]})"
+    return None
+
+
 def _owner(row: Any) -> str:
     return describe_owner(row.workload)
 
@@ -396,8 +449,9 @@ def _allocations_by_device(snap: Any) -> dict[str, list[Any]]:
     return by_device
 
 
-def format_table(snap: Any) -> str:
-    """A plain-text table: one line per GPU, then one indented line per process and allocation."""
+def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None) -> str:
+    """A plain-text table: one line per GPU, then its GPM activity (or why it has none) and
+    one indented line per process and allocation."""
     lines = [f"node {snap.node}",
              f"{'GPU':<4} {'MODEL':<28} {'UTIL':>5} {'MEMORY GiB':>14} {'POWER W':>8}  PROCESSES"]
     by_device: dict[str, list[Any]] = {}
@@ -414,6 +468,9 @@ def format_table(snap: Any) -> str:
         power = "-" if d.power_watts is None else f"{d.power_watts:.0f}"
         rows = by_device.get(d.key, [])
         lines.append(f"{gpu:<4} {d.model[:28]:<28} {util:>5} {mem:>14} {power:>8}  {len(rows)}")
+        gpm_line = _gpm_line(d, (gpm or {}).get((d.index, d.gpu_instance)))
+        if gpm_line:
+            lines.append(gpm_line)
         for row in rows:
             sm = "-" if row.sm_utilization is None else f"{row.sm_utilization * 100:.0f}%"
             lines.append(f"       pid {row.pid:<8} {row.comm[:16]:<16} {_gib(row.used_memory_bytes):>6} GiB  "

@@ -299,11 +299,15 @@ class SnapshotPages:
         node: the node name (before the first snapshot).
         interval: the collection interval, seconds: how often the page refreshes.
         extra_label_names: the workload label names after the id labels (``label_schema``).
+        gpm_status: the backend's GPM status per (GPU index, MIG instance), read once per
+            snapshot (see `snapshot_json.snapshot_document`).
     """
 
     def __init__(self, get_snapshot: Callable[[], Snapshot | None], node: str, interval: float = 1.0,
-                 extra_label_names: Sequence[str] = ()):
+                 extra_label_names: Sequence[str] = (),
+                 gpm_status: Callable[[], Mapping[tuple[int, str], str]] | None = None):
         self._get_snapshot = get_snapshot
+        self._gpm_status = gpm_status
         self.node = node
         self.interval = interval
         self.extra_label_names = tuple(extra_label_names)
@@ -315,8 +319,16 @@ class SnapshotPages:
 
     def _document(self, snap: Snapshot) -> dict[str, Any]:
         if self._doc is None or self._doc[0] != snap.seq:
-            self._doc = (snap.seq, snapshot_document(snap, self.extra_label_names))
+            self._doc = (snap.seq, snapshot_document(snap, self.extra_label_names, self._read_gpm_status()))
         return self._doc[1]
+
+    def _read_gpm_status(self) -> Mapping[tuple[int, str], str]:
+        if self._gpm_status is None:
+            return {}
+        try:
+            return dict(self._gpm_status())
+        except RuntimeError:  # the collector thread added a device meanwhile: next snapshot
+            return {}
 
     def view(self, kind: str) -> _View | None:
         """The cached bytes of ``kind`` ("html" or "json") for the current snapshot, or None before one."""

@@ -10,7 +10,7 @@ they do not know: new keys are added without a schema change.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from exporter.catalogue import DEVICE_LABELS, WORKLOAD_LABELS
 from exporter.derive import default_labeller
@@ -74,13 +74,16 @@ def _workload_entry(usage: WorkloadUsage, workload: Workload, pids: list[int],
     }
 
 
-def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = ()) -> dict[str, Any]:
+def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = (),
+                      gpm_status: Mapping[tuple[int, str], str] | None = None) -> dict[str, Any]:
     """The snapshot as plain JSON-able data (see docs/SNAPSHOT.md for every key).
 
     Args:
         snap: a published snapshot.
         extra_label_names: the names of the workload label values after the id labels
             (``derive.label_schema``: ``owner_kind``, ``owner_name``, ``label_<key>``).
+        gpm_status: GPM status per (GPU index, MIG instance) from the backend ("active",
+            warming up, or "unsupported: <reason>"); "" for devices it does not name.
     """
     processes: dict[str, list[Any]] = {}
     known: dict[tuple[str, ...], Workload] = {}
@@ -114,7 +117,7 @@ def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = ()) -> 
             "memory_total_bytes": d.memory_total_bytes, "power_watts": d.power_watts,
             "power_limit_watts": d.power_limit_watts,
             "temperature_celsius": d.temperature_celsius,
-            "gpm": dict(d.gpm),
+            "gpm": dict(d.gpm), "gpm_status": (gpm_status or {}).get((d.index, d.gpu_instance), ""),
             "processes": [{
                 "pid": r.pid, "comm": r.comm, "memory_used_bytes": r.used_memory_bytes,
                 "sm_utilization_ratio": r.sm_utilization, "owner": describe_owner(r.workload),
@@ -151,6 +154,7 @@ def document_json(doc: dict[str, Any], pretty: bool = True) -> str:
     return json.dumps(doc, separators=(",", ":")) + "\n"
 
 
-def snapshot_json(snap: Snapshot, extra_label_names: Sequence[str] = (), pretty: bool = True) -> str:
+def snapshot_json(snap: Snapshot, extra_label_names: Sequence[str] = (), pretty: bool = True,
+                  gpm_status: Mapping[tuple[int, str], str] | None = None) -> str:
     """`snapshot_document` as JSON text (see `document_json`)."""
-    return document_json(snapshot_document(snap, extra_label_names), pretty)
+    return document_json(snapshot_document(snap, extra_label_names, gpm_status), pretty)
