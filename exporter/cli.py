@@ -24,6 +24,7 @@ from exporter import __version__
 from exporter import catalogue as cat
 from exporter.config import argtype, parse_duration, parse_listen, parse_positive_duration
 from exporter.devices.gpm import WARMING_UP
+from exporter.snapshot_json import describe_owner, document_json, snapshot_document
 
 log = logging.getLogger("l9gpu")
 
@@ -93,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_args(serve)
     web = serve.add_argument_group("http")
     web.add_argument("--listen", default=DEFAULT_LISTEN, type=argtype(parse_listen), metavar="HOST:PORT",
-                     help=f"address for /metrics, /healthz, /readyz (default: {DEFAULT_LISTEN})")
+                     help=f"address for /metrics, /healthz, /readyz, the page at / and /api/v1/snapshot "
+                          f"(default: {DEFAULT_LISTEN})")
     web.add_argument("--no-metrics-endpoint", action="store_true",
                      help="serve no /metrics (push-only over OTLP); /healthz and /readyz stay")
     web.add_argument("--web-config", metavar="FILE",
@@ -335,8 +337,12 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         backend.close()
         raise UsageError(f"l9gpu: {exc}") from None
+    from exporter.page import SnapshotPages
+
+    pages = SnapshotPages(lambda: collector.snapshot, args.node_name, args.interval, extra_names,
+                          gpm_status=lambda: gpm_status(backend))
     app = make_app(exposition, lambda: collector.snapshot, collector.alive, args.node_name,
-                   middlewares=[watcher.middleware] if watcher is not None else ())
+                   middlewares=[watcher.middleware] if watcher is not None else (), pages=pages)
     host, port = args.listen
 
     async def run() -> None:
@@ -405,7 +411,7 @@ def snapshot(args: argparse.Namespace) -> int:
     timed = [b for b in getattr(backend, "backends", [backend]) if callable(getattr(b, "enable_timings", None))]
     passes: list[tuple[str, dict[str, Any]]] = []
     try:
-        collector, _ = _collector(args, backend, attributor)
+        collector, extra_names = _collector(args, backend, attributor)
         if args.timings:
             for part in timed:
                 part.enable_timings()
@@ -426,11 +432,11 @@ def snapshot(args: argparse.Namespace) -> int:
         attributor.close()
         backend.close()
     if args.json:
-        doc = snapshot_dict(snap, statuses)
+        doc = snapshot_document(snap, extra_names, statuses)
         if args.timings:
             doc["timings"] = {name: {call: {"calls": c, "wall_seconds": w, "cpu_seconds": cpu, "max_wall_seconds": m}
                                      for call, (c, w, cpu, m) in calls.items()} for name, calls in passes}
-        print(json.dumps(doc, indent=2))
+        sys.stdout.write(document_json(doc))
     else:
         print(format_table(snap, statuses))
         if args.timings:
@@ -488,16 +494,7 @@ def _gpm_line(device: Any, status: str | None) -> str | None:
 
 
 def _owner(row: Any) -> str:
-    w = row.workload
-    if w.kind == "kubernetes":
-        name = f"{w.namespace}/{w.pod}" if w.pod else f"pod {w.pod_uid or '?'}"
-        return f"{name}/{w.container}" if w.container else name
-    if w.kind == "slurm":
-        return f"slurm job {w.slurm_job_id}" + (f" step {w.slurm_step}" if w.slurm_step else "") + (
-            f" ({w.slurm_user})" if w.slurm_user else "")
-    if w.kind in ("systemd", "docker"):
-        return f"{w.kind} {w.unit or w.container_id[:12]}"
-    return w.kind
+    return describe_owner(row.workload)
 
 
 def _gib(value: float | None) -> str:
@@ -540,38 +537,6 @@ def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None) ->
         for alloc in allocations.get(d.key, []):
             lines.append(f"       allocated to {_owner(alloc)} ({alloc.resource_name} {alloc.device_id})")
     return "\n".join(lines)
-
-
-def snapshot_dict(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None) -> dict[str, Any]:
-    """The snapshot as plain JSON-able data (units in the key names; GPM ratios 0-1)."""
-    by_device: dict[str, list[Any]] = {}
-    for row in snap.processes:
-        by_device.setdefault(row.device_key, []).append(row)
-    allocations = _allocations_by_device(snap)
-    gpus = []
-    for d in snap.devices:
-        gpus.append({
-            "index": d.index, "uuid": d.uuid, "model": d.model, "vendor": d.vendor,
-            "gpu_instance": d.gpu_instance, "up": d.up, "error": d.error,
-            "utilization_ratio": d.utilization, "memory_used_bytes": d.memory_used_bytes,
-            "memory_total_bytes": d.memory_total_bytes, "power_watts": d.power_watts,
-            "temperature_celsius": d.temperature_celsius,
-            "gpm": dict(d.gpm), "gpm_status": (gpm or {}).get((d.index, d.gpu_instance), ""),
-            "processes": [{
-                "pid": r.pid, "comm": r.comm, "memory_used_bytes": r.used_memory_bytes,
-                "sm_utilization_ratio": r.sm_utilization, "owner": _owner(r), "kind": r.workload.kind,
-                "namespace": r.workload.namespace, "pod": r.workload.pod, "container": r.workload.container,
-                "pod_uid": r.workload.pod_uid, "slurm_job_id": r.workload.slurm_job_id,
-                "container_id": r.workload.container_id, "owner_kind": r.workload.owner_kind,
-                "owner_name": r.workload.owner_name, "slurm_step": r.workload.slurm_step,
-                "slurm_user": r.workload.slurm_user, "unit": r.workload.unit,
-            } for r in by_device.get(d.key, [])],
-            "allocations": [{
-                "namespace": a.workload.namespace, "pod": a.workload.pod, "container": a.workload.container,
-                "pod_uid": a.workload.pod_uid, "resource_name": a.resource_name, "device_id": a.device_id,
-            } for a in allocations.get(d.key, [])],
-        })
-    return {"node": snap.node, "timestamp": snap.timestamp, "gpus": gpus}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

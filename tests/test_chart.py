@@ -349,6 +349,11 @@ def test_defaults():
     role = release.one("ClusterRole")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     assert "port-forward ds/l9gpu 9835" in release.notes
+    # the page of one node: the pod selector in the hint is the DaemonSet's own
+    selector = release.one("DaemonSet")["spec"]["selector"]["matchLabels"]
+    hint = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+    assert f"-l {hint} --field-selector spec.nodeName=NODE) 9835" in release.notes
+    assert "open http://localhost:9835/" in release.notes
 
 
 def test_otlp_over_http_with_headers_secret_and_ca(releases):
