@@ -151,7 +151,7 @@ def _wait_ready(port: int, proc: subprocess.Popen) -> None:
             time.sleep(0.1)
 
 
-def bench_serve_cpu(path: Path, h200_costs: bool, seconds: float,
+def bench_serve_cpu(path: Path, h200_costs: bool | None, seconds: float,
                     scrape_every: float = 15.0) -> tuple[float, int, float]:
     """The agent process's CPU per 1 s interval while Prometheus scrapes every 15 s.
 
@@ -160,11 +160,14 @@ def bench_serve_cpu(path: Path, h200_costs: bool, seconds: float,
     """
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    argv = [sys.executable, str(REPO / "benchmarks" / "fake_nvml_agent.py"), str(path)]
-    if h200_costs:
-        argv.append("--h200-costs")
-    argv += ["--", "serve", "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--log-level", "warning",
-             "--kubernetes", "off"]
+    serve = ["serve", "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--log-level", "warning"]
+    if h200_costs is None:  # the simulated backend: reading the devices costs next to nothing
+        argv = [sys.executable, "-m", "exporter"] + serve + ["--backend", "simulated", "--scenario", str(path)]
+    else:
+        argv = [sys.executable, str(REPO / "benchmarks" / "fake_nvml_agent.py"), str(path)]
+        if h200_costs:
+            argv.append("--h200-costs")
+        argv += ["--"] + serve + ["--kubernetes", "off"]
     proc = subprocess.Popen(argv, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}/metrics"
     pass_ms: list[float] = []
@@ -176,7 +179,8 @@ def bench_serve_cpu(path: Path, h200_costs: bool, seconds: float,
         total = 0.0
         for line in text.splitlines():
             if line.startswith("l9gpu_collector_duration_seconds{") and (
-                    'collector="nvml"' in line or 'collector="attribution"' in line):
+                    'collector="nvml"' in line or 'collector="simulated"' in line
+                    or 'collector="attribution"' in line):
                 total += float(line.rsplit(" ", 1)[1])
         pass_ms.append(total * 1e3)
 
@@ -296,6 +300,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1000, help="serial requests per encoding")
     parser.add_argument("--concurrent-seconds", type=float, default=5.0,
                         help="how long the 20 concurrent clients run per encoding")
+    parser.add_argument("--no-nvml", action="store_true", help="only the simulated node")
     opts = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -304,7 +309,7 @@ def main() -> int:
             "8 GPUs x 256 processes": scenario(Path(tmp) / "n256.yaml"),
         }
         for label, path in nodes.items():
-            for costs in (False, True):
+            for costs in (() if opts.no_nvml else (False, True)):
                 name = f"{label}, {'H200 call costs' if costs else 'free calls'}"
                 walls, cpus, procs = bench_nvml_pass(path, costs, opts.passes)
                 cpu_ms, scrapes, agent_pass_ms = bench_serve_cpu(path, costs, opts.seconds)
@@ -312,6 +317,9 @@ def main() -> int:
                 print(f"{name}: pass wall {fmt(walls)}; pass CPU {fmt(cpus)}; agent CPU {cpu_ms:.2f} ms per 1 s "
                       f"interval over {opts.seconds:.0f} s ({scrapes} scrapes)", flush=True)
         path = nodes["8 GPUs x 256 processes"]
+        sim_cpu_ms, _, sim_pass_ms = bench_serve_cpu(path, None, opts.seconds)
+        print(f"simulated 8 GPUs x 256 processes: agent CPU {sim_cpu_ms:.2f} ms per 1 s interval "
+              f"(pass as the agent reports it: {sim_pass_ms:.2f} ms)", flush=True)
         cycle = bench_cycle(path, opts.passes)
         scrapes, rss_kib, size, gz_size = bench_scrapes(path, opts.requests, opts.concurrent_seconds)
     print()
@@ -323,6 +331,7 @@ def main() -> int:
     print(f"simulated node: {GPUS} GPUs, {CONTAINERS} containers, {PROCESSES} processes; "
           f"/metrics body {size / 1024:.0f} KiB ({gz_size / 1024:.0f} KiB gzipped)")
     print(f"{'collection pass (warm)':<45}{fmt(cycle)}")
+    print(f"{'agent CPU per 1 s interval (scraped every 15 s)':<45}{sim_cpu_ms:.2f} ms")
     for name, times in scrapes.items():
         print(f"{'/metrics, ' + name:<45}{fmt(times)}")
     print(f"{'agent RSS':<45}{rss_kib / 1024:.1f} MiB")
