@@ -155,3 +155,156 @@ def test_json_by_namespace_equals_the_hand_computed_figures(prometheus, tmp_path
     assert doc["currency"] is None and doc["totals"]["total_cost"] is None
     # resets inside a step (gpu-a's restart, the notebook starting to compute) were read sample by sample
     assert doc["source"]["raw_steps"] == 4
+
+
+# ---- prices --------------------------------------------------------------------------------
+PRICES = """\
+currency: EUR
+gpu_hour:
+  NVIDIA H100 80GB HBM3: 2.50
+  NVIDIA A100-SXM4-80GB: 1.50
+kwh: 0.20
+overrides:
+  - match: {namespace: ml-research}        # reserved H100s
+    gpu_hour: {NVIDIA H100 80GB HBM3: 1.00}
+  - match: {slurm_account: nlp-lab}        # a grant: one price for every model, cheaper power
+    gpu_hour: 1.20
+    kwh: 0.10
+"""
+
+
+def costs(want: dict[str, float], gpu_hour: float, kwh: float) -> dict[str, float]:
+    allocated = want["gpu_hours_allocated"] * gpu_hour
+    energy = want["energy_kwh"] * kwh
+    return {**want, "allocated_cost": allocated, "effective_cost": want["gpu_hours_used"] * gpu_hour,
+            "waste_cost": want["waste_gpu_hours"] * gpu_hour, "energy_cost": energy, "total_cost": allocated + energy}
+
+
+PRICED = {
+    "ml-prod": costs(BY_NAMESPACE["ml-prod"], 2.50, 0.20),
+    "ml-research": costs(BY_NAMESPACE["ml-research"], 1.00, 0.20),
+    "data-science": costs(BY_NAMESPACE["data-science"], 2.50, 0.20),
+    "search": costs(BY_NAMESPACE["search"], 1.50, 0.20),
+    "(none)": costs(BY_NAMESPACE["(none)"], 1.20, 0.10),
+}
+PRICED_TOTALS = {key: sum(g[key] for g in PRICED.values()) for key in PRICED["ml-prod"]}
+
+
+@pytest.fixture
+def prices_file(tmp_path):
+    path = tmp_path / "prices.yaml"
+    path.write_text(PRICES)
+    return path
+
+
+def test_csv_with_prices_equals_the_hand_computed_costs(prometheus, tmp_path, prices_file):
+    out = tmp_path / "report.csv"
+    assert main(["report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
+                 "--prices", str(prices_file), "--output", str(out)]) == 0
+    rows = {row["group"]: row for row in csv.DictReader(io.StringIO(out.read_text()))}
+    assert set(rows) == set(PRICED)
+    for name, want in PRICED.items():
+        for key, value in want.items():
+            assert float(rows[name][key]) == pytest.approx(value, abs=1e-5), (name, key)
+    # groups come most expensive first
+    assert list(rows) == sorted(PRICED, key=lambda g: -PRICED[g]["total_cost"])
+    assert rows["data-science"]["top_waste"] == f"data-science/jupyter-alice-0/notebook={720 - 0.5 - 3:g}h"
+    assert float(rows["ml-prod"]["waste_ratio"]) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("by,want", [
+    ("label_team", {"inference": figures(VLLM), "research": figures(TRAIN, NOTEBOOK), "search": figures(EMBEDDER),
+                    "(none)": figures(JOB_4242, JOB_4243)}),
+    ("slurm_account", {"nlp-lab": figures(JOB_4242, JOB_4243), "(none)": figures(VLLM, TRAIN, NOTEBOOK, EMBEDDER)}),
+    ("slurm_user", {"bob": figures(JOB_4242), "alice": figures(JOB_4243),
+                    "(none)": figures(VLLM, TRAIN, NOTEBOOK, EMBEDDER)}),
+])
+def test_grouping_by_pod_label_and_slurm_owner(prometheus, tmp_path, by, want):
+    doc = report_json(prometheus, tmp_path, "--by", by)
+    groups = {g["group"]: g for g in doc["groups"]}
+    assert set(groups) == set(want)
+    for name, figs in want.items():
+        assert_figures(groups[name], figs)
+
+
+def test_one_day_with_an_agent_restart_inside_a_step(prometheus, tmp_path):
+    """Day 10: gpu-a's agent is down 04:10-04:40, longer than a 15-minute step: the reset shows
+    between two steps' last values, and no raw samples are needed."""
+    day = time.strftime("%Y-%m-%d", time.gmtime(START + 10 * D))
+    next_day = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(START + 11 * D))
+    out = tmp_path / "day.json"
+    assert main(["report", "--prometheus", prometheus.base, "--from", day, "--to", next_day, "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["source"]["step_seconds"] == 900 and doc["source"]["raw_steps"] == 0
+    groups = {g["group"]: g for g in doc["groups"]}
+    assert set(groups) == {"ml-prod", "ml-research", "data-science"}
+    assert_figures(groups["ml-prod"], figures((23.5, 0.75 * 23.5, 0.0, 0.5 * 23.5)))
+    assert_figures(groups["ml-research"], figures((24, 24 * 0.9, 0.0, 24 * 0.65)))
+    assert_figures(groups["data-science"], figures((24, 0.0, 24, 24 * 0.06)))
+
+
+def test_relative_times_cover_the_whole_history(prometheus, tmp_path):
+    """--from 90d --to now: every workload's whole life, the one that ended before START included."""
+    doc = report_json(prometheus, tmp_path, "--from", "90d", "--to", "now")
+    # the history runs from a day before START to 12 h after END: 756 h
+    groups = {g["group"]: g for g in doc["groups"]}
+    assert_figures(groups["ml-prod"], figures((756 - 0.5, 0.75 * (756 - 0.5), 0.0, 0.5 * (756 - 0.5))))
+    # gpu-b samples at :17 past: its first is 17 s after the history starts, its last 283 s before it ends
+    life = 756 - 5 / 60 - 0.5
+    assert_figures(groups["data-science"], figures((life, 3.0, life - 6, (life - 6) * 0.06 + 1.8)))
+    assert_figures(groups["search"], figures((60, 30, 0.0, 60 * 0.3)))
+    assert_figures(groups["old"], figures((10, 10, 0.0, 7)))
+
+
+def test_json_to_stdout_and_html_need_no_network(prometheus, tmp_path, prices_file, capsys):
+    assert main(["report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
+                 "--prices", str(prices_file), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["currency"] == "EUR"
+    for key, value in PRICED_TOTALS.items():
+        assert doc["totals"][key] == pytest.approx(value, abs=1e-5), key
+    assert len(doc["timeline"]["bins"]) == 30
+    # the chart's daily costs add up to the total charge
+    daily = sum(sum(values) for values in doc["timeline"]["groups"].values())
+    assert daily == pytest.approx(PRICED_TOTALS["total_cost"], abs=1e-4)
+
+
+def _chromium(args: list[str], profile: Path) -> str:
+    import subprocess
+
+    binary = need_tool("chromium")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}"]
+    done = subprocess.run([binary, *flags, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_html_report_in_a_real_browser_shows_the_totals(prometheus, tmp_path, prices_file):
+    import os
+    import re
+
+    page = tmp_path / "chargeback.html"
+    assert main(["report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
+                 "--prices", str(prices_file), "--output", str(page)]) == 0
+    html = page.read_text()
+    # one self-contained file: nothing to fetch
+    assert not re.search(r"""(src|href)\s*=|url\(|@import|<script""", html, re.I)
+    dom = _chromium(["--dump-dom", page.as_uri()], tmp_path / "profile-dom")
+    cards = dict(re.findall(r'data-figure="(\w+)" data-value="([^"]+)"', dom))
+    for key in ("total_cost", "allocated_cost", "effective_cost", "waste_cost", "energy_cost"):
+        assert float(cards[key]) == pytest.approx(PRICED_TOTALS[key], abs=1e-5), key
+    for key in ("gpu_hours_allocated", "gpu_hours_used", "waste_gpu_hours", "zombie_hours", "energy_kwh"):
+        assert float(cards[key]) == pytest.approx(PRICED_TOTALS[key], abs=1e-5), key
+    shown = re.search(r'data-figure="total_cost".*?<div class="value">([^<]+)</div>', dom, re.S).group(1)
+    assert shown == f"{PRICED_TOTALS['total_cost']:,.2f} EUR"
+    assert "Waste</b> is allocated minus used" in dom
+    assert dom.count("<rect") > 30 and "<svg" in dom
+    rows = re.findall(r'<tr data-group="([^"]+)">', dom)
+    assert rows == sorted(PRICED, key=lambda g: -PRICED[g]["total_cost"])
+    artefacts = Path(os.environ.get("TEST_ARTEFACTS") or tmp_path)
+    artefacts.mkdir(parents=True, exist_ok=True)
+    shot = artefacts / "chargeback-report.png"
+    _chromium([f"--screenshot={shot}", "--window-size=1280,1900", "--hide-scrollbars", page.as_uri()],
+              tmp_path / "profile-shot")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
