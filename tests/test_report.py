@@ -14,7 +14,6 @@ import csv
 import io
 import json
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -308,3 +307,89 @@ def test_html_report_in_a_real_browser_shows_the_totals(prometheus, tmp_path, pr
     _chromium([f"--screenshot={shot}", "--window-size=1280,1900", "--hide-scrollbars", page.as_uri()],
               tmp_path / "profile-shot")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+# ---- mistakes: one line, the right exit status, nothing written ---------------------------
+@pytest.mark.parametrize("text,message", [
+    ("gpu_hour: {NVIDIA H100 80GB HBM3: cheap}", "gpu_hour['NVIDIA H100 80GB HBM3']: a price must be a number >= 0, "
+                                                 "got 'cheap'"),
+    ("gpu_hour: {H100: -1}", "gpu_hour['H100']: a price must be a number >= 0, got -1"),
+    ("kwh: 0.2", "gpu_hour is required"),
+    ("gpu_hour: 2\nkwhh: 0.2", "unknown key 'kwhh' (expected one of: currency, gpu_hour, kwh, overrides)"),
+    ("gpu_hour: 2\noverrides: [{match: {namespace: a}}]", "overrides[0]: set gpu_hour and/or kwh"),
+    ("gpu_hour: 2\noverrides: [{match: {team-x: a}, kwh: 1}]", "overrides[0].match: 'team-x' is not a Prometheus "
+                                                               "label name"),
+    ("gpu_hour: 2\noverrides: [{match: {}, kwh: 1}]", "overrides[0].match: expected a mapping of label to value"),
+    ("gpu_hour: [1, 2]", "gpu_hour: expected a mapping of GPU model to price per hour, or one number"),
+    ("gpu_hour: {a: 1\n", "not valid YAML (line 2)"),
+    ("- 1", "expected a mapping with gpu_hour"),
+])
+def test_bad_prices_files_say_what_is_wrong_in_one_line(tmp_path, capsys, text, message):
+    path = tmp_path / "prices.yaml"
+    path.write_text(text)
+    out = tmp_path / "report.csv"
+    status = main(["report", "--prometheus", "http://127.0.0.1:1", "--from", "7d", "--prices", str(path),
+                   "-o", str(out)])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"l9gpu report: {path}: ") and message in err, err
+    assert not out.exists()
+
+
+def test_a_model_without_a_price_is_named(prometheus, tmp_path, capsys):
+    path = tmp_path / "prices.yaml"
+    path.write_text("gpu_hour: {NVIDIA H100 80GB HBM3: 2.5}\n")
+    out = tmp_path / "report.csv"
+    status = main(["report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
+                   "--prices", str(path), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert status == 2 and not out.exists()
+    assert err == (f"l9gpu report: {path}: no price for GPU model 'NVIDIA A100-SXM4-80GB' "
+                   "(add it under gpu_hour, or set gpu_hour.default)\n")
+
+
+@pytest.mark.parametrize("args,status,message", [
+    (["--from", "last tuesday"], 2, "--from: invalid time 'last tuesday'"),
+    (["--from", "2026-13-01"], 2, "--from: invalid time '2026-13-01'"),
+    (["--from", "1d", "--to", "2d"], 2, "must be after --from"),
+    (["--from", "1d", "--by", "team"], 2, "--by 'team': use namespace, label_<key>, slurm_account or slurm_user"),
+    (["--from", "1d", "--step", "10s"], 2, "--step must be at least 1m"),
+    (["--from", "1d", "--password", "x"], 2, "--password needs --username"),
+    (["--from", "1d", "--ca-file", "/nonexistent/ca.pem"], 2, "--ca-file /nonexistent/ca.pem: no such file"),
+    (["--from", "1d", "-o", "/nonexistent/dir/r.csv"], 2, "directory /nonexistent/dir does not exist"),
+    (["--from", "1d", "--selector", "{{bad"], 1, "Prometheus refused a query (HTTP 400, bad_data)"),
+])
+def test_bad_flags_and_refused_queries(prometheus, capsys, args, status, message):
+    assert main(["report", "--prometheus", prometheus.base, *args]) == status
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_unreachable_or_wrong_url(prometheus, capsys):
+    from agent import free_port
+
+    assert main(["report", "--prometheus", f"http://127.0.0.1:{free_port()}", "--from", "1d"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("l9gpu report: cannot reach Prometheus at http://127.0.0.1:") and err.count("\n") == 1
+    assert main(["report", "--prometheus", prometheus.base + "/graph", "--from", "1d"]) == 1
+    err = capsys.readouterr().err
+    assert "not a Prometheus API answer" in err and err.count("\n") == 1
+    assert main(["report", "--prometheus", "prometheus:9090", "--from", "1d"]) == 2
+    assert "expected an http:// or https:// URL" in capsys.readouterr().err
+
+
+def test_prices_become_rules_that_promtool_accepts(tmp_path, prices_file, capsys):
+    import subprocess
+
+    rules = tmp_path / "prices.rules.yaml"
+    assert main(["prices", str(prices_file), "-o", str(rules)]) == 0
+    text = rules.read_text()
+    assert 'labels: {model: "NVIDIA H100 80GB HBM3"}' in text and "expr: vector(2.5)" in text
+    assert 'labels: {namespace: "ml-research", model: "NVIDIA H100 80GB HBM3"}' in text
+    assert "#   slurm_account=nlp-lab" in text  # not a namespace override: report only, and said so
+    check = subprocess.run([need_tool("promtool"), "check", "rules", str(rules)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpu_hour: {x: y}")
+    assert main(["prices", str(bad)]) == 2
+    assert capsys.readouterr().err == f"l9gpu prices: {bad}: gpu_hour['x']: a price must be a number >= 0, got 'y'\n"

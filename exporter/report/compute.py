@@ -100,9 +100,9 @@ def bucket_increments(values: Sequence[float | None],
     for k in range(1, len(values)):
         if k in raw:
             inc = 0.0
-            for _, v in raw[k]:
-                inc += v if prev is None or v < prev else v - prev
-                prev = v
+            for _, sample in raw[k]:
+                inc += sample if prev is None or sample < prev else sample - prev
+                prev = sample
             out.append(inc)
             continue
         v = values[k]

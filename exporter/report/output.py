@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from importlib import resources
 from typing import Any
 
 from exporter.report.summary import FIGURES
@@ -95,111 +96,6 @@ def svg_chart(report: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-TEMPLATE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>GPU chargeback {{ period.from[:10] }} to {{ period.to[:10] }}</title>
-<style>
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem auto; max-width: 1200px;
-       color: #1d2330; padding: 0 1rem; }
-h1 { font-size: 1.6rem; margin-bottom: 0.2rem; } h2 { font-size: 1.2rem; margin-top: 2rem; }
-.sub { color: #5a6272; margin-top: 0; }
-.cards { display: flex; flex-wrap: wrap; gap: 0.8rem; }
-.card { border: 1px solid #d8dce3; border-radius: 8px; padding: 0.7rem 1rem; min-width: 150px; background: #f7f8fa; }
-.card .label { font-size: 0.8rem; color: #5a6272; } .card .value { font-size: 1.45rem; font-weight: 600; }
-.card.main { background: #eaf1fb; border-color: #9db8e0; }
-.card .note { font-size: 0.75rem; color: #5a6272; }
-.explain { background: #fffbea; border: 1px solid #eedc82; border-radius: 8px; padding: 0.6rem 1rem; font-size: 0.9rem; }
-table { border-collapse: collapse; width: 100%; font-size: 0.85rem; }
-th, td { border-bottom: 1px solid #e3e6ec; padding: 0.35rem 0.5rem; text-align: right; vertical-align: top; }
-th { background: #f0f2f5; position: sticky; top: 0; } td.name, th.name, td.top { text-align: left; }
-td.top { font-size: 0.78rem; color: #3c4452; }
-tr.total td { font-weight: 600; border-top: 2px solid #9aa3b2; }
-svg.chart { width: 100%; height: auto; font-size: 11px; fill: #3c4452; }
-svg.chart .grid { stroke: #e3e6ec; } svg.chart .axis { stroke: #7a8394; }
-footer { margin-top: 2rem; font-size: 0.75rem; color: #7a8394; }
-</style>
-</head>
-<body>
-<h1>GPU chargeback</h1>
-<p class="sub">{{ period.from }} to {{ period.to }} ({{ fmt(period.hours, 1) }} hours), grouped by
-<b>{{ by }}</b>{% if currency %}, prices in {{ currency }}{% endif %}.</p>
-
-<h2>Totals</h2>
-<div class="cards" id="totals">
-{% if has_costs %}
-  <div class="card main" data-figure="total_cost" data-value="{{ totals.total_cost }}"><div class="label">Total charge</div>
-    <div class="value">{{ money(totals.total_cost) }}</div><div class="note">allocated GPU time{% if totals.energy_cost is not none %} + energy{% endif %}</div></div>
-  <div class="card" data-figure="allocated_cost" data-value="{{ totals.allocated_cost }}"><div class="label">Allocated cost</div>
-    <div class="value">{{ money(totals.allocated_cost) }}</div><div class="note">GPU-hours held x price</div></div>
-  <div class="card" data-figure="effective_cost" data-value="{{ totals.effective_cost }}"><div class="label">Effective cost</div>
-    <div class="value">{{ money(totals.effective_cost) }}</div><div class="note">GPU-hours computing x price</div></div>
-  <div class="card" data-figure="waste_cost" data-value="{{ totals.waste_cost }}"><div class="label">Waste</div>
-    <div class="value">{{ money(totals.waste_cost) }}</div><div class="note">{{ pct(totals.waste_ratio) }} of allocated time</div></div>
-{% if totals.energy_cost is not none %}
-  <div class="card" data-figure="energy_cost" data-value="{{ totals.energy_cost }}"><div class="label">Energy cost</div>
-    <div class="value">{{ money(totals.energy_cost) }}</div></div>
-{% endif %}
-{% endif %}
-  <div class="card" data-figure="gpu_hours_allocated" data-value="{{ totals.gpu_hours_allocated }}"><div class="label">GPU-hours allocated</div>
-    <div class="value">{{ fmt(totals.gpu_hours_allocated) }}</div></div>
-  <div class="card" data-figure="gpu_hours_used" data-value="{{ totals.gpu_hours_used }}"><div class="label">GPU-hours used</div>
-    <div class="value">{{ fmt(totals.gpu_hours_used) }}</div></div>
-  <div class="card" data-figure="waste_gpu_hours" data-value="{{ totals.waste_gpu_hours }}"><div class="label">GPU-hours wasted</div>
-    <div class="value">{{ fmt(totals.waste_gpu_hours) }}</div></div>
-  <div class="card" data-figure="zombie_hours" data-value="{{ totals.zombie_hours }}"><div class="label">Idle holding (zombie) hours</div>
-    <div class="value">{{ fmt(totals.zombie_hours) }}</div></div>
-  <div class="card" data-figure="energy_kwh" data-value="{{ totals.energy_kwh }}"><div class="label">Energy</div>
-    <div class="value">{{ fmt(totals.energy_kwh) }} kWh</div></div>
-</div>
-
-<h2>What the figures mean</h2>
-<div class="explain">
-<p><b>A GPU-hour</b> is one GPU for one hour. <b>Allocated</b> hours count the time a team's workloads held a GPU
-(it was assigned to them, or they kept data in its memory), whether they used it or not: nobody else could.
-<b>Used</b> hours count only the time the GPU actually computed for them (two jobs sharing a GPU half and half
-each use half of it).</p>
-<p><b>Waste</b> is allocated minus used: GPU time paid for but not computed with.
-<b>Zombie hours</b> are the plainest waste: time a workload held a GPU while running nothing on it at all,
-such as a notebook left open over the weekend. <b>Allocated cost</b> is what the held GPUs cost,
-<b>effective cost</b> what the computing cost, and the difference is the cost of waste.
-{% if has_costs %}The charge is the allocated cost{% if totals.energy_cost is not none %} plus the energy{% endif %}.{% endif %}</p>
-</div>
-
-<h2>{% if has_costs %}Cost{% else %}Allocated GPU-hours{% endif %} per {{ by }} over the period</h2>
-{{ chart | safe }}
-
-<h2>Per {{ by }}</h2>
-<table id="groups">
-<thead><tr><th class="name">{{ by }}</th>{% if has_costs %}<th>Charge</th><th>Allocated cost</th><th>Effective cost</th>
-<th>Waste cost</th>{% if totals.energy_cost is not none %}<th>Energy cost</th>{% endif %}{% endif %}
-<th>GPU-h allocated</th><th>GPU-h used</th><th>GPU-h wasted</th><th>Waste %</th><th>Zombie h</th><th>kWh</th>
-<th class="name">Top wasting workloads (GPU-h)</th></tr></thead>
-<tbody>
-{% for g in groups %}
-<tr data-group="{{ g.group }}">
-<td class="name">{{ g.group }}</td>{% if has_costs %}<td>{{ fmt(g.total_cost) }}</td><td>{{ fmt(g.allocated_cost) }}</td>
-<td>{{ fmt(g.effective_cost) }}</td><td>{{ fmt(g.waste_cost) }}</td>{% if totals.energy_cost is not none %}<td>{{ fmt(g.energy_cost) }}</td>{% endif %}{% endif %}
-<td>{{ fmt(g.gpu_hours_allocated) }}</td><td>{{ fmt(g.gpu_hours_used) }}</td><td>{{ fmt(g.waste_gpu_hours) }}</td>
-<td>{{ pct(g.waste_ratio) }}</td><td>{{ fmt(g.zombie_hours) }}</td><td>{{ fmt(g.energy_kwh) }}</td>
-<td class="top">{% for w in g.top_waste %}{{ w.workload }}: {{ fmt(w.waste_gpu_hours) }}{% if not loop.last %}<br>{% endif %}{% endfor %}</td>
-</tr>
-{% endfor %}
-<tr class="total"><td class="name">Total</td>{% if has_costs %}<td>{{ fmt(totals.total_cost) }}</td><td>{{ fmt(totals.allocated_cost) }}</td>
-<td>{{ fmt(totals.effective_cost) }}</td><td>{{ fmt(totals.waste_cost) }}</td>{% if totals.energy_cost is not none %}<td>{{ fmt(totals.energy_cost) }}</td>{% endif %}{% endif %}
-<td>{{ fmt(totals.gpu_hours_allocated) }}</td><td>{{ fmt(totals.gpu_hours_used) }}</td><td>{{ fmt(totals.waste_gpu_hours) }}</td>
-<td>{{ pct(totals.waste_ratio) }}</td><td>{{ fmt(totals.zombie_hours) }}</td><td>{{ fmt(totals.energy_kwh) }}</td><td></td></tr>
-</tbody>
-</table>
-
-<footer>Generated by l9gpu report from {{ source.prometheus or "Prometheus" }}{% if prices %} with prices from {{ prices }}{% endif %}:
-{{ totals.workloads }} workloads, counters read in steps of {{ source.step_seconds }} s ({{ source.queries }} queries).
-Counter resets (agent restarts) and workloads that moved between nodes are counted exactly; see docs/CHARGEBACK.md.</footer>
-</body>
-</html>
-"""
 
 
 def to_html(report: dict[str, Any]) -> str:
@@ -218,7 +114,8 @@ def to_html(report: dict[str, Any]) -> str:
         return "—" if value is None else f"{value * 100:.1f}%"
 
     has_costs = report["totals"]["allocated_cost"] is not None
-    return env.from_string(TEMPLATE).render(**report, fmt=_fmt, money=money, pct=pct, has_costs=has_costs,
+    template = resources.files("exporter.report").joinpath("report.html.j2").read_text(encoding="utf-8")
+    return env.from_string(template).render(**report, fmt=_fmt, money=money, pct=pct, has_costs=has_costs,
                                             chart=svg_chart(report))
 
 

@@ -82,6 +82,8 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
     workloads: dict[str, dict[str, dict[str, Any]]] = {}
     per_series = []
     for s in series:
+        if not any(any(steps) for steps in s.steps.values()):
+            continue  # seen just before the period, nothing in it
         f = _figures(s, prices)
         name = s.labels.get(by) or NONE_GROUP
         per_series.append((name, s, f))
