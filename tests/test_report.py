@@ -393,3 +393,105 @@ def test_prices_become_rules_that_promtool_accepts(tmp_path, prices_file, capsys
     bad.write_text("gpu_hour: {x: y}")
     assert main(["prices", str(bad)]) == 2
     assert capsys.readouterr().err == f"l9gpu prices: {bad}: gpu_hour['x']: a price must be a number >= 0, got 'y'\n"
+
+
+# ---- authentication and TLS, as Prometheus users set them up -------------------------------
+@pytest.fixture(scope="module")
+def secure_prometheus(tmp_path_factory):
+    """Prometheus itself serving TLS with basic auth (--web.config.file), on two days of history."""
+    import ssl
+    import urllib.request
+
+    import yaml
+    from test_webconfig import basic, htpasswd_hash, make_pki
+
+    prometheus_bin, promtool = need_tool("prometheus"), need_tool("promtool")
+    tmp = tmp_path_factory.mktemp("secure")
+    pki = make_pki(tmp / "pki")
+    nodes = [Node("gpu-a", H100)]
+    workloads = [Workload("gpu-a", 0, pod("ml-prod", "vllm-0", "engine", "inference", "u1"), END - 2 * D, END,
+                          [(END - 2 * D, 0.5, 400.0)])]
+    backfill(promtool, tmp / "data", nodes, workloads, END - 2 * D, END, STEP, tmp)
+    web = tmp / "web.yml"
+    web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(pki.server_cert),
+                                                         "key_file": str(pki.server_key)},
+                                   "basic_auth_users": {"finance": htpasswd_hash("s3cret")}}))
+    server = PrometheusServer(prometheus_bin, tmp, [], args=["--storage.tsdb.retention.time=400d",
+                                                             f"--web.config.file={web}"]).start()
+    server.base = server.base.replace("http://", "https://")
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            request = urllib.request.Request(server.base + "/-/ready", headers=basic("finance", "s3cret"))
+            with urllib.request.urlopen(request, context=context, timeout=5):
+                break
+        except OSError:
+            if time.monotonic() > deadline or server.proc.poll() is not None:
+                raise RuntimeError("prometheus did not start:\n" + server.log()) from None
+            time.sleep(0.25)
+    try:
+        yield server, pki
+    finally:
+        server.stop()
+
+
+def test_tls_and_basic_auth(secure_prometheus, tmp_path, capsys):
+    server, pki = secure_prometheus
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    base = ["report", "--prometheus", server.base, "--from", str(END - 2 * D), "--to", str(END), "--format", "json"]
+    assert main([*base, "--ca-file", str(pki.ca), "--username", "finance", "--password-file", str(password)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert_figures(doc["totals"], figures((48, 24, 0.0, 48 * 0.4)))
+    assert main([*base, "--ca-file", str(pki.ca), "--username", "finance", "--password", "wrong"]) == 1
+    assert "refused the credentials (HTTP 401)" in capsys.readouterr().err
+    assert main([*base, "--username", "finance", "--password", "s3cret"]) == 1  # the system CAs do not know it
+    err = capsys.readouterr().err
+    assert err.startswith(f"l9gpu report: TLS with {server.base} failed: ") and "--ca-file" in err
+    assert err.count("\n") == 1
+    assert main([*base, "--insecure-skip-verify", "--username", "finance", "--password", "s3cret"]) == 0
+    assert json.loads(capsys.readouterr().out)["totals"]["gpu_hours_allocated"] == pytest.approx(48)
+
+
+def test_bearer_token_through_an_auth_proxy(prometheus, tmp_path, capsys):
+    """A bearer token as an authenticating proxy in front of Prometheus (kube-rbac-proxy and the like) wants it."""
+    import asyncio
+    import threading
+
+    import aiohttp
+    from aiohttp import web
+
+    async def forward(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer t0ken":
+            return web.Response(status=401, text="Unauthorized")
+        async with aiohttp.ClientSession() as session:
+            async with session.post(prometheus.base + request.path, data=await request.read(),
+                                    headers={"Content-Type": request.headers["Content-Type"]}) as upstream:
+                return web.Response(status=upstream.status, body=await upstream.read(),
+                                    content_type="application/json")
+
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", forward)
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the port the OS chose
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        token = tmp_path / "token"
+        token.write_text("t0ken\n")
+        base = ["report", "--prometheus", f"http://127.0.0.1:{port}", "--from", str(START), "--to", str(END),
+                "--format", "json"]
+        assert main([*base, "--bearer-token-file", str(token)]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert_figures(doc["totals"], figures(VLLM, TRAIN, NOTEBOOK, JOB_4242, JOB_4243, EMBEDDER))
+        assert main([*base, "--bearer-token", "nope"]) == 1
+        assert "refused the credentials (HTTP 401)" in capsys.readouterr().err
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)

@@ -10,6 +10,7 @@ certificate and key, or no verification at all for a lab. Queries go out as POST
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import ssl
 from dataclasses import dataclass
@@ -103,13 +104,13 @@ class Prometheus:
         import aiohttp
 
         headers = {"Accept": "application/json", "User-Agent": "l9gpu-report"}
-        auth = None
         if self.config.bearer_token:
             headers["Authorization"] = f"Bearer {self.config.bearer_token}"
         elif self.config.username:
-            auth = aiohttp.BasicAuth(self.config.username, self.config.password or "")
+            pair = f"{self.config.username}:{self.config.password or ''}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
         connector = aiohttp.TCPConnector(ssl=_ssl_context(self.config), limit=self.config.concurrency)
-        self._session = aiohttp.ClientSession(headers=headers, auth=auth, connector=connector,
+        self._session = aiohttp.ClientSession(headers=headers, connector=connector,
                                               timeout=aiohttp.ClientTimeout(total=self.config.timeout))
         return self
 
