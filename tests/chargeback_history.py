@@ -14,7 +14,9 @@ create-blocks-from openmetrics`` turns into TSDB blocks; `backfill` does both.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable
@@ -93,32 +95,64 @@ def _labels(node: Node, w: Workload) -> str:
 
 
 def write_openmetrics(out: IO[str], nodes: list[Node], workloads: list[Workload], start: float, end: float,
-                      step: int) -> int:
-    """The history as OpenMetrics text; returns the number of samples."""
+                      step: int, scratch: Path | None = None) -> int:
+    """The history as OpenMetrics text; returns the number of samples.
+
+    Each family must be contiguous, so the samples of the later families wait in files under
+    ``scratch`` (a temporary directory by default) rather than in memory.
+    """
     by_name = {n.name: n for n in nodes}
     times = {n.name: sample_times(n, start, end, step) for n in nodes}
-    rendered = [(_labels(by_name[w.node], w), list(series_samples(w, by_name[w.node], times[w.node])))
-                for w in workloads]
     count = 0
-    for i, (family, kind) in enumerate(FAMILIES):
-        out.write(f"# TYPE {family} {kind}\n")
-        name = family + ("_total" if kind == "counter" else "")
-        for labels, samples in rendered:
-            lines = [f"{name}{{{labels}}} {values[i]:.17g} {t:.3f}\n" for t, values in samples]
-            out.writelines(lines)
-            count += len(lines)
+    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+        parts = [out] + [open(Path(tmp) / f"family{i}", "w+") for i in range(1, len(FAMILIES))]
+        try:
+            for i, (family, kind) in enumerate(FAMILIES):
+                parts[i].write(f"# TYPE {family} {kind}\n")
+            names = [family + ("_total" if kind == "counter" else "") for family, kind in FAMILIES]
+            for w in workloads:
+                labels = _labels(by_name[w.node], w)
+                samples = list(series_samples(w, by_name[w.node], times[w.node]))
+                count += len(samples) * len(FAMILIES)
+                for i, name in enumerate(names):
+                    head = f"{name}{{{labels}}} "
+                    parts[i].writelines([f"{head}{values[i]:.17g} {t:.3f}\n" for t, values in samples])
+            for part in parts[1:]:
+                part.seek(0)
+                shutil.copyfileobj(part, out)
+        finally:
+            for part in parts[1:]:
+                part.close()
     out.write("# EOF\n")
     return count
 
 
 def backfill(promtool: str, data_dir: Path, nodes: list[Node], workloads: list[Workload], start: float,
-             end: float, step: int, work: Path) -> int:
-    """Write the history as TSDB blocks under ``data_dir`` (Prometheus' --storage.tsdb.path)."""
-    text = work / "history.om"
-    with open(text, "w") as f:
-        count = write_openmetrics(f, nodes, workloads, start, end, step)
+             end: float, step: int, work: Path, parts: int = 1) -> int:
+    """Write the history as TSDB blocks under ``data_dir`` (Prometheus' --storage.tsdb.path).
+
+    ``parts`` > 1 splits the workloads into that many files converted side by side (blocks
+    of different series may overlap in time; Prometheus merges them when it queries).
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
-    subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=768h",
-                    str(text), str(data_dir)], check=True, capture_output=True)
-    text.unlink()
+    chunks = [workloads[i::parts] for i in range(parts)]
+    count = 0
+    procs = []
+    for i, chunk in enumerate(chunks):
+        text = work / f"history{i}.om"
+        with open(text, "w") as f:
+            count += write_openmetrics(f, nodes, chunk, start, end, step, scratch=work)
+        out_dir = data_dir if parts == 1 else work / f"blocks{i}"
+        procs.append((text, out_dir, subprocess.Popen(
+            [promtool, "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=768h", str(text),
+             str(out_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+    for text, out_dir, proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"promtool failed: {err.decode(errors='replace')[-2000:]}")
+        text.unlink()
+        if out_dir != data_dir:
+            for block in out_dir.iterdir():
+                block.rename(data_dir / block.name)
+            out_dir.rmdir()
     return count

@@ -152,8 +152,9 @@ def test_json_by_namespace_equals_the_hand_computed_figures(prometheus, tmp_path
     assert groups["data-science"]["top_waste"][0]["waste_gpu_hours"] == pytest.approx(720 - 0.5 - 3)
     assert [w["workload"] for w in groups["(none)"]["top_waste"]] == ["slurm job 4242 (bob)", "slurm job 4243 (alice)"]
     assert doc["currency"] is None and doc["totals"]["total_cost"] is None
-    # resets inside a step (gpu-a's restart, the notebook starting to compute) were read sample by sample
-    assert doc["source"]["raw_steps"] == 4
+    # steps with a fall were read sample by sample: gpu-a's restart (3 counters; the busy pod's idle
+    # time stays 0), the notebook starting to compute (idle time), gpu-b's restart (4 counters)
+    assert doc["source"]["raw_steps"] == 8
 
 
 # ---- prices --------------------------------------------------------------------------------
@@ -227,14 +228,14 @@ def test_grouping_by_pod_label_and_slurm_owner(prometheus, tmp_path, by, want):
 
 
 def test_one_day_with_an_agent_restart_inside_a_step(prometheus, tmp_path):
-    """Day 10: gpu-a's agent is down 04:10-04:40, longer than a 15-minute step: the reset shows
-    between two steps' last values, and no raw samples are needed."""
+    """Day 10: gpu-a's agent is down 04:10-04:40, longer than a 15-minute step: the step where
+    its series come back is read sample by sample (4 counters)."""
     day = time.strftime("%Y-%m-%d", time.gmtime(START + 10 * D))
     next_day = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(START + 11 * D))
     out = tmp_path / "day.json"
     assert main(["report", "--prometheus", prometheus.base, "--from", day, "--to", next_day, "-o", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["source"]["step_seconds"] == 900 and doc["source"]["raw_steps"] == 0
+    assert doc["source"]["step_seconds"] == 900 and doc["source"]["raw_steps"] == 4
     groups = {g["group"]: g for g in doc["groups"]}
     assert set(groups) == {"ml-prod", "ml-research", "data-science"}
     assert_figures(groups["ml-prod"], figures((23.5, 0.75 * 23.5, 0.0, 0.5 * 23.5)))

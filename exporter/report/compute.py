@@ -14,8 +14,11 @@ How it is computed without downloading every sample:
    ~250 steps). One range query per counter, ``last_over_time(c[G])`` at every step
    end, gives each series' last value in each step (and at START, its value before).
 2. Where a counter only rises inside a step, the step's increase is the difference of
-   those values: no sample in between matters. One range query per counter,
-   ``resets(c[G + lookback]) > 0``, names the (few) steps where a series fell.
+   those values: no sample in between matters. One range query per counter names the
+   (few) steps where a series fell: ``resets(c[G]) > 0`` (a fall between two samples of
+   the step) ``or min_over_time(c[G]) < last_over_time(c[G] offset G)`` (a fall from
+   the previous step's last sample, however long the gap between them). A series that
+   comes back after a whole step without samples is checked the same way.
 3. For those steps only, the raw samples are fetched (one query per step and counter,
    for the nodes concerned) and summed sample by sample.
 
@@ -40,7 +43,6 @@ COUNTERS: dict[str, tuple[str, float]] = {
 }
 STEPS_S = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 MAX_STEPS = 250
-LOOKBACK_S = 300  # a reset across a scrape gap up to this long is found by resets()
 NODE_BATCH = 100  # nodes per raw-sample query
 
 SeriesKey = tuple[tuple[str, str], ...]
@@ -167,14 +169,17 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
     sel = f"{family}{{{selector}}}" if selector else family
     t = [b / 1000 for b in bounds]
     value_q = [prom.query_range(f"last_over_time({sel}[{_dur(step_ms)}])", t[0], t[n], step_ms / 1000)]
+    def fell(window_ms: int, previous_ms: int) -> str:
+        return (f"resets({sel}[{_dur(window_ms)}]) > 0 or min_over_time({sel}[{_dur(window_ms)}])"
+                f" < last_over_time({sel}[{_dur(previous_ms)}] offset {_dur(window_ms)})")
+
     reset_q = []
     if n >= 1:
-        reset_q.append(prom.query_range(f"resets({sel}[{_dur(step_ms + LOOKBACK_S * 1000)}]) > 0",
-                                        t[1], t[n], step_ms / 1000))
+        reset_q.append(prom.query_range(fell(step_ms, step_ms), t[1], t[n], step_ms / 1000))
     tail_ms = bounds[-1] - bounds[n] if len(bounds) > n + 1 else 0
     if tail_ms:
         value_q.append(prom.query(f"last_over_time({sel}[{_dur(tail_ms)}])", t[-1]))
-        reset_q.append(prom.query(f"resets({sel}[{_dur(tail_ms + LOOKBACK_S * 1000)}]) > 0", t[-1]))
+        reset_q.append(prom.query(fell(tail_ms, step_ms if n else tail_ms), t[-1]))
     answers = await asyncio.gather(*value_q, *reset_q)
     values_ans, resets_ans = answers[:len(value_q)], answers[len(value_q):]
     index = {b: k for k, b in enumerate(bounds)}
@@ -206,6 +211,12 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
                 k = index.get(_ms(ts)) if i == 0 and "values" in series else len(bounds) - 1
                 if k:
                     flagged.setdefault(k, set()).add(key)
+    for key, vals in values.items():  # back after a step or more without samples
+        known = vals[0] is not None
+        for k in range(1, len(vals)):
+            if vals[k] is not None and vals[k - 1] is None and known:
+                flagged.setdefault(k, set()).add(key)
+            known = known or vals[k] is not None
     raw: dict[SeriesKey, dict[int, list[tuple[int, float]]]] = {}
     fetches = []
     for k, keys in sorted(flagged.items()):
