@@ -496,3 +496,19 @@ def test_bearer_token_through_an_auth_proxy(prometheus, tmp_path, capsys):
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+def test_consecutive_periods_add_up_to_the_whole(prometheus, tmp_path):
+    """No extrapolation: days 0-10 plus days 10-30 (a restart and a reset in each) equal the month."""
+    def by_group(start: int, end: int) -> dict[str, dict]:
+        out = tmp_path / f"{start}.json"
+        assert main(["report", "--prometheus", prometheus.base, "--from", str(start), "--to", str(end),
+                     "-o", str(out)]) == 0
+        return {g["group"]: g for g in json.loads(out.read_text())["groups"]}
+
+    first, second, whole = by_group(START, START + 10 * D + 4321), by_group(START + 10 * D + 4321, END), \
+        by_group(START, END)
+    for name, group in whole.items():
+        for key in ("gpu_hours_used", "gpu_hours_allocated", "zombie_hours", "energy_kwh"):
+            parts = first.get(name, {}).get(key, 0.0) + second.get(name, {}).get(key, 0.0)
+            assert parts == pytest.approx(group[key], abs=1e-5), (name, key)

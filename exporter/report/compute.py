@@ -4,9 +4,10 @@ What a counter "did" over a period is, for each series, the sum over consecutive
 inside (START, END] of the rise from the previous sample; a fall is a reset (the agent
 restarted, or a workload came back after its counters were dropped) and counts the new
 value from 0; a series' first sample counts from 0 when it has no earlier sample in the
-step before (a new pod, a pod that moved to another node: another series). This is what
-``increase()`` computes before it extrapolates to the window's edges; the report does not
-extrapolate, so a month's report plus the next month's equals the two months' report.
+step before (a new pod, a pod that moved to another node: another series). Each rise belongs
+to the period of its later sample. ``increase()`` estimates this by extrapolating to its
+window's edges; the report counts samples, so a month's report plus the next month's
+equals the two months' report.
 
 How it is computed without downloading every sample:
 
