@@ -55,20 +55,20 @@ def cluster(start: int, end: int, interval: int) -> tuple[list[Node], list[Workl
         for g in range(GPUS):
             ns = f"team-{(n * GPUS + g) % 25:02d}"
             zombie = (n * GPUS + g) % 10 == 0
-            phases_of = (lambda t: [(t, 0.0, 70.0)]) if zombie else (lambda t: [(t, 0.35 + 0.06 * g, 180.0 + 40 * g)])
+            sm, watts = (0.0, 70.0) if zombie else (0.35 + 0.06 * g, 180.0 + 40 * g)
             if g < CHURNING:  # a new pod every 5 days
                 for p in range(6):
                     begin = start + p * 5 * D + node.offset
                     stop = begin + 5 * D - interval
                     labels = {"namespace": ns, "pod": f"job-{n}-{g}-{p}", "container": "main",
                               "pod_uid": f"u-{n}-{g}-{p}"}
-                    workloads.append(Workload(node.name, g, labels, begin, stop, phases_of(begin)))
+                    workloads.append(Workload(node.name, g, labels, begin, stop, [(begin, sm, watts)]))
             else:
                 begin = start - D + node.offset
                 labels = {"namespace": ns, "pod": f"svc-{n}-{g}", "container": "main", "pod_uid": f"u-{n}-{g}"}
-                workloads.append(Workload(node.name, g, labels, begin, end + H, phases_of(begin)))
-    # expected: long-running containers hold their GPU all month less the one missed sample
-    # interval... and the restart gap; churning pods hold it 5 days less one interval each
+                workloads.append(Workload(node.name, g, labels, begin, end + H, [(begin, sm, watts)]))
+    # expected: long-running containers hold their GPU all month less the restart's gap;
+    # churning pods hold it 5 days less one interval each, and one of them loses the gap
     lost = 2 * interval  # the gap around each agent's restart
     long_running = NODES * (GPUS - CHURNING) * (30 * D - lost)
     churning = NODES * CHURNING * (6 * (5 * D - interval) - lost)

@@ -152,9 +152,10 @@ def test_json_by_namespace_equals_the_hand_computed_figures(prometheus, tmp_path
     assert groups["data-science"]["top_waste"][0]["waste_gpu_hours"] == pytest.approx(720 - 0.5 - 3)
     assert [w["workload"] for w in groups["(none)"]["top_waste"]] == ["slurm job 4242 (bob)", "slurm job 4243 (alice)"]
     assert doc["currency"] is None and doc["totals"]["total_cost"] is None
-    # steps with a fall were read sample by sample: gpu-a's restart (3 counters; the busy pod's idle
-    # time stays 0), the notebook starting to compute (idle time), gpu-b's restart (4 counters)
-    assert doc["source"]["raw_steps"] == 8
+    # steps with a fall were read sample by sample: gpu-a's restart inside a step (3 counters; the
+    # busy pod's idle time stays 0) and the notebook starting to compute (idle time), each with the
+    # step after (a fall is looked for over two steps), and gpu-b's restart at a step boundary (4)
+    assert doc["source"]["raw_steps"] == 2 * 3 + 2 * 1 + 4
 
 
 # ---- prices --------------------------------------------------------------------------------

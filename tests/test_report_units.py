@@ -27,7 +27,7 @@ def test_rises_count_as_differences_falls_as_restarts_and_first_values_from_zero
 
 
 def test_step_and_grid():
-    assert choose_step(86400) == 900 and choose_step(30 * 86400) == 10800 and choose_step(3600) == 300
+    assert choose_step(86400) == 900 and choose_step(30 * 86400) == 21600 and choose_step(3600) == 300
     assert choose_step(10 * 365 * 86400) == 86400
     grid = Grid(0, 10_000_000, 3_000_000)
     assert grid.bounds == [0, 3_000_000, 6_000_000, 9_000_000, 10_000_000]

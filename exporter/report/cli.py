@@ -40,7 +40,7 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
     report.add_argument("--output", "-o", metavar="FILE", help="write here instead of standard output")
     report.add_argument("--top", type=int, default=5, metavar="N", help="top wasting workloads per group (default: 5)")
     report.add_argument("--step", metavar="DURATION",
-                        help="resolution of the counter scan (default: 5m to 1d, at most ~250 steps per period); "
+                        help="resolution of the counter scan (default: 5m to 1d, at most ~130 steps per period); "
                              "results do not depend on it, only the query cost does")
     report.add_argument("--selector", default="", metavar="MATCHERS",
                         help='extra label matchers for every series, e.g. cluster="eu-1"')

@@ -12,14 +12,13 @@ equals the two months' report.
 How it is computed without downloading every sample:
 
 1. The period is cut into steps of G (`choose_step`: 5 minutes to a day, at most
-   ~250 steps). One range query per counter, ``last_over_time(c[G])`` at every step
+   ~130 steps). One range query per counter, ``last_over_time(c[G])`` at every step
    end, gives each series' last value in each step (and at START, its value before).
 2. Where a counter only rises inside a step, the step's increase is the difference of
    those values: no sample in between matters. One range query per counter names the
-   (few) steps where a series fell: ``resets(c[G]) > 0`` (a fall between two samples of
-   the step) ``or min_over_time(c[G]) < last_over_time(c[G] offset G)`` (a fall from
-   the previous step's last sample, however long the gap between them). A series that
-   comes back after a whole step without samples is checked the same way.
+   (few) steps where a series fell: ``resets(c[2G]) > 0`` at each step's end (a fall
+   between two samples of the step, or from the previous step's last sample). A series
+   that comes back after a whole step without samples is read the same way.
 3. For those steps only, the raw samples are fetched (one query per step and counter,
    for the nodes concerned) and summed sample by sample.
 
@@ -43,7 +42,7 @@ COUNTERS: dict[str, tuple[str, float]] = {
     "energy": ("container_gpu_energy_joules_total", 1 / 3.6e6),       # kWh
 }
 STEPS_S = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
-MAX_STEPS = 250
+MAX_STEPS = 130
 NODE_BATCH = 100  # nodes per raw-sample query
 
 SeriesKey = tuple[tuple[str, str], ...]
@@ -171,8 +170,8 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
     t = [b / 1000 for b in bounds]
     value_q = [prom.query_range(f"last_over_time({sel}[{_dur(step_ms)}])", t[0], t[n], step_ms / 1000)]
     def fell(window_ms: int, previous_ms: int) -> str:
-        return (f"resets({sel}[{_dur(window_ms)}]) > 0 or min_over_time({sel}[{_dur(window_ms)}])"
-                f" < last_over_time({sel}[{_dur(previous_ms)}] offset {_dur(window_ms)})")
+        # the step and the one before it: a fall from the previous step's last sample too
+        return f"resets({sel}[{_dur(window_ms + previous_ms)}]) > 0"
 
     reset_q = []
     if n >= 1:
@@ -183,21 +182,24 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
         reset_q.append(prom.query(fell(tail_ms, step_ms if n else tail_ms), t[-1]))
     answers = await asyncio.gather(*value_q, *reset_q)
     values_ans, resets_ans = answers[:len(value_q)], answers[len(value_q):]
-    index = {b: k for k, b in enumerate(bounds)}
+    # step ends as the API writes them (seconds, float or int; equal values hash alike)
+    index = {b / 1000: k for k, b in enumerate(bounds)}
     values: dict[SeriesKey, list[float | None]] = {}
-    labels_of: dict[SeriesKey, dict[str, str]] = {}
 
     def row(metric: Mapping[str, str]) -> list[float | None]:
         key = series_key(metric)
         if key not in values:
             values[key] = [None] * len(bounds)
-            labels_of[key] = dict(key)
         return values[key]
 
     for series in values_ans[0]:
         r = row(series["metric"])
-        for ts, v in series["values"]:
-            k = index.get(_ms(ts))
+        points = series["values"]
+        if len(points) == len(bounds) or (not tail_ms and len(points) == n + 1):
+            r[:len(points)] = [float(v) for _, v in points]  # a value at every step: no lookups
+            continue
+        for ts, v in points:
+            k = index.get(ts)
             if k is not None:
                 r[k] = float(v)
     if tail_ms:
@@ -209,7 +211,7 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
             key = series_key(series["metric"])
             points = series["values"] if "values" in series else [series["value"]]
             for ts, _ in points:
-                k = index.get(_ms(ts)) if i == 0 and "values" in series else len(bounds) - 1
+                k = index.get(ts) if i == 0 and "values" in series else len(bounds) - 1
                 if k:
                     flagged.setdefault(k, set()).add(key)
     for key, vals in values.items():  # back after a step or more without samples

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from exporter.report.compute import Grid, SeriesTotals
+from exporter.report.compute import COUNTERS, Grid, SeriesTotals
 from exporter.report.periods import iso
 from exporter.report.prices import Prices
 
@@ -135,19 +135,22 @@ def _timeline(per_series: list[tuple[str, SeriesTotals, dict[str, Any]]], grid: 
     shown = ranked[:CHART_GROUPS]
     other = "other" if len(ranked) > CHART_GROUPS else None
     values = {name: [0.0] * nbins for name in shown + ([other] if other else [])}
+    step_bins = [min(nbins - 1, (bounds[k] - 1 - grid.start_ms) // bin_ms) for k in range(1, len(bounds))]
     for name, s, _ in per_series:
         target = name if name in values else other
         if target is None:
             continue
-        price = prices.gpu_hour_price(s.labels) if prices is not None else None
-        kwh_price = prices.kwh_price(s.labels) if prices is not None else None
-        for k in range(1, len(bounds)):
-            b = min(nbins - 1, (bounds[k] - 1 - grid.start_ms) // bin_ms)
-            if price is None:
-                values[target][b] += s.step_total("allocated", k - 1)
-            else:
-                values[target][b] += s.step_total("allocated", k - 1) * price + (
-                    s.step_total("energy", k - 1) * kwh_price if kwh_price is not None else 0.0)
+        # per step: allocated GPU-hours, or their cost plus the energy's
+        steps = [x * COUNTERS["allocated"][1] for x in s.steps.get("allocated", [0.0] * (len(bounds) - 1))]
+        if prices is not None:
+            price = prices.gpu_hour_price(s.labels)
+            kwh_price = prices.kwh_price(s.labels) or 0.0
+            energy = s.steps.get("energy") or [0.0] * len(steps)
+            scale = COUNTERS["energy"][1] * kwh_price
+            steps = [a * price + e * scale for a, e in zip(steps, energy)]
+        row = values[target]
+        for b, value in zip(step_bins, steps):
+            row[b] += value
     return {"unit": "cost" if prices is not None else "gpu_hours_allocated",
             "bins": [iso((grid.start_ms + i * bin_ms) / 1000) for i in range(nbins)],
             "bin_seconds": bin_ms // 1000,
