@@ -513,3 +513,15 @@ def test_consecutive_periods_add_up_to_the_whole(prometheus, tmp_path):
         for key in ("gpu_hours_used", "gpu_hours_allocated", "zombie_hours", "energy_kwh"):
             parts = first.get(name, {}).get(key, 0.0) + second.get(name, {}).get(key, 0.0)
             assert parts == pytest.approx(group[key], abs=1e-5), (name, key)
+
+
+def test_connection_flags_from_the_environment(prometheus, tmp_path, monkeypatch, capsys):
+    """Like every l9gpu flag, --prometheus and --from can come from L9GPU_* variables."""
+    assert main(["report", "--from", "1d"]) == 2
+    assert capsys.readouterr().err == "l9gpu report: --prometheus is required\n"
+    monkeypatch.setenv("L9GPU_PROMETHEUS", prometheus.base)
+    monkeypatch.setenv("L9GPU_FROM", str(START))
+    assert main(["report", "--to", str(END), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["totals"]["gpu_hours_allocated"] == pytest.approx(figures(
+        VLLM, TRAIN, NOTEBOOK, JOB_4242, JOB_4243, EMBEDDER)["gpu_hours_allocated"], abs=1e-6)

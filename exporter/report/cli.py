@@ -26,10 +26,11 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
                             description="GPU-hours used and allocated, waste, zombie hours, energy and cost per "
                                         "namespace, pod label, Slurm account or Slurm user over a period, from the "
                                         "agent's counters in Prometheus (see docs/CHARGEBACK.md).")
-    report.add_argument("--prometheus", required=True, metavar="URL",
-                        help="base URL of Prometheus (or a compatible API), e.g. http://prometheus:9090")
-    report.add_argument("--from", dest="start", required=True, metavar="START",
-                        help="start: 2026-11-01, 2026-11-01T08:00Z, a Unix timestamp, or a time before now (30d)")
+    report.add_argument("--prometheus", metavar="URL",
+                        help="base URL of Prometheus (or a compatible API), e.g. http://prometheus:9090 (required)")
+    report.add_argument("--from", dest="start", metavar="START",
+                        help="start: 2026-11-01, 2026-11-01T08:00Z, a Unix timestamp, or a time before now (30d) "
+                             "(required)")
     report.add_argument("--to", dest="end", default="now", metavar="END", help="end, same forms (default: now)")
     report.add_argument("--by", default="namespace", metavar="LABEL",
                         help="group by namespace, label_<key> (a --pod-label of the agents), slurm_account or "
@@ -123,6 +124,9 @@ def _report(args: argparse.Namespace) -> int:
     from exporter.report.prices import PricesError, load_prices
     from exporter.report.prom import Prometheus, PrometheusError, config_from_args
 
+    for flag, value in (("--prometheus", args.prometheus), ("--from", args.start)):
+        if not value:  # required, from the command line or L9GPU_PROMETHEUS / L9GPU_FROM
+            raise _Fail(f"{flag} is required")
     if not BY.match(args.by):
         raise _Fail(f"--by {args.by!r}: use namespace, label_<key>, slurm_account or slurm_user")
     if args.top < 0:

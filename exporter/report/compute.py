@@ -127,10 +127,6 @@ class SeriesTotals:
         """The period's total of one counter, in the report's unit (see `COUNTERS`)."""
         return sum(self.steps.get(key, ())) * COUNTERS[key][1]
 
-    def step_total(self, key: str, k: int) -> float:
-        values = self.steps.get(key)
-        return values[k] * COUNTERS[key][1] if values else 0.0
-
 
 def _ms(t: Any) -> int:
     return int(round(float(t) * 1000))
