@@ -454,6 +454,11 @@ def test_tls_and_basic_auth(secure_prometheus, tmp_path, capsys):
     assert err.count("\n") == 1
     assert main([*base, "--insecure-skip-verify", "--username", "finance", "--password", "s3cret"]) == 0
     assert json.loads(capsys.readouterr().out)["totals"]["gpu_hours_allocated"] == pytest.approx(48)
+    # credentials in the URL work as basic auth and stay out of the report
+    userinfo = server.base.replace("https://", "https://finance:s3cret@")
+    assert main(["report", "--prometheus", userinfo, *base[3:], "--ca-file", str(pki.ca)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["source"]["prometheus"] == server.base and "s3cret" not in json.dumps(doc)
 
 
 def test_bearer_token_through_an_auth_proxy(prometheus, tmp_path, capsys):
@@ -525,3 +530,13 @@ def test_connection_flags_from_the_environment(prometheus, tmp_path, monkeypatch
     doc = json.loads(capsys.readouterr().out)
     assert doc["totals"]["gpu_hours_allocated"] == pytest.approx(figures(
         VLLM, TRAIN, NOTEBOOK, JOB_4242, JOB_4243, EMBEDDER)["gpu_hours_allocated"], abs=1e-6)
+
+
+def test_the_step_changes_the_queries_not_the_figures(prometheus, tmp_path):
+    default = report_json(prometheus, tmp_path)
+    hourly = report_json(prometheus, tmp_path, "--step", "1h")
+    assert hourly["source"]["step_seconds"] == 3600 and default["source"]["step_seconds"] == 21600
+    for a, b in zip(default["groups"], hourly["groups"]):
+        assert a["group"] == b["group"]
+        for key in ("gpu_hours_used", "gpu_hours_allocated", "zombie_hours", "energy_kwh"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), (a["group"], key)

@@ -80,3 +80,12 @@ def test_without_prices_the_report_counts_hours_and_leaves_costs_empty():
     assert to_csv(report).splitlines()[1].startswith("a,1.0,2.0,1.0,0.0,2.0,,,,,,0.5,1,a/p/c=1h")
     html = to_html(report)
     assert "GPU-hours allocated" in html and "Total charge" not in html
+
+
+def test_names_from_labels_are_escaped_in_the_page_and_its_chart():
+    grid = Grid(0, 3600_000, 3600_000)
+    s = SeriesTotals({"slurm_account": "<b>lab</b>", "slurm_job_id": "7", "slurm_user": "a&b", "model": "H100"},
+                     {"used": [0.0], "allocated": [3600.0], "idle": [3600.0], "energy": [0.0]})
+    html = to_html(summarize([s], grid, "slurm_account", parse_prices({"gpu_hour": 1})))
+    assert "<b>lab</b>" not in html and "&lt;b&gt;lab&lt;/b&gt;" in html
+    assert "slurm job 7 (a&amp;b)" in html

@@ -16,7 +16,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 
 class PrometheusError(Exception):
@@ -52,8 +52,16 @@ def config_from_args(url: str, *, bearer_token: str | None = None, bearer_token_
                      insecure_skip_verify: bool = False, timeout: float = 120.0) -> PrometheusConfig:
     """Validate the connection flags (one ValueError line for the first mistake)."""
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"--prometheus {url!r}: expected an http:// or https:// URL, e.g. http://prometheus:9090")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        shown = url if parts.password is None else url.replace(parts.password, "***")
+        raise ValueError(f"--prometheus {shown!r}: expected an http:// or https:// URL, e.g. http://prometheus:9090")
+    if parts.username is not None:  # user:password@host: basic auth, kept out of the report
+        username = username or unquote(parts.username)
+        if password is None and password_file is None and parts.password is not None:
+            password = unquote(parts.password)
+        netloc = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+        netloc += f":{parts.port}" if parts.port else ""
+        url = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
     if bearer_token and bearer_token_file:
         raise ValueError("--bearer-token and --bearer-token-file: give one")
     if bearer_token_file:
