@@ -113,9 +113,15 @@ def to_html(report: dict[str, Any]) -> str:
     def pct(value: float | None) -> str:
         return "—" if value is None else f"{value * 100:.1f}%"
 
+    def duration(seconds: int) -> str:
+        for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+            if seconds % size == 0:
+                return f"{seconds // size} {unit}"
+        return f"{seconds} s"
+
     has_costs = report["totals"]["allocated_cost"] is not None
     template = resources.files("exporter.report").joinpath("report.html.j2").read_text(encoding="utf-8")
-    return env.from_string(template).render(**report, fmt=_fmt, money=money, pct=pct, has_costs=has_costs,
+    return env.from_string(template).render(**report, fmt=_fmt, money=money, pct=pct, duration=duration, has_costs=has_costs,
                                             chart=svg_chart(report))
 
 
