@@ -121,8 +121,8 @@ def to_html(report: dict[str, Any]) -> str:
 
     has_costs = report["totals"]["allocated_cost"] is not None
     template = resources.files("exporter.report").joinpath("report.html.j2").read_text(encoding="utf-8")
-    return env.from_string(template).render(**report, fmt=_fmt, money=money, pct=pct, duration=duration, has_costs=has_costs,
-                                            chart=svg_chart(report))
+    return env.from_string(template).render(**report, fmt=_fmt, money=money, pct=pct, duration=duration,
+                                            has_costs=has_costs, chart=svg_chart(report))
 
 
 FORMATS = {"csv": to_csv, "json": to_json, "html": to_html}
