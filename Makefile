@@ -21,7 +21,7 @@ demo: venv
 	$(VENV)/bin/l9gpu serve --backend simulated --listen $(LISTEN) --pod-label team
 
 # promtool and prometheus for the end-to-end tests, chromium (headless) for the page's
-# browser tests (Debian packages, need root).
+# browser tests and the HTML chargeback report (Debian packages, need root).
 system-deps:
 	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v chromium >/dev/null; then \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \

@@ -325,6 +325,69 @@ def workloads() -> dict[str, Any]:
                      "watt", "Workload energy plus unattributed energy adds up to the GPUs' energy.", stack=True),
           24, 8)
 
+    b.row("Cost (selected time range)")
+    # Prices come from `l9gpu prices FILE` (recording rules); the chargeback rules record the
+    # price per namespace and model while it is in use, so a namespace gone before the end of
+    # the range keeps its price through last_over_time.
+    price = "last_over_time(namespace_model:l9gpu_gpu_hour_price[$__range])"
+    kwh = "last_over_time(namespace:l9gpu_kwh_price[$__range])"
+
+    def cost(counter: str) -> str:
+        return (f"sum by (namespace) (increase({counter}{{{cb}}}[$__range])"
+                f" * on (namespace, model) group_left () {price}) / 3600")
+
+    allocated = cost("container_gpu_allocation_seconds_total")
+    effective = cost("container_gpu_usage_seconds_total")
+    energy = (f"sum by (namespace) (increase(container_gpu_energy_joules_total{{{cb}}}[$__range]))"
+              f" * on (namespace) {kwh} / 3.6e6")
+    waste = f"({allocated}) - ({effective} or {allocated} * 0)"
+    waste_ratio = (f"1 - (sum by (namespace) (increase(container_gpu_usage_seconds_total{{{cb}}}[$__range]))"
+                   f" / sum by (namespace) (increase(container_gpu_allocation_seconds_total{{{cb}}}[$__range])))")
+    money = "In the prices file's currency (`l9gpu prices FILE` loads it into Prometheus; docs/CHARGEBACK.md)."
+    b.add(stat("Allocated cost", [target(f"sum({allocated})", instant=True)], "none",
+               "GPU-hours held (allocated, or holding memory) x price per GPU-hour. " + money, decimals=2), 5, 4)
+    b.add(stat("Effective cost", [target(f"sum({effective})", instant=True)], "none",
+               "GPU-hours of compute (SM time) x price per GPU-hour. " + money, decimals=2), 5, 4)
+    b.add(stat("Waste", [target(f"sum({allocated}) - sum({effective})", instant=True)], "none",
+               "Allocated minus effective cost: GPU time paid for and not computed with. " + money, decimals=2,
+               thresholds=[("green", None), ("orange", 1)]), 5, 4)
+    b.add(stat("Waste ratio",
+               [target(f"1 - sum(increase(container_gpu_usage_seconds_total{{{cb}}}[$__range]))"
+                       f" / sum(increase(container_gpu_allocation_seconds_total{{{cb}}}[$__range]))", instant=True)],
+               "percentunit", "Share of allocated GPU time not used for compute.", decimals=1,
+               thresholds=[("green", None), ("orange", 0.3), ("red", 0.6)]), 4, 4)
+    b.add(stat("Energy cost", [target(f"sum({energy})", instant=True)], "none",
+               "Attributed energy x price per kWh. " + money, decimals=2), 5, 4)
+    b.add(table("Cost per namespace", [
+        target(allocated, ref="A", instant=True, table=True),
+        target(effective, ref="B", instant=True, table=True),
+        target(waste, ref="C", instant=True, table=True),
+        target(waste_ratio, ref="D", instant=True, table=True),
+        target(energy, ref="E", instant=True, table=True),
+    ], "Allocated cost (GPU-hours held x price), effective cost (GPU-hours of compute x price), their difference "
+       "(waste), the share of allocated time wasted, and energy cost, over the dashboard's time range. "
+       "`l9gpu report` gives the same per pod label or Slurm account, as CSV, JSON or HTML. " + money,
+        rename={"Value #A": "allocated cost", "Value #B": "effective cost", "Value #C": "waste",
+                "Value #D": "waste ratio", "Value #E": "energy cost"}, sort="allocated cost", overrides=[
+            by_name("allocated cost", decimals=2), by_name("effective cost", decimals=2),
+            by_name("waste", decimals=2), by_name("energy cost", decimals=2),
+            by_name("waste ratio", unit="percentunit", decimals=1,
+                    thresholds=_thresholds([("green", None), ("orange", 0.3), ("red", 0.6)]),
+                    custom__cellOptions={"type": "color-background", "mode": "basic"}),
+        ]), 24, 8)
+    b.add(timeseries("Allocated cost per hour by namespace",
+                     [target('namespace:l9gpu_allocated_cost_per_hour:rate5m{namespace=~"$namespace"}',
+                             "{{namespace}}")],
+                     "none", "What the GPUs each namespace holds cost per hour (recorded by the chargeback rules). "
+                             + money, stack=True), 12, 8)
+    b.add(timeseries("Waste per hour by namespace",
+                     [target('namespace:l9gpu_allocated_cost_per_hour:rate5m{namespace=~"$namespace"}'
+                             ' - (namespace:l9gpu_effective_cost_per_hour:rate5m{namespace=~"$namespace"}'
+                             ' or namespace:l9gpu_allocated_cost_per_hour:rate5m{namespace=~"$namespace"} * 0)',
+                             "{{namespace}}")],
+                     "none", "Allocated minus effective cost per hour: held GPU time not computed with. " + money,
+                     stack=True), 12, 8)
+
     b.row("Memory growth")
     b.add(timeseries("GPU memory in one hour, as a share of the GPU (linear forecast)",
                      [target(f"predict_linear(container_gpu_memory_used_bytes{{{POD}}}[30m], 3600)"

@@ -38,6 +38,8 @@ LABEL_ATTRIBUTES: dict[str, str] = {
     "container": "k8s.container.name",
     "pod_uid": "k8s.pod.uid",
     "slurm_job_id": "slurm.job.id",
+    "slurm_user": "slurm.user",
+    "slurm_account": "slurm.account",
     "owner_kind": "k8s.workload.kind",
     "owner_name": "k8s.workload.name",
     "pid": "process.pid",
@@ -451,8 +453,8 @@ def markdown() -> str:
         "",
         "Every GPU series carries `" + "`, `".join(DEVICE_LABELS) + "`; workload series add `"
         + "`, `".join(WORKLOAD_ID_LABELS) + "` (empty where not applicable), plus `owner_kind`, "
-        "`owner_name` and `label_<key>` when configured. Values a device cannot provide are "
-        "omitted, never exported as 0.",
+        "`owner_name`, `slurm_user`, `slurm_account` and `label_<key>` when configured. Values a "
+        "device cannot provide are omitted, never exported as 0.",
         "",
     ]
     sections = [

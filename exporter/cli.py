@@ -1,4 +1,5 @@
-"""Command line: ``l9gpu serve`` runs the agent, ``l9gpu snapshot`` prints one pass.
+"""Command line: ``l9gpu serve`` runs the agent, ``l9gpu snapshot`` prints one pass,
+``l9gpu report`` sums cost and waste per team from Prometheus (see exporter/report/).
 
 Every flag can also come from an environment variable ``L9GPU_<FLAG>`` (dashes become
 underscores, e.g. ``L9GPU_INTERVAL=2s``; repeatable flags take comma-separated values;
@@ -86,7 +87,7 @@ def _add_device_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``l9gpu`` parser with its ``serve`` and ``snapshot`` subcommands."""
+    """The ``l9gpu`` parser with its ``serve``, ``snapshot``, ``report`` and ``prices`` subcommands."""
     parser = _Parser(prog="l9gpu", description="GPU telemetry with per-pod and per-Slurm-job attribution.")
     parser.add_argument("--version", action="version", version=f"l9gpu {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -110,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--timings", action="store_true",
                       help="also time every vendor library call of a first and a steady pass, to see why a pass "
                            "is slow on this node's driver (NVIDIA)")
-    for action in (serve, snap):
+    from exporter.report import cli as report_cli
+
+    for action in (serve, snap, *report_cli.add_parsers(sub)):
         _apply_environment(action)
     return parser
 
@@ -547,6 +550,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
+        if args.command in ("report", "prices"):
+            from exporter.report import cli as report_cli
+
+            return report_cli.run(args)
         setup_logging(args.log_level, args.log_format)
         if args.command == "serve":
             return serve(args)

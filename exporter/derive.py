@@ -42,22 +42,26 @@ def default_labeller(workload: Workload) -> tuple[str, ...]:
     return (workload.namespace, workload.pod, workload.container, workload.pod_uid, workload.slurm_job_id)
 
 
-OWNER_LABELS: tuple[str, ...] = ("owner_kind", "owner_name")
+# The owner of a pod (top-level controller) and of a Slurm job (user, account): one value
+# per workload, so they add no series, and chargeback can group by them.
+OWNER_LABELS: tuple[str, ...] = ("owner_kind", "owner_name", "slurm_user", "slurm_account")
 
 
 def label_schema(pod_labels: Sequence[str] = ()) -> tuple[tuple[str, ...], Labeller]:
     """Extra workload label names and the matching labeller.
 
     Workload series always carry the owner (``owner_kind``, ``owner_name``: Deployment,
-    StatefulSet, Job, ...); each ``--pod-label KEY`` adds ``label_<key>`` with the pod's
-    label value ("" when the pod has no such label).
+    StatefulSet, Job, ...; ``slurm_user``, ``slurm_account`` for a Slurm job); each
+    ``--pod-label KEY`` adds ``label_<key>`` with the pod's label value ("" when the pod has
+    no such label).
     """
     keys = list(dict.fromkeys(pod_labels))
     names = OWNER_LABELS + tuple("label_" + sanitize_label_name(k) for k in keys)
 
     def labeller(workload: Workload) -> tuple[str, ...]:
         pod_labels_map = dict(workload.labels)
-        return default_labeller(workload) + (workload.owner_kind, workload.owner_name) + tuple(
+        return default_labeller(workload) + (workload.owner_kind, workload.owner_name,
+                                              workload.slurm_user, workload.slurm_account) + tuple(
             pod_labels_map.get(k, "") for k in keys)
 
     return names, labeller

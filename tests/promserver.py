@@ -19,18 +19,22 @@ class PrometheusServer:
 
     ``scrape`` adds settings to the scrape job as they are written in prometheus.yml, e.g.
     ``{"scheme": "https", "tls_config": {"ca_file": ...}, "basic_auth": {...}}``.
+    ``rules`` is one rule file or several; ``args`` are extra command-line flags (e.g. a
+    ``--web.config.file``, or a long retention for backfilled history).
     """
 
-    def __init__(self, binary: str, workdir: Path, targets: list[str], rules: Path | None = None,
-                 scrape: dict[str, Any] | None = None):
+    def __init__(self, binary: str, workdir: Path, targets: list[str], rules: Path | list[Path] | None = None,
+                 scrape: dict[str, Any] | None = None, args: list[str] | None = None):
         self.binary = binary
         self.workdir = workdir
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         config = workdir / "prometheus.yml"
+        rule_files = [rules] if isinstance(rules, Path) else list(rules or [])
+        self.args = list(args or [])
         config.write_text(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-            + (f"rule_files: ['{rules}']\n" if rules else "")
+            + (f"rule_files: {json.dumps([str(r) for r in rule_files])}\n" if rule_files else "")
             + "scrape_configs:\n  - job_name: l9gpu\n"
             + f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
             + "".join(f"    {key}: {json.dumps(value)}\n" for key, value in (scrape or {}).items()))
@@ -41,7 +45,7 @@ class PrometheusServer:
         self._log = open(self.workdir / "prometheus.log", "wb")
         self.proc = subprocess.Popen(
             [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={self.workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"], stdout=self._log, stderr=subprocess.STDOUT)
+             f"--web.listen-address=127.0.0.1:{self.port}", *self.args], stdout=self._log, stderr=subprocess.STDOUT)
         return self
 
     def log(self) -> str:

@@ -88,7 +88,7 @@ def _workload_snapshot() -> Snapshot:
                           memory_used_bytes=75_000_000_000, memory_total_bytes=85_899_345_920, power_watts=650.0)
     labels = ("sim-node-01", "3", device.uuid, device.model, "",
               "ml-production", "vllm-llama3-70b-6d8b94df7-q5z82", "inference-engine", "uid-1", "",
-              "Deployment", "vllm-llama3-70b", "inference")
+              "Deployment", "vllm-llama3-70b", "", "", "inference")
     usage = WorkloadUsage(device_key=device.key, labels=labels, memory_used_bytes=73_819_750_400, utilization=0.9,
                           processes=1, idle_seconds=0.0, usage_seconds_total=12.5, allocation_seconds_total=30.0,
                           energy_joules_total=9000.0)

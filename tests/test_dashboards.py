@@ -21,6 +21,14 @@ from exporter.catalogue import METRICS
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
 RULES = REPO / "alerts" / "l9gpu.rules.yaml"
+PRICES = REPO / "alerts" / "prices.example.yaml"
+
+
+def prices_rules() -> str:
+    """The example prices as `l9gpu prices` writes them: the series the cost panels multiply by."""
+    from exporter.report.prices import load_prices, recording_rules
+
+    return recording_rules(load_prices(PRICES))
 
 # Expressions that may legitimately return nothing on the simulated node, with the reason.
 ALLOWED_EMPTY = {
@@ -107,6 +115,8 @@ def known_names() -> set[str]:
     names = {spec.name for spec in METRICS}
     rules = yaml.safe_load(RULES.read_text())
     names |= {rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule}
+    prices = yaml.safe_load(prices_rules())
+    names |= {rule["record"] for group in prices["groups"] for rule in group["rules"]}
     # prometheus_client's own process and platform collectors
     names |= {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_virtual_memory_bytes",
               "process_open_fds", "process_max_fds", "process_start_time_seconds", "python_info"}
@@ -213,7 +223,9 @@ def prometheus_with_data(tmp_path_factory):
     # module-scoped, so the per-test guard against ambient L9GPU_*/OTEL_* settings does not apply yet
     agent.env = {k: v for k, v in agent.env.items() if not k.startswith(("L9GPU_", "OTEL_")) and k != "NODE_NAME"}
     agent.start()
-    server = PrometheusServer(binary, tmp, [f"127.0.0.1:{agent.port}"], RULES).start()
+    prices = tmp / "prices.rules.yaml"
+    prices.write_text(prices_rules())
+    server = PrometheusServer(binary, tmp, [f"127.0.0.1:{agent.port}"], [RULES, prices]).start()
     query = server.query_document
     try:
         server.wait_for("count_over_time(gpu_up[1m]) >= 10", timeout=20)
@@ -281,3 +293,24 @@ def test_chargeback_adds_up(prometheus_with_data):
              + scalar(f"sum(increase(gpu_unattributed_energy_joules_total[{window}]))"))
     assert gpus > 0
     assert parts == pytest.approx(gpus, rel=0.05)
+
+
+def test_cost_rules_price_each_namespace_from_the_prices_file(prometheus_with_data):
+    """The example prices reach Prometheus: ml-research's reserved H100 rate, the list price elsewhere,
+    and every namespace holding GPUs gets a cost per hour of about GPUs held x that price (the exact
+    arithmetic is in tests/alerts_test.yaml; here the rule and this query see rates over a few
+    seconds of data, evaluated at different instants)."""
+    query = prometheus_with_data
+
+    def values(expr: str) -> dict[str, float]:
+        doc = query(expr)
+        assert doc["status"] == "success", doc
+        return {r["metric"].get("namespace", ""): float(r["value"][1]) for r in doc["data"]["result"]}
+
+    prices = values('namespace_model:l9gpu_gpu_hour_price{model="NVIDIA H100 80GB HBM3"}')
+    assert prices["ml-research"] == 1.80 and prices["ml-production"] == 2.90 and prices["docs"] == 2.90
+    assert values("namespace:l9gpu_kwh_price")["search"] == 0.15
+    held = values('sum by (namespace) (rate(container_gpu_allocation_seconds_total{namespace!=""}[5m]))')
+    cost = values("namespace:l9gpu_allocated_cost_per_hour:rate5m")
+    for namespace, gpus in held.items():
+        assert cost[namespace] == pytest.approx(gpus * prices[namespace], rel=0.25), namespace

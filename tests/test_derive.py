@@ -113,9 +113,12 @@ def test_down_device_keeps_energy_but_reports_no_workloads():
 
 def test_label_schema_adds_owner_and_pod_labels():
     names, labeller = label_schema(["team", "app.kubernetes.io/name"])
-    assert names == ("owner_kind", "owner_name", "label_team", "label_app_kubernetes_io_name")
+    assert names == ("owner_kind", "owner_name", "slurm_user", "slurm_account", "label_team",
+                     "label_app_kubernetes_io_name")
     w = pod("a", owner_kind="Deployment", owner_name="web", labels=(("team", "search"),))
-    assert labeller(w)[-4:] == ("Deployment", "web", "search", "")
+    assert labeller(w)[-6:] == ("Deployment", "web", "", "", "search", "")
+    job = Workload(kind="slurm", slurm_job_id="4242", slurm_user="alice", slurm_account="physics")
+    assert labeller(job)[-6:] == ("", "", "alice", "physics", "", "")
 
 
 shares = st.lists(st.tuples(st.one_of(st.none(), st.floats(0, 1)), st.one_of(st.none(), st.integers(0, 80 * GIB))),

@@ -224,7 +224,7 @@ def test_serve_gaudi_attributes_accel_holders_to_pods(tmp_path, accel_nodes, age
 
             # Exactly one workload series, on GPU 0, carrying the pod's full identity.
             (labels, _), = samples["container_gpu_processes"]
-            assert labels == {**pod, "gpu_instance": "", "slurm_job_id": ""}
+            assert labels == {**pod, "gpu_instance": "", "slurm_job_id": "", "slurm_user": "", "slurm_account": ""}
             # hl-smi has no per-process memory or utilisation: omitted, not 0, and so is what
             # derives from them (idle time, SM-time integral).
             for family in ("container_gpu_memory_used_bytes", "container_gpu_utilization_ratio",

@@ -48,6 +48,11 @@ def test_the_idle_reservation_has_series_with_its_pod_identity_and_gpu_7_stays_i
         assert (row.allocated, row.processes, row.memory_used_bytes, row.utilization) == (True, 0, 0, 0.0)
         assert row.idle_seconds == 30.0 and row.allocation_seconds_total == 30.0
         assert dict(c for c in ((s.name, s.success) for s in snap.collectors))["pod_resources"] is True
+        # the Slurm step on GPU 6 carries its user and account, for chargeback by either
+        jobs = [dict(zip(("node", "gpu", "uuid", "model", "gpu_instance", "namespace", "pod", "container",
+                          "pod_uid", "slurm_job_id") + names, u.labels)) for u in snap.workloads]
+        [job] = [j for j in jobs if j["slurm_job_id"] == "4242"]
+        assert (job["slurm_user"], job["slurm_account"], job["namespace"]) == ("bob", "nlp-lab", "")
     finally:
         attributor.close()
 

@@ -1,0 +1,197 @@
+"""``l9gpu report`` (chargeback from Prometheus) and ``l9gpu prices`` (prices -> rules).
+
+Mistakes in flags or in the prices file print one line and exit 2; a Prometheus that
+cannot be reached or refuses a query prints one line and exits 1. Nothing is written to
+``--output`` unless the whole report was computed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+COMMANDS = ("report", "prices")
+BY = re.compile(r"^(namespace|slurm_account|slurm_user|label_[a-zA-Z0-9_]+)$")
+
+
+def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
+    """Add the ``report`` and ``prices`` subcommands to the ``l9gpu`` parser."""
+    report = sub.add_parser("report", help="chargeback: GPU-hours, energy, cost and waste per team from Prometheus",
+                            description="GPU-hours used and allocated, waste, zombie hours, energy and cost per "
+                                        "namespace, pod label, Slurm account or Slurm user over a period, from the "
+                                        "agent's counters in Prometheus (see docs/CHARGEBACK.md).")
+    report.add_argument("--prometheus", metavar="URL",
+                        help="base URL of Prometheus (or a compatible API), e.g. http://prometheus:9090 (required)")
+    report.add_argument("--from", dest="start", metavar="START",
+                        help="start: 2026-11-01, 2026-11-01T08:00Z, a Unix timestamp, or a time before now (30d) "
+                             "(required)")
+    report.add_argument("--to", dest="end", default="now", metavar="END", help="end, same forms (default: now)")
+    report.add_argument("--by", default="namespace", metavar="LABEL",
+                        help="group by namespace, label_<key> (a --pod-label of the agents), slurm_account or "
+                             "slurm_user (default: namespace)")
+    report.add_argument("--prices", metavar="FILE", help="prices file (YAML, see docs/CHARGEBACK.md): adds costs")
+    report.add_argument("--format", choices=("csv", "json", "html"),
+                        help="output format (default: from the --output extension, else csv)")
+    report.add_argument("--output", "-o", metavar="FILE", help="write here instead of standard output")
+    report.add_argument("--top", type=int, default=5, metavar="N", help="top wasting workloads per group (default: 5)")
+    report.add_argument("--step", metavar="DURATION",
+                        help="resolution of the counter scan (default: 5m to 1d, at most ~130 steps per period); "
+                             "results do not depend on it, only the query cost does")
+    report.add_argument("--selector", default="", metavar="MATCHERS",
+                        help='extra label matchers for every series, e.g. cluster="eu-1"')
+    auth = report.add_argument_group("Prometheus connection")
+    auth.add_argument("--bearer-token", metavar="TOKEN", help="send Authorization: Bearer TOKEN")
+    auth.add_argument("--bearer-token-file", metavar="FILE", help="read the bearer token from FILE")
+    auth.add_argument("--username", help="basic auth user")
+    auth.add_argument("--password", help="basic auth password (prefer --password-file)")
+    auth.add_argument("--password-file", metavar="FILE", help="read the basic auth password from FILE")
+    auth.add_argument("--ca-file", metavar="FILE", help="CA certificates to verify Prometheus' TLS certificate")
+    auth.add_argument("--cert-file", metavar="FILE", help="client certificate (with --key-file) for mutual TLS")
+    auth.add_argument("--key-file", metavar="FILE", help="client certificate key")
+    auth.add_argument("--insecure-skip-verify", action="store_true", help="do not verify the server certificate")
+    auth.add_argument("--timeout", default="2m", metavar="DURATION", help="per query (default: 2m)")
+
+    prices = sub.add_parser("prices", help="check a prices file and write it as Prometheus recording rules",
+                            description="Validate a prices file and print the recording rules that give the "
+                                        "chargeback rules and the Grafana dashboard the same prices.")
+    prices.add_argument("file", metavar="FILE", help="prices file (YAML)")
+    prices.add_argument("--output", "-o", metavar="FILE", help="write the rules here instead of standard output")
+    return [report, prices]
+
+
+class _Fail(Exception):
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``report`` or ``prices``; the exit status."""
+    try:
+        if args.command == "prices":
+            return _prices(args)
+        return _report(args)
+    except _Fail as exc:
+        print(f"l9gpu {args.command}: {exc}", file=sys.stderr)
+        return exc.status
+
+
+def _write(path: str | None, text: str) -> None:
+    if not path or path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise _Fail(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _check_output(path: str | None) -> None:
+    if not path or path == "-":
+        return
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise _Fail(f"--output {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise _Fail(f"--output {path}: cannot write in {parent}")
+
+
+def _prices(args: argparse.Namespace) -> int:
+    from exporter.report.prices import PricesError, load_prices, recording_rules
+
+    _check_output(args.output)
+    try:
+        prices = load_prices(args.file)
+    except PricesError as exc:
+        raise _Fail(str(exc)) from None
+    _write(args.output, recording_rules(prices))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from exporter.report import compute, output, summary
+    from exporter.report.periods import parse_duration, parse_period
+    from exporter.report.prices import PricesError, load_prices
+    from exporter.report.prom import Prometheus, PrometheusError, config_from_args
+
+    for flag, value in (("--prometheus", args.prometheus), ("--from", args.start)):
+        if not value:  # required, from the command line or L9GPU_PROMETHEUS / L9GPU_FROM
+            raise _Fail(f"{flag} is required")
+    if not BY.match(args.by):
+        raise _Fail(f"--by {args.by!r}: use namespace, label_<key>, slurm_account or slurm_user")
+    if args.top < 0:
+        raise _Fail("--top must be 0 or more")
+    fmt = args.format
+    if fmt is None:
+        suffix = Path(args.output).suffix.lower().lstrip(".") if args.output else ""
+        fmt = suffix if suffix in output.FORMATS else "csv"
+    if fmt == "html":
+        try:
+            import jinja2  # noqa: F401
+        except ImportError:
+            raise _Fail("the HTML report needs jinja2: pip install 'l9gpu[report]'") from None
+    _check_output(args.output)
+    now = time.time()
+    try:
+        start, end = parse_period(args.start, args.end, now)
+        timeout = parse_duration(args.timeout)
+        step = parse_duration(args.step) if args.step else None
+    except ValueError as exc:
+        raise _Fail(str(exc)) from None
+    start_ms, end_ms = int(start) * 1000, int(end) * 1000
+    if end_ms <= start_ms:
+        raise _Fail("the period is shorter than a second")
+    step_s = int(step) if step else compute.choose_step((end_ms - start_ms) / 1000)
+    if step_s < 60:
+        raise _Fail("--step must be at least 1m")
+    if (end_ms - start_ms) / (step_s * 1000) > 11000:
+        raise _Fail(f"--step {args.step}: over 11,000 steps in the period (Prometheus' limit per series); "
+                    "use a longer step")
+    prices = None
+    if args.prices:
+        try:
+            prices = load_prices(args.prices)
+        except PricesError as exc:
+            raise _Fail(str(exc)) from None
+    try:
+        config = config_from_args(
+            args.prometheus, bearer_token=args.bearer_token, bearer_token_file=args.bearer_token_file,
+            username=args.username, password=args.password, password_file=args.password_file,
+            ca_file=args.ca_file, cert_file=args.cert_file, key_file=args.key_file,
+            insecure_skip_verify=args.insecure_skip_verify, timeout=timeout)
+    except ValueError as exc:
+        raise _Fail(str(exc)) from None
+
+    async def go() -> Any:
+        async with Prometheus(config) as prom:
+            return await compute.fetch(prom, start_ms, end_ms, step_s * 1000, args.selector.strip())
+
+    try:
+        grid, series, stats = asyncio.run(go())
+    except PrometheusError as exc:
+        raise _Fail(str(exc), status=1) from None
+    if series and args.by not in ("namespace",) and not any(s.labels.get(args.by) for s in series):
+        hint = (f" (run the agents with --pod-label {args.by[len('label_'):]})" if args.by.startswith("label_")
+                else "")
+        print(f"l9gpu report: note: no series carries {args.by}{hint}; everything is in group "
+              f"{summary.NONE_GROUP}", file=sys.stderr)
+    if not series:
+        print("l9gpu report: note: Prometheus has no l9gpu workload series in this period", file=sys.stderr)
+    source = {"prometheus": config.url, "step_seconds": step_s, "queries": stats.queries, "series": stats.series,
+              "raw_steps": stats.raw_steps}
+    try:
+        report = summary.summarize(series, grid, args.by, prices, top=args.top, source=source)
+    except PricesError as exc:
+        raise _Fail(str(exc)) from None
+    _write(args.output, output.FORMATS[fmt](report))
+    return 0

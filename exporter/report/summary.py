@@ -1,0 +1,157 @@
+"""Per-series totals -> the report: figures per group, totals, top wasters, a timeline.
+
+Figures (per series, then summed; hours are GPU-hours: one GPU for one hour):
+
+- ``gpu_hours_used``: SM time, the integral of the workload's SM share;
+- ``gpu_hours_allocated``: time the GPU was allocated to it or it held memory there;
+- ``waste_gpu_hours``: allocated minus used (never below 0 for a series);
+- ``zombie_hours``: time it held the GPU (memory, or a device-plugin allocation) at 0% SM;
+- ``energy_kwh``: its share of the GPU's energy;
+- ``allocated_cost`` = allocated x price per GPU-hour, ``effective_cost`` = used x price,
+  ``waste_cost`` = waste x price, ``energy_cost`` = kWh x price per kWh, and
+  ``total_cost`` = allocated_cost + energy_cost: what the group is charged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from exporter.report.compute import COUNTERS, Grid, SeriesTotals
+from exporter.report.periods import iso
+from exporter.report.prices import Prices
+
+FIGURES = ("gpu_hours_used", "gpu_hours_allocated", "waste_gpu_hours", "zombie_hours", "energy_kwh",
+           "allocated_cost", "effective_cost", "waste_cost", "energy_cost", "total_cost")
+COST_FIGURES = ("allocated_cost", "effective_cost", "waste_cost", "energy_cost", "total_cost")
+NONE_GROUP = "(none)"
+CHART_GROUPS = 8
+DIGITS = 6
+
+
+def workload_name(labels: dict[str, str]) -> str:
+    """How a person names the workload: namespace/pod/container, or the Slurm job."""
+    if labels.get("pod"):
+        return "/".join(x for x in (labels.get("namespace", ""), labels["pod"], labels.get("container", "")) if x)
+    if labels.get("slurm_job_id"):
+        user = labels.get("slurm_user")
+        return f"slurm job {labels['slurm_job_id']}" + (f" ({user})" if user else "")
+    return "(unattributed)"
+
+
+def _figures(s: SeriesTotals, prices: Prices | None) -> dict[str, float | None]:
+    used = s.total("used")
+    allocated = s.total("allocated")
+    waste = max(allocated - used, 0.0)
+    kwh = s.total("energy")
+    f: dict[str, float | None] = {"gpu_hours_used": used, "gpu_hours_allocated": allocated, "waste_gpu_hours": waste,
+                                  "zombie_hours": s.total("idle"), "energy_kwh": kwh}
+    if prices is None:
+        f.update({k: None for k in COST_FIGURES})
+        return f
+    price = prices.gpu_hour_price(s.labels)
+    kwh_price = prices.kwh_price(s.labels)
+    energy_cost = None if kwh_price is None else kwh * kwh_price
+    f.update({"allocated_cost": allocated * price, "effective_cost": used * price, "waste_cost": waste * price,
+              "energy_cost": energy_cost, "total_cost": allocated * price + (energy_cost or 0.0)})
+    return f
+
+
+def _add(into: dict[str, Any], f: dict[str, float | None]) -> None:
+    for key in FIGURES:
+        value = f[key]
+        if value is None:
+            into.setdefault(key, None)
+        else:
+            into[key] = (into.get(key) or 0.0) + value
+
+
+def _finish(d: dict[str, Any]) -> dict[str, Any]:
+    for key in FIGURES:
+        d.setdefault(key, None if key in COST_FIGURES else 0.0)
+        if d[key] is not None:
+            d[key] = round(d[key], DIGITS) + 0.0  # no -0.0
+    allocated = d["gpu_hours_allocated"]
+    d["waste_ratio"] = round(d["waste_gpu_hours"] / allocated, DIGITS) if allocated else None
+    return d
+
+
+def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Prices | None, *, top: int = 5,
+              source: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report as plain data (the JSON output; CSV and HTML are views of it)."""
+    groups: dict[str, dict[str, Any]] = {}
+    workloads: dict[str, dict[str, dict[str, Any]]] = {}
+    per_series = []
+    for s in series:
+        if not any(any(steps) for steps in s.steps.values()):
+            continue  # seen just before the period, nothing in it
+        f = _figures(s, prices)
+        name = s.labels.get(by) or NONE_GROUP
+        per_series.append((name, s, f))
+        _add(groups.setdefault(name, {}), f)
+        w = workloads.setdefault(name, {}).setdefault(workload_name(s.labels), {})
+        _add(w, f)
+    totals: dict[str, Any] = {}
+    for g in groups.values():
+        _add(totals, {k: g.get(k) for k in FIGURES})
+    rank_key = "total_cost" if prices is not None else "gpu_hours_allocated"
+    out_groups = []
+    for name, g in groups.items():
+        wl = workloads[name]
+        ranked = sorted(wl.items(), key=lambda kv: (-round(kv[1].get("waste_gpu_hours") or 0.0, DIGITS), kv[0]))
+        top_waste = []
+        for wname, wf in ranked[:top]:
+            wf = _finish(dict(wf))
+            if not wf["waste_gpu_hours"]:
+                break
+            top_waste.append({"workload": wname, "waste_gpu_hours": wf["waste_gpu_hours"],
+                              "waste_cost": wf["waste_cost"], "gpu_hours_allocated": wf["gpu_hours_allocated"],
+                              "gpu_hours_used": wf["gpu_hours_used"], "zombie_hours": wf["zombie_hours"]})
+        out_groups.append({"group": name, **_finish(g), "workloads": len(wl), "top_waste": top_waste})
+    out_groups.sort(key=lambda g: (-(g[rank_key] or 0.0), g["group"]))
+    totals = _finish(totals)
+    totals["groups"] = len(out_groups)
+    totals["workloads"] = sum(len(w) for w in workloads.values())
+    return {
+        "report": "l9gpu chargeback",
+        "period": {"from": iso(grid.start_ms / 1000), "to": iso(grid.end_ms / 1000),
+                   "hours": round((grid.end_ms - grid.start_ms) / 3.6e6, DIGITS)},
+        "by": by,
+        "currency": prices.currency if prices is not None else None,
+        "prices": prices.source if prices is not None else None,
+        "source": source or {},
+        "totals": totals,
+        "groups": out_groups,
+        "timeline": _timeline(per_series, grid, prices, [g["group"] for g in out_groups]),
+    }
+
+
+def _timeline(per_series: list[tuple[str, SeriesTotals, dict[str, Any]]], grid: Grid, prices: Prices | None,
+              ranked: list[str]) -> dict[str, Any]:
+    """Cost (or allocated GPU-hours without prices) per group per day (per step for short periods)."""
+    bounds = grid.bounds
+    span = grid.end_ms - grid.start_ms
+    bin_ms = 86_400_000 if span >= 2 * 86_400_000 and grid.step_ms <= 86_400_000 else grid.step_ms
+    nbins = max(1, -(-span // bin_ms))
+    shown = ranked[:CHART_GROUPS]
+    other = "other" if len(ranked) > CHART_GROUPS else None
+    values = {name: [0.0] * nbins for name in shown + ([other] if other else [])}
+    step_bins = [min(nbins - 1, (bounds[k] - 1 - grid.start_ms) // bin_ms) for k in range(1, len(bounds))]
+    for name, s, _ in per_series:
+        target = name if name in values else other
+        if target is None:
+            continue
+        # per step: allocated GPU-hours, or their cost plus the energy's
+        steps = [x * COUNTERS["allocated"][1] for x in s.steps.get("allocated", [0.0] * (len(bounds) - 1))]
+        if prices is not None:
+            price = prices.gpu_hour_price(s.labels)
+            kwh_price = prices.kwh_price(s.labels) or 0.0
+            energy = s.steps.get("energy") or [0.0] * len(steps)
+            scale = COUNTERS["energy"][1] * kwh_price
+            steps = [a * price + e * scale for a, e in zip(steps, energy)]
+        row = values[target]
+        for b, value in zip(step_bins, steps):
+            row[b] += value
+    return {"unit": "cost" if prices is not None else "gpu_hours_allocated",
+            "bins": [iso((grid.start_ms + i * bin_ms) / 1000) for i in range(nbins)],
+            "bin_seconds": bin_ms // 1000,
+            "groups": {name: [round(v, DIGITS) + 0.0 for v in vals] for name, vals in values.items()}}

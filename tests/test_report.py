@@ -1,0 +1,542 @@
+"""`l9gpu report` against a real Prometheus holding 30 days of backfilled history.
+
+The history (tests/chargeback_history.py) is made with known answers: an inference pod
+busy 75% of the time on a node whose agent restarts mid-period (counters back to 0, 30
+minutes unseen), a trainer whose StatefulSet pod moved to another node, a notebook that
+holds its GPU for a month and computes for six hours, two Slurm jobs, a pod that began
+before the period, and one that ended before it. Every expected figure below is written
+out from that description, not computed by the code under test.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from pathlib import Path
+
+import pytest
+from chargeback_history import Node, Workload, backfill
+from conftest import need_tool
+from promserver import PrometheusServer
+
+from exporter.cli import main
+
+H, D = 3600, 86400
+STEP = 300
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+
+# The period: the 30 whole days (UTC) that ended at the last midnight but one, so the
+# history is always recent enough for Prometheus and entirely in the past.
+END = (int(time.time()) // D - 1) * D
+START = END - 30 * D
+
+
+def pod(namespace: str, name: str, container: str, team: str, uid: str) -> dict[str, str]:
+    return {"namespace": namespace, "pod": name, "container": container, "pod_uid": uid, "label_team": team}
+
+
+def slurm(job: str, user: str, account: str) -> dict[str, str]:
+    return {"slurm_job_id": job, "slurm_user": user, "slurm_account": account}
+
+
+def scenario() -> tuple[list[Node], list[Workload]]:
+    s = START
+    nodes = [
+        Node("gpu-a", H100, offset=0, down=[(s + 10 * D + 4 * H + 10 * 60, s + 10 * D + 4 * H + 40 * 60)]),
+        # down across a step boundary (06:00), samples 17 s after the minute
+        Node("gpu-b", H100, offset=17, down=[(s + 20 * D + 5 * H + 50 * 60 + 17, s + 20 * D + 6 * H + 20 * 60 + 17)]),
+        Node("gpu-c", A100, offset=211),
+    ]
+    before, after = s - D, END + 12 * H
+    workloads = [
+        # 1. inference: the whole history at 75% SM and 500 W on gpu-a (its agent restarts on day 10)
+        Workload("gpu-a", 0, pod("ml-prod", "vllm-0", "engine", "inference", "u1"), before, after,
+                 [(before, 0.75, 500.0)]),
+        # 2. a trainer (StatefulSet pod train-0) on gpu-a from day 1 to day 5 at 100% and 700 W...
+        Workload("gpu-a", 1, pod("ml-research", "train-0", "trainer", "research", "u2"), s + D, s + 5 * D,
+                 [(s + D, 1.0, 700.0)]),
+        # ... rescheduled to gpu-b an hour later, at 90% and 650 W until day 12
+        Workload("gpu-b", 0, pod("ml-research", "train-0", "trainer", "research", "u3"), s + 5 * D + H + 17,
+                 s + 12 * D + 17, [(s + 5 * D + H + 17, 0.9, 650.0)]),
+        # 3. a notebook on gpu-b for the whole history at 0% and 60 W, computing 50% at 300 W
+        #    on day 2 from 06:00 to 12:00
+        Workload("gpu-b", 1, pod("data-science", "jupyter-alice-0", "notebook", "research", "u4"), before, after,
+                 [(before, 0.0, 60.0), (s + 2 * D + 6 * H + 17, 0.5, 300.0), (s + 2 * D + 12 * H + 17, 0.0, 60.0)]),
+        # 4. and 5. Slurm jobs on gpu-c (A100): 48 h at 60% and 400 W; 24 h at 25% and 250 W
+        Workload("gpu-c", 0, slurm("4242", "bob", "nlp-lab"), s + 15 * D + 211, s + 17 * D + 211,
+                 [(s + 15 * D + 211, 0.6, 400.0)]),
+        Workload("gpu-c", 1, slurm("4243", "alice", "nlp-lab"), s + 20 * D + 211, s + 21 * D + 211,
+                 [(s + 20 * D + 211, 0.25, 250.0)]),
+        # 6. began half a day before the period, ran two days into it at 50% and 300 W
+        Workload("gpu-c", 2, pod("search", "embedder-0", "embedder", "search", "u5"), s - 12 * H + 211,
+                 s + 2 * D + 211, [(s - 12 * H + 211, 0.5, 300.0)]),
+        # 7. ended before the period: must not appear
+        Workload("gpu-c", 3, pod("old", "gone-0", "x", "old", "u6"), s - D + 211, s - 14 * H + 211,
+                 [(s - D + 211, 1.0, 700.0)]),
+    ]
+    return nodes, workloads
+
+
+# ---- the hand-computed answers --------------------------------------------------------------
+# (allocated h, used h, zombie h, kWh) per workload over the 30 days
+VLLM = (720 - 0.5, 0.75 * (720 - 0.5), 0.0, 0.5 * (720 - 0.5))               # restart: 30 min unseen
+TRAIN = (96 + 167, 96 * 1.0 + 167 * 0.9, 0.0, 96 * 0.7 + 167 * 0.65)          # gpu-a 4 days, gpu-b 167 h
+NOTEBOOK = (720 - 0.5, 6 * 0.5, 720 - 0.5 - 6, (720 - 0.5 - 6) * 0.06 + 6 * 0.3)  # gpu-b restart: 30 min
+JOB_4242 = (48, 48 * 0.6, 0.0, 48 * 0.4)
+JOB_4243 = (24, 24 * 0.25, 0.0, 24 * 0.25)
+# The embedder's samples fall 89 s before START and 211 s after: the rise between them
+# counts in the period (each rise belongs to the period of its later sample), so the
+# period sees 48 h and 5 minutes of it.
+EMBEDDER = (48 + 5 / 60, (48 + 5 / 60) * 0.5, 0.0, (48 + 5 / 60) * 0.3)
+
+
+def figures(*workloads: tuple[float, float, float, float]) -> dict[str, float]:
+    allocated = sum(w[0] for w in workloads)
+    used = sum(w[1] for w in workloads)
+    return {"gpu_hours_allocated": allocated, "gpu_hours_used": used, "waste_gpu_hours": allocated - used,
+            "zombie_hours": sum(w[2] for w in workloads), "energy_kwh": sum(w[3] for w in workloads)}
+
+
+BY_NAMESPACE = {
+    "ml-prod": figures(VLLM), "ml-research": figures(TRAIN), "data-science": figures(NOTEBOOK),
+    "search": figures(EMBEDDER), "(none)": figures(JOB_4242, JOB_4243),
+}
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    """A real Prometheus on the backfilled history (no scrape targets)."""
+    prometheus_bin, promtool = need_tool("prometheus"), need_tool("promtool")
+    tmp = tmp_path_factory.mktemp("report")
+    nodes, workloads = scenario()
+    backfill(promtool, tmp / "data", nodes, workloads, START - D, END + 12 * H, STEP, tmp)
+    server = PrometheusServer(prometheus_bin, tmp, [], args=["--storage.tsdb.retention.time=400d"]).start()
+    try:
+        server.wait_for(f'count(last_over_time(container_gpu_usage_seconds_total[40d] @ {END}))', timeout=60)
+        yield server
+    finally:
+        server.stop()
+
+
+def run(*args: str, capsys=None) -> tuple[int, str, str]:
+    status = main(list(args))
+    out, err = capsys.readouterr() if capsys is not None else ("", "")
+    return status, out, err
+
+
+def report_json(prometheus, tmp_path, *extra: str) -> dict:
+    out = tmp_path / "report.json"
+    assert main(["report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
+                 "--output", str(out), *extra]) == 0
+    return json.loads(out.read_text())
+
+
+def assert_figures(got: dict, want: dict[str, float]) -> None:
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, abs=1e-6), key
+
+
+def test_json_by_namespace_equals_the_hand_computed_figures(prometheus, tmp_path):
+    doc = report_json(prometheus, tmp_path)
+    groups = {g["group"]: g for g in doc["groups"]}
+    assert set(groups) == set(BY_NAMESPACE)  # "old" ended before the period
+    for name, want in BY_NAMESPACE.items():
+        assert_figures(groups[name], want)
+    assert_figures(doc["totals"], figures(VLLM, TRAIN, NOTEBOOK, JOB_4242, JOB_4243, EMBEDDER))
+    assert doc["period"]["hours"] == 720
+    # the trainer that moved nodes is one workload; the notebook is the top waster of its group
+    assert groups["ml-research"]["workloads"] == 1
+    assert groups["data-science"]["top_waste"][0]["workload"] == "data-science/jupyter-alice-0/notebook"
+    assert groups["data-science"]["top_waste"][0]["waste_gpu_hours"] == pytest.approx(720 - 0.5 - 3)
+    assert [w["workload"] for w in groups["(none)"]["top_waste"]] == ["slurm job 4242 (bob)", "slurm job 4243 (alice)"]
+    assert doc["currency"] is None and doc["totals"]["total_cost"] is None
+    # steps with a fall were read sample by sample: gpu-a's restart inside a step (3 counters; the
+    # busy pod's idle time stays 0) and the notebook starting to compute (idle time), each with the
+    # step after (a fall is looked for over two steps), and gpu-b's restart at a step boundary (4)
+    assert doc["source"]["raw_steps"] == 2 * 3 + 2 * 1 + 4
+
+
+# ---- prices --------------------------------------------------------------------------------
+PRICES = """\
+currency: EUR
+gpu_hour:
+  NVIDIA H100 80GB HBM3: 2.50
+  NVIDIA A100-SXM4-80GB: 1.50
+kwh: 0.20
+overrides:
+  - match: {namespace: ml-research}        # reserved H100s
+    gpu_hour: {NVIDIA H100 80GB HBM3: 1.00}
+  - match: {slurm_account: nlp-lab}        # a grant: one price for every model, cheaper power
+    gpu_hour: 1.20
+    kwh: 0.10
+"""
+
+
+def costs(want: dict[str, float], gpu_hour: float, kwh: float) -> dict[str, float]:
+    allocated = want["gpu_hours_allocated"] * gpu_hour
+    energy = want["energy_kwh"] * kwh
+    return {**want, "allocated_cost": allocated, "effective_cost": want["gpu_hours_used"] * gpu_hour,
+            "waste_cost": want["waste_gpu_hours"] * gpu_hour, "energy_cost": energy, "total_cost": allocated + energy}
+
+
+PRICED = {
+    "ml-prod": costs(BY_NAMESPACE["ml-prod"], 2.50, 0.20),
+    "ml-research": costs(BY_NAMESPACE["ml-research"], 1.00, 0.20),
+    "data-science": costs(BY_NAMESPACE["data-science"], 2.50, 0.20),
+    "search": costs(BY_NAMESPACE["search"], 1.50, 0.20),
+    "(none)": costs(BY_NAMESPACE["(none)"], 1.20, 0.10),
+}
+PRICED_TOTALS = {key: sum(g[key] for g in PRICED.values()) for key in PRICED["ml-prod"]}
+
+
+@pytest.fixture
+def prices_file(tmp_path):
+    path = tmp_path / "prices.yaml"
+    path.write_text(PRICES)
+    return path
+
+
+def test_csv_with_prices_equals_the_hand_computed_costs(prometheus, tmp_path, prices_file):
+    out = tmp_path / "report.csv"
+    assert main(["report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
+                 "--prices", str(prices_file), "--output", str(out)]) == 0
+    rows = {row["group"]: row for row in csv.DictReader(io.StringIO(out.read_text()))}
+    assert set(rows) == set(PRICED)
+    for name, want in PRICED.items():
+        for key, value in want.items():
+            assert float(rows[name][key]) == pytest.approx(value, abs=1e-5), (name, key)
+    # groups come most expensive first
+    assert list(rows) == sorted(PRICED, key=lambda g: -PRICED[g]["total_cost"])
+    assert rows["data-science"]["top_waste"] == f"data-science/jupyter-alice-0/notebook={720 - 0.5 - 3:g}h"
+    assert float(rows["ml-prod"]["waste_ratio"]) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("by,want", [
+    ("label_team", {"inference": figures(VLLM), "research": figures(TRAIN, NOTEBOOK), "search": figures(EMBEDDER),
+                    "(none)": figures(JOB_4242, JOB_4243)}),
+    ("slurm_account", {"nlp-lab": figures(JOB_4242, JOB_4243), "(none)": figures(VLLM, TRAIN, NOTEBOOK, EMBEDDER)}),
+    ("slurm_user", {"bob": figures(JOB_4242), "alice": figures(JOB_4243),
+                    "(none)": figures(VLLM, TRAIN, NOTEBOOK, EMBEDDER)}),
+])
+def test_grouping_by_pod_label_and_slurm_owner(prometheus, tmp_path, by, want):
+    doc = report_json(prometheus, tmp_path, "--by", by)
+    groups = {g["group"]: g for g in doc["groups"]}
+    assert set(groups) == set(want)
+    for name, figs in want.items():
+        assert_figures(groups[name], figs)
+
+
+def test_one_day_with_an_agent_restart_inside_a_step(prometheus, tmp_path):
+    """Day 10: gpu-a's agent is down 04:10-04:40, longer than a 15-minute step: the step where
+    its series come back is read sample by sample (4 counters)."""
+    day = time.strftime("%Y-%m-%d", time.gmtime(START + 10 * D))
+    next_day = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(START + 11 * D))
+    out = tmp_path / "day.json"
+    assert main(["report", "--prometheus", prometheus.base, "--from", day, "--to", next_day, "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["source"]["step_seconds"] == 900 and doc["source"]["raw_steps"] == 4
+    groups = {g["group"]: g for g in doc["groups"]}
+    assert set(groups) == {"ml-prod", "ml-research", "data-science"}
+    assert_figures(groups["ml-prod"], figures((23.5, 0.75 * 23.5, 0.0, 0.5 * 23.5)))
+    assert_figures(groups["ml-research"], figures((24, 24 * 0.9, 0.0, 24 * 0.65)))
+    assert_figures(groups["data-science"], figures((24, 0.0, 24, 24 * 0.06)))
+
+
+def test_relative_times_cover_the_whole_history(prometheus, tmp_path):
+    """--from 90d --to now: every workload's whole life, the one that ended before START included."""
+    doc = report_json(prometheus, tmp_path, "--from", "90d", "--to", "now")
+    # the history runs from a day before START to 12 h after END: 756 h
+    groups = {g["group"]: g for g in doc["groups"]}
+    assert_figures(groups["ml-prod"], figures((756 - 0.5, 0.75 * (756 - 0.5), 0.0, 0.5 * (756 - 0.5))))
+    # gpu-b samples at :17 past: its first is 17 s after the history starts, its last 283 s before it ends
+    life = 756 - 5 / 60 - 0.5
+    assert_figures(groups["data-science"], figures((life, 3.0, life - 6, (life - 6) * 0.06 + 1.8)))
+    assert_figures(groups["search"], figures((60, 30, 0.0, 60 * 0.3)))
+    assert_figures(groups["old"], figures((10, 10, 0.0, 7)))
+
+
+def test_json_to_stdout_and_html_need_no_network(prometheus, tmp_path, prices_file, capsys):
+    assert main(["report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
+                 "--prices", str(prices_file), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["currency"] == "EUR"
+    for key, value in PRICED_TOTALS.items():
+        assert doc["totals"][key] == pytest.approx(value, abs=1e-5), key
+    assert len(doc["timeline"]["bins"]) == 30
+    # the chart's daily costs add up to the total charge
+    daily = sum(sum(values) for values in doc["timeline"]["groups"].values())
+    assert daily == pytest.approx(PRICED_TOTALS["total_cost"], abs=1e-4)
+
+
+def _chromium(args: list[str], profile: Path) -> str:
+    import subprocess
+
+    binary = need_tool("chromium")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}"]
+    done = subprocess.run([binary, *flags, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_html_report_in_a_real_browser_shows_the_totals(prometheus, tmp_path, prices_file):
+    import os
+    import re
+
+    page = tmp_path / "chargeback.html"
+    assert main(["report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
+                 "--prices", str(prices_file), "--output", str(page)]) == 0
+    html = page.read_text()
+    # one self-contained file: nothing to fetch
+    assert not re.search(r"""(src|href)\s*=|url\(|@import|<script""", html, re.I)
+    dom = _chromium(["--dump-dom", page.as_uri()], tmp_path / "profile-dom")
+    cards = dict(re.findall(r'data-figure="(\w+)" data-value="([^"]+)"', dom))
+    for key in ("total_cost", "allocated_cost", "effective_cost", "waste_cost", "energy_cost"):
+        assert float(cards[key]) == pytest.approx(PRICED_TOTALS[key], abs=1e-5), key
+    for key in ("gpu_hours_allocated", "gpu_hours_used", "waste_gpu_hours", "zombie_hours", "energy_kwh"):
+        assert float(cards[key]) == pytest.approx(PRICED_TOTALS[key], abs=1e-5), key
+    shown = re.search(r'data-figure="total_cost".*?<div class="value">([^<]+)</div>', dom, re.S).group(1)
+    assert shown == f"{PRICED_TOTALS['total_cost']:,.2f} EUR"
+    assert "Waste</b> is allocated minus used" in dom
+    assert dom.count("<rect") > 30 and "<svg" in dom
+    rows = re.findall(r'<tr data-group="([^"]+)">', dom)
+    assert rows == sorted(PRICED, key=lambda g: -PRICED[g]["total_cost"])
+    artefacts = Path(os.environ.get("TEST_ARTEFACTS") or tmp_path)
+    artefacts.mkdir(parents=True, exist_ok=True)
+    shot = artefacts / "chargeback-report.png"
+    _chromium([f"--screenshot={shot}", "--window-size=1280,1900", "--hide-scrollbars", page.as_uri()],
+              tmp_path / "profile-shot")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+# ---- mistakes: one line, the right exit status, nothing written ---------------------------
+@pytest.mark.parametrize("text,message", [
+    ("gpu_hour: {NVIDIA H100 80GB HBM3: cheap}", "gpu_hour['NVIDIA H100 80GB HBM3']: a price must be a number >= 0, "
+                                                 "got 'cheap'"),
+    ("gpu_hour: {H100: -1}", "gpu_hour['H100']: a price must be a number >= 0, got -1"),
+    ("kwh: 0.2", "gpu_hour is required"),
+    ("gpu_hour: 2\nkwhh: 0.2", "unknown key 'kwhh' (expected one of: currency, gpu_hour, kwh, overrides)"),
+    ("gpu_hour: 2\noverrides: [{match: {namespace: a}}]", "overrides[0]: set gpu_hour and/or kwh"),
+    ("gpu_hour: 2\noverrides: [{match: {team-x: a}, kwh: 1}]", "overrides[0].match: 'team-x' is not a Prometheus "
+                                                               "label name"),
+    ("gpu_hour: 2\noverrides: [{match: {}, kwh: 1}]", "overrides[0].match: expected a mapping of label to value"),
+    ("gpu_hour: [1, 2]", "gpu_hour: expected a mapping of GPU model to price per hour, or one number"),
+    ("gpu_hour: {a: 1\n", "not valid YAML (line 2)"),
+    ("- 1", "expected a mapping with gpu_hour"),
+])
+def test_bad_prices_files_say_what_is_wrong_in_one_line(tmp_path, capsys, text, message):
+    path = tmp_path / "prices.yaml"
+    path.write_text(text)
+    out = tmp_path / "report.csv"
+    status = main(["report", "--prometheus", "http://127.0.0.1:1", "--from", "7d", "--prices", str(path),
+                   "-o", str(out)])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"l9gpu report: {path}: ") and message in err, err
+    assert not out.exists()
+
+
+def test_a_model_without_a_price_is_named(prometheus, tmp_path, capsys):
+    path = tmp_path / "prices.yaml"
+    path.write_text("gpu_hour: {NVIDIA H100 80GB HBM3: 2.5}\n")
+    out = tmp_path / "report.csv"
+    status = main(["report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
+                   "--prices", str(path), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert status == 2 and not out.exists()
+    assert err == (f"l9gpu report: {path}: no price for GPU model 'NVIDIA A100-SXM4-80GB' "
+                   "(add it under gpu_hour, or set gpu_hour.default)\n")
+
+
+@pytest.mark.parametrize("args,status,message", [
+    (["--from", "last tuesday"], 2, "--from: invalid time 'last tuesday'"),
+    (["--from", "2026-13-01"], 2, "--from: invalid time '2026-13-01'"),
+    (["--from", "1d", "--to", "2d"], 2, "must be after --from"),
+    (["--from", "1d", "--by", "team"], 2, "--by 'team': use namespace, label_<key>, slurm_account or slurm_user"),
+    (["--from", "1d", "--step", "10s"], 2, "--step must be at least 1m"),
+    (["--from", "1d", "--password", "x"], 2, "--password needs --username"),
+    (["--from", "1d", "--ca-file", "/nonexistent/ca.pem"], 2, "--ca-file /nonexistent/ca.pem: no such file"),
+    (["--from", "1d", "-o", "/nonexistent/dir/r.csv"], 2, "directory /nonexistent/dir does not exist"),
+    (["--from", "1d", "--selector", "{{bad"], 1, "Prometheus refused a query (HTTP 400, bad_data)"),
+])
+def test_bad_flags_and_refused_queries(prometheus, capsys, args, status, message):
+    assert main(["report", "--prometheus", prometheus.base, *args]) == status
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_unreachable_or_wrong_url(prometheus, capsys):
+    from agent import free_port
+
+    assert main(["report", "--prometheus", f"http://127.0.0.1:{free_port()}", "--from", "1d"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("l9gpu report: cannot reach Prometheus at http://127.0.0.1:") and err.count("\n") == 1
+    assert main(["report", "--prometheus", prometheus.base + "/graph", "--from", "1d"]) == 1
+    err = capsys.readouterr().err
+    assert "not a Prometheus API answer" in err and err.count("\n") == 1
+    assert main(["report", "--prometheus", "prometheus:9090", "--from", "1d"]) == 2
+    assert "expected an http:// or https:// URL" in capsys.readouterr().err
+
+
+def test_prices_become_rules_that_promtool_accepts(tmp_path, prices_file, capsys):
+    import subprocess
+
+    rules = tmp_path / "prices.rules.yaml"
+    assert main(["prices", str(prices_file), "-o", str(rules)]) == 0
+    text = rules.read_text()
+    assert 'labels: {model: "NVIDIA H100 80GB HBM3"}' in text and "expr: vector(2.5)" in text
+    assert 'labels: {namespace: "ml-research", model: "NVIDIA H100 80GB HBM3"}' in text
+    assert "#   slurm_account=nlp-lab" in text  # not a namespace override: report only, and said so
+    check = subprocess.run([need_tool("promtool"), "check", "rules", str(rules)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpu_hour: {x: y}")
+    assert main(["prices", str(bad)]) == 2
+    assert capsys.readouterr().err == f"l9gpu prices: {bad}: gpu_hour['x']: a price must be a number >= 0, got 'y'\n"
+
+
+# ---- authentication and TLS, as Prometheus users set them up -------------------------------
+@pytest.fixture(scope="module")
+def secure_prometheus(tmp_path_factory):
+    """Prometheus itself serving TLS with basic auth (--web.config.file), on two days of history."""
+    import ssl
+    import urllib.request
+
+    import yaml
+    from test_webconfig import basic, htpasswd_hash, make_pki
+
+    prometheus_bin, promtool = need_tool("prometheus"), need_tool("promtool")
+    tmp = tmp_path_factory.mktemp("secure")
+    pki = make_pki(tmp / "pki")
+    nodes = [Node("gpu-a", H100)]
+    workloads = [Workload("gpu-a", 0, pod("ml-prod", "vllm-0", "engine", "inference", "u1"), END - 2 * D, END,
+                          [(END - 2 * D, 0.5, 400.0)])]
+    backfill(promtool, tmp / "data", nodes, workloads, END - 2 * D, END, STEP, tmp)
+    web = tmp / "web.yml"
+    web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(pki.server_cert),
+                                                         "key_file": str(pki.server_key)},
+                                   "basic_auth_users": {"finance": htpasswd_hash("s3cret")}}))
+    server = PrometheusServer(prometheus_bin, tmp, [], args=["--storage.tsdb.retention.time=400d",
+                                                             f"--web.config.file={web}"]).start()
+    server.base = server.base.replace("http://", "https://")
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            request = urllib.request.Request(server.base + "/-/ready", headers=basic("finance", "s3cret"))
+            with urllib.request.urlopen(request, context=context, timeout=5):
+                break
+        except OSError:
+            if time.monotonic() > deadline or server.proc.poll() is not None:
+                raise RuntimeError("prometheus did not start:\n" + server.log()) from None
+            time.sleep(0.25)
+    try:
+        yield server, pki
+    finally:
+        server.stop()
+
+
+def test_tls_and_basic_auth(secure_prometheus, tmp_path, capsys):
+    server, pki = secure_prometheus
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    base = ["report", "--prometheus", server.base, "--from", str(END - 2 * D), "--to", str(END), "--format", "json"]
+    assert main([*base, "--ca-file", str(pki.ca), "--username", "finance", "--password-file", str(password)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert_figures(doc["totals"], figures((48, 24, 0.0, 48 * 0.4)))
+    assert main([*base, "--ca-file", str(pki.ca), "--username", "finance", "--password", "wrong"]) == 1
+    assert "refused the credentials (HTTP 401)" in capsys.readouterr().err
+    assert main([*base, "--username", "finance", "--password", "s3cret"]) == 1  # the system CAs do not know it
+    err = capsys.readouterr().err
+    assert err.startswith(f"l9gpu report: TLS with {server.base} failed: ") and "--ca-file" in err
+    assert err.count("\n") == 1
+    assert main([*base, "--insecure-skip-verify", "--username", "finance", "--password", "s3cret"]) == 0
+    assert json.loads(capsys.readouterr().out)["totals"]["gpu_hours_allocated"] == pytest.approx(48)
+    # credentials in the URL work as basic auth and stay out of the report
+    userinfo = server.base.replace("https://", "https://finance:s3cret@")
+    assert main(["report", "--prometheus", userinfo, *base[3:], "--ca-file", str(pki.ca)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["source"]["prometheus"] == server.base and "s3cret" not in json.dumps(doc)
+
+
+def test_bearer_token_through_an_auth_proxy(prometheus, tmp_path, capsys):
+    """A bearer token as an authenticating proxy in front of Prometheus (kube-rbac-proxy and the like) wants it."""
+    import asyncio
+    import threading
+
+    import aiohttp
+    from aiohttp import web
+
+    async def forward(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer t0ken":
+            return web.Response(status=401, text="Unauthorized")
+        async with aiohttp.ClientSession() as session:
+            async with session.post(prometheus.base + request.path, data=await request.read(),
+                                    headers={"Content-Type": request.headers["Content-Type"]}) as upstream:
+                return web.Response(status=upstream.status, body=await upstream.read(),
+                                    content_type="application/json")
+
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", forward)
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the port the OS chose
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        token = tmp_path / "token"
+        token.write_text("t0ken\n")
+        base = ["report", "--prometheus", f"http://127.0.0.1:{port}", "--from", str(START), "--to", str(END),
+                "--format", "json"]
+        assert main([*base, "--bearer-token-file", str(token)]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert_figures(doc["totals"], figures(VLLM, TRAIN, NOTEBOOK, JOB_4242, JOB_4243, EMBEDDER))
+        assert main([*base, "--bearer-token", "nope"]) == 1
+        assert "refused the credentials (HTTP 401)" in capsys.readouterr().err
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def test_consecutive_periods_add_up_to_the_whole(prometheus, tmp_path):
+    """No extrapolation: days 0-10 plus days 10-30 (a restart and a reset in each) equal the month."""
+    def by_group(start: int, end: int) -> dict[str, dict]:
+        out = tmp_path / f"{start}.json"
+        assert main(["report", "--prometheus", prometheus.base, "--from", str(start), "--to", str(end),
+                     "-o", str(out)]) == 0
+        return {g["group"]: g for g in json.loads(out.read_text())["groups"]}
+
+    first, second, whole = by_group(START, START + 10 * D + 4321), by_group(START + 10 * D + 4321, END), \
+        by_group(START, END)
+    for name, group in whole.items():
+        for key in ("gpu_hours_used", "gpu_hours_allocated", "zombie_hours", "energy_kwh"):
+            parts = first.get(name, {}).get(key, 0.0) + second.get(name, {}).get(key, 0.0)
+            assert parts == pytest.approx(group[key], abs=1e-5), (name, key)
+
+
+def test_connection_flags_from_the_environment(prometheus, tmp_path, monkeypatch, capsys):
+    """Like every l9gpu flag, --prometheus and --from can come from L9GPU_* variables."""
+    assert main(["report", "--from", "1d"]) == 2
+    assert capsys.readouterr().err == "l9gpu report: --prometheus is required\n"
+    monkeypatch.setenv("L9GPU_PROMETHEUS", prometheus.base)
+    monkeypatch.setenv("L9GPU_FROM", str(START))
+    assert main(["report", "--to", str(END), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["totals"]["gpu_hours_allocated"] == pytest.approx(figures(
+        VLLM, TRAIN, NOTEBOOK, JOB_4242, JOB_4243, EMBEDDER)["gpu_hours_allocated"], abs=1e-6)
+
+
+def test_the_step_changes_the_queries_not_the_figures(prometheus, tmp_path):
+    default = report_json(prometheus, tmp_path)
+    hourly = report_json(prometheus, tmp_path, "--step", "1h")
+    assert hourly["source"]["step_seconds"] == 3600 and default["source"]["step_seconds"] == 21600
+    for a, b in zip(default["groups"], hourly["groups"]):
+        assert a["group"] == b["group"]
+        for key in ("gpu_hours_used", "gpu_hours_allocated", "zombie_hours", "energy_kwh"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), (a["group"], key)
