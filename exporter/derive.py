@@ -170,6 +170,15 @@ def split_energy(delta: float, shares: Sequence[tuple[float | None, int | None]]
     return parts, idle_energy
 
 
+def _labels(cache: dict[int, tuple[str, ...]], labeller: Labeller, owner: Workload) -> tuple[str, ...]:
+    """The owner's label values, computed once per owner object in a pass (the objects
+    live through the pass, so their ids are stable)."""
+    labels = cache.get(id(owner))
+    if labels is None:
+        labels = cache[id(owner)] = labeller(owner)
+    return labels
+
+
 def step(
     state: DeriveState,
     now: float,
@@ -235,9 +244,7 @@ def step(
         for i, proc in enumerate(procs):
             owner = owners.get(proc.pid, UNKNOWN)
             if owner.attributed:
-                labels = label_cache.get(id(owner))
-                if labels is None:  # one label tuple per owner, however many processes it has
-                    labels = label_cache[id(owner)] = labeller(owner)
+                labels = _labels(label_cache, labeller, owner)
                 groups.setdefault(dev_labels + labels, []).append(i)
                 if owner.kind == "kubernetes" and owner.pod:
                     pods.add(dev_labels + labels)
@@ -252,7 +259,8 @@ def step(
         unattributed.append(Unattributed(key, rest_memory, rest_count, unattributed_energy[key]))
 
         # dict, not set: one row per (GPU, container) however many replicas it was given
-        allocated_labels = dict.fromkeys(dev_labels + labeller(w) for w in allocated_to.get(key, ()))
+        allocated_labels = dict.fromkeys(dev_labels + _labels(label_cache, labeller, w)
+                                         for w in allocated_to.get(key, ()))
         for labels, members in groups.items():
             wkey = (key, labels)
             allocated = (labels in allocated_labels) if allocations is not None and labels in pods else None
