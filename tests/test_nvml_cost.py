@@ -313,3 +313,20 @@ def test_snapshot_timings_show_what_each_call_costs(monkeypatch, capsys):
     for once in ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetFanSpeed", "nvmlDeviceGetMigMode",
                  "nvmlDeviceGetPcieThroughput"):
         assert once not in rows
+
+
+def test_energy_after_a_lost_gpu_comes_back_starts_from_the_counter():
+    fake = FakeNvml([h200()])  # 250 W
+    backend = opened(fake)
+    (dev,) = backend.sample(0.0)
+    start = dev.energy_joules
+    fake.gpus[0].lost = True
+    for t in range(1, 6):
+        (dev,) = backend.sample(float(t))
+        assert not dev.up and dev.energy_joules is None
+    # Back after 5 s, during which it used 1000 J (not the 1250 J its last power reading
+    # would suggest): the counter is read at once, nothing is integrated across the gap.
+    fake.gpus[0].lost = False
+    fake.gpus[0].energy_mj += 1_000_000
+    (dev,) = backend.sample(6.0)
+    assert dev.up and dev.energy_joules == pytest.approx(start + 1000.0)
