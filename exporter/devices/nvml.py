@@ -576,6 +576,7 @@ class NvmlBackend:
                     self._gpm.forget(index)
                 self._errors[down.reason] += 1
                 self._handles.pop(index, None)  # get a fresh handle next pass
+                self._energy.pop(index, None)  # and a fresh energy reading: nothing integrated across the gap
                 static = self._static.get(index, {})
                 log.debug("GPU %d not readable: %s", index, down)
                 samples.append(
