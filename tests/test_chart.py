@@ -300,6 +300,12 @@ def test_every_case_renders_valid_kubernetes_objects_and_arguments_the_agent_acc
             assert obj["metadata"]["namespace"] == "monitoring", obj["kind"]
 
 
+@pytest.mark.parametrize(("value", "expected"), [("5s", 5.0), ("500ms", 0.5), ("0", 0.0), ("off", None)])
+def test_gpm_interval_reaches_the_agent(value, expected):
+    release = render(_sets(f"polling.gpmInterval={value}"))
+    assert serve_args(release).gpm_interval == expected
+
+
 def test_the_documented_install_command_sets_every_value_it_names():
     values, name, namespace = _documented()
     release = render(values, name=name, namespace=namespace)
@@ -479,6 +485,7 @@ def _schema_error(*expressions: str, values: dict[str, Any] | None = None) -> st
     ("polling.interval=2", "got number, want string"),
     ("polling.interval=2sec", "'2sec' does not match pattern"),
     ("polling.interval=0s", "'0s' does not match pattern"),
+    ("polling.gpmInterval=often", "polling/gpmInterval"),
     ("otlp.interval=soon", "'soon' does not match pattern"),
     ("otlp.timeout=-1s", "'-1s' does not match pattern"),
     ("serviceMonitor.interval=1.5s", "'1.5s' does not match pattern"),
