@@ -9,6 +9,15 @@ in its own daemon thread, resuming from the last resourceVersion it saw, relisti
 collector thread reads; while the API server is unreachable the index keeps what it
 knew, and processes of pods it has never seen keep their pod UID until names arrive.
 
+How soon an outage is noticed is bounded (`PodWatcher.outage_bound`): each watch asks
+the server to end it after ``watch_seconds`` (so a healthy stream is never silent for
+longer, bookmarks or not), and the stream's read timeout is ``watch_seconds +
+stall_seconds``. A server that is gone (connection refused or reset) is noticed at the
+next read, at once; one that keeps the connection open and sends nothing (a hung
+server, a proxy or a network partition that drops the stream silently) is noticed when
+the read timeout expires. TCP keepalive would only catch the second case's dead peer,
+not a live one that stops sending, so the read timeout is the one mechanism.
+
 The ``kubernetes`` package is imported only when the watch starts.
 """
 
@@ -26,6 +35,13 @@ from typing import Any, Callable, Iterable, Mapping
 log = logging.getLogger(__name__)
 
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+# Server-side timeout of one watch request, and how much longer its stream may stay
+# silent before the agent calls it stuck: together the longest an outage goes unnoticed
+# (docs/ATTRIBUTION.md, "How soon an outage shows"). One watch a minute per node is cheap
+# (the API server serves it from its watch cache).
+WATCH_SECONDS = 60
+STALL_SECONDS = 30.0
 
 _CRONJOB_JOB = re.compile(r"^(.+)-(\d{8,})$")  # <cronjob>-<scheduled time in minutes>
 _GENERATED_SUFFIX = re.compile(r"^(.+)-([a-z0-9]{5,10})$")
@@ -265,15 +281,20 @@ class PodWatcher:
         node: the node name (``spec.nodeName``).
         index: the index to fill.
         watch_seconds: server-side timeout of one watch request; the watch then resumes.
+            A healthy server ends the stream by then, so it is the longest a healthy
+            stream stays silent.
+        stall_seconds: how much longer than ``watch_seconds`` the stream may stay
+            silent before it counts as stuck (the read timeout is the sum).
         backoff: (first, max) seconds to wait after an error, doubling in between.
+        request_timeout: connect timeout of every request, and read timeout of a list.
         sleep: waits on errors (injectable for tests); returns True when stopping.
     """
 
     name = "kubernetes"
 
-    def __init__(self, api_client: Any, node: str, index: PodIndex, watch_seconds: int = 300,
+    def __init__(self, api_client: Any, node: str, index: PodIndex, watch_seconds: int = WATCH_SECONDS,
                  backoff: tuple[float, float] = (1.0, 30.0), request_timeout: float = 10.0,
-                 sleep: Callable[[float], bool] | None = None):
+                 sleep: Callable[[float], bool] | None = None, stall_seconds: float = STALL_SECONDS):
         from kubernetes import client
 
         self.api = client.CoreV1Api(api_client)
@@ -281,6 +302,7 @@ class PodWatcher:
         self.node = node
         self.index = index
         self.watch_seconds = watch_seconds
+        self.stall_seconds = stall_seconds
         self.backoff = backoff
         self.request_timeout = request_timeout
         self.resource_version: str | None = None
@@ -292,14 +314,24 @@ class PodWatcher:
         self._failures = 0
         self.relists = 0
         self.events = 0
+        self.errors = 0  # failed lists and watches (stuck streams included), since start
 
     @property
     def selector(self) -> str:
         return f"spec.nodeName={self.node}"
 
     def healthy(self) -> bool:
-        """True while the last list or watch request worked."""
+        """True while the last list or watch request worked (and the stream is not stuck)."""
         return self._healthy
+
+    @property
+    def outage_bound(self) -> float:
+        """Seconds within which `healthy` turns False once the API server is gone or stuck.
+
+        The longest wait on the server is the watch stream's read timeout (``watch_seconds
+        + stall_seconds``); a list or a connect gives up after ``request_timeout``.
+        """
+        return max(self.watch_seconds + self.stall_seconds, self.request_timeout)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="l9gpu-pod-watch", daemon=True)
@@ -336,13 +368,22 @@ class PodWatcher:
         self._watch = watch.Watch()
         kwargs: dict[str, Any] = dict(field_selector=self.selector, timeout_seconds=self.watch_seconds,
                                       allow_watch_bookmarks=True,
-                                      _request_timeout=(self.request_timeout, self.watch_seconds + 30))
+                                      _request_timeout=(self.request_timeout,
+                                                        self.watch_seconds + self.stall_seconds))
         if self.resource_version:
             kwargs["resource_version"] = self.resource_version
         # A wrapper without a return-type docstring: the watch then yields the raw JSON
         # events, so a pod the client's models would reject cannot stall the watch.
         def list_pods(**kw: Any) -> Any:
-            return self.api.list_pod_for_all_namespaces(**kw)
+            response = self.api.list_pod_for_all_namespaces(**kw)
+            # The server answered the watch (the client raised on an error status): healthy
+            # from here, not from the moment the request was sent, so a server that accepts
+            # connections and never answers stays unhealthy.
+            if self._failures:
+                log.info("pod watch for node %s works again", self.node)
+            self._healthy = True
+            self._failures = 0  # a new outage is a first failure again (logged as a warning)
+            return response
 
         for event in self._watch.stream(list_pods, **kwargs):
             if self._stop.is_set():
@@ -377,7 +418,7 @@ class PodWatcher:
             try:
                 if self.resource_version is None:
                     self.list_pods()
-                self._healthy = True
+                    self._healthy = True
                 self.watch_once()
                 self._failures = 0
                 continue  # the watch timed out or the server closed it: resume
@@ -395,6 +436,7 @@ class PodWatcher:
             if self._stop.is_set():
                 return
             self._healthy = False
+            self.errors += 1
             delay = min(self.backoff[1], self.backoff[0] * 2 ** self._failures)
             self._failures += 1
             (log.warning if self._failures == 1 else log.debug)(

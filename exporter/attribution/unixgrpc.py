@@ -4,6 +4,10 @@ The kubelet's pod-resources socket and the container runtime's CRI socket are bo
 asked the same way: one List call with a short deadline, on a slow cadence in a daemon
 thread (and on demand), never raising into the collector, and reporting its health.
 `SocketLister` does that; each source subclasses it and says what a listing means.
+
+Because every call has a deadline, a socket that is gone (refused, removed) or a server
+that accepts the call and never answers is noticed by the next background call at the
+latest: within `SocketLister.outage_bound` seconds.
 """
 
 from __future__ import annotations
@@ -74,6 +78,15 @@ class SocketLister:
     def healthy(self) -> bool:
         """True while the last call worked."""
         return self._healthy
+
+    @property
+    def outage_bound(self) -> float:
+        """Seconds within which `healthy` turns False once the socket is gone or hangs.
+
+        A call that was under way when the server went (at most ``timeout``), the wait
+        until the next background call (``interval``), and that call's deadline.
+        """
+        return self.interval + 2 * self.timeout
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
