@@ -1,13 +1,14 @@
 # l9gpu: two commands set everything up on a fresh machine.
 #   make demo   run the agent on the built-in simulated node (8 x H100, pods, a zombie)
 #   make test   install what the tests need (Debian's prometheus included) and run them
+#   make test-stress   the same suite while CPU hogs keep the machine busy
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 LISTEN ?= 0.0.0.0:9835
 PORT := $(lastword $(subst :, ,$(LISTEN)))
 
-.PHONY: demo test venv deps-test system-deps lint bench docs clean
+.PHONY: demo test test-stress venv deps-test system-deps lint bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +33,22 @@ deps-test: $(PY)
 
 test: system-deps deps-test
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# The whole suite on a busy machine: STRESS_CPUS CPU hogs (Debian stress-ng, installed
+# here when missing; needs root or sudo) run beside pytest, as other jobs do on a shared
+# CI runner. Exits with pytest's status; the hogs are stopped however pytest ends, and
+# their own --timeout stops them should make itself be killed.
+STRESS_CPUS ?= 2
+test-stress: system-deps deps-test
+	@if ! command -v stress-ng >/dev/null; then \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq stress-ng >/dev/null; \
+	fi
+	@stress-ng --cpu $(STRESS_CPUS) --timeout 3h --quiet & hogs=$$!; \
+	trap 'kill $$hogs 2>/dev/null; wait $$hogs 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
+	echo "test-stress: $(STRESS_CPUS) CPU hog(s) running (stress-ng pid $$hogs)"; \
+	$(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS); status=$$?; \
+	echo "test-stress: pytest exited with $$status; stopping the hogs"; exit $$status
 
 lint: deps-test
 	$(PY) -m ruff check exporter bridge tests benchmarks
