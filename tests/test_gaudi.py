@@ -231,7 +231,7 @@ def test_hung_hl_smi_is_killed_and_counted(tmp_path, hl_smi):
     started = time.monotonic()
     with pytest.raises(HlSmiError, match="did not answer within 0.5s"):
         backend.sample(1.0)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # killed at its timeout, not after its 30 s
     assert backend.errors() == {"timeout": 1}
 
 
