@@ -359,6 +359,7 @@ class PodWatcher:
         self.index.replace(pods)
         self.resource_version = _str(_dict(_dict(body).get("metadata")).get("resourceVersion")) or None
         self.relists += 1
+        self._healthy = True  # the server answered (before the watch thread starts, too)
         log.debug("listed %d pod(s) on node %s at resourceVersion %s", len(pods), self.node, self.resource_version)
 
     def watch_once(self) -> None:
@@ -418,7 +419,6 @@ class PodWatcher:
             try:
                 if self.resource_version is None:
                     self.list_pods()
-                    self._healthy = True
                 self.watch_once()
                 self._failures = 0
                 continue  # the watch timed out or the server closed it: resume
