@@ -22,6 +22,11 @@ log = logging.getLogger(__name__)
 # needs more than gRPC's 4 MiB default.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
+# Deadline of the first call, made once at startup before any collection pass: no pass
+# waits on it, and a node that is busy booting its pods should not start the agent with
+# an empty listing for want of a few hundred milliseconds.
+STARTUP_TIMEOUT = 5.0
+
 
 def socket_path(value: str) -> str:
     """``unix:///run/x.sock``, ``unix:/run/x.sock`` or ``/run/x.sock`` -> ``/run/x.sock``."""
@@ -98,18 +103,22 @@ class SocketLister:
             self._thread.join(timeout)
         self._channel.close()
 
-    def refresh(self) -> bool:
+    def refresh(self, timeout: float | None = None) -> bool:
         """Call once and hand the answer to `listed`; never raises, waits about ``timeout`` at most.
+
+        Args:
+            timeout: this call's deadline, seconds (default: the source's ``timeout``).
 
         Returns what `listed` returns, or False when the call failed or another listing
         was already running (it fills in the same data).
         """
-        if not self._lock.acquire(timeout=self.timeout):
+        deadline = self.timeout if timeout is None else timeout
+        if not self._lock.acquire(timeout=deadline):
             return False
         try:
             self.before_call()
             try:
-                response = self._call(self._request, timeout=self.timeout)
+                response = self._call(self._request, timeout=deadline)
                 result = self.listed(response)
             except self._grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
