@@ -127,7 +127,7 @@ def test_names_come_from_cri_when_the_api_server_is_off(tmp_path: Path, runtime:
 def test_an_unknown_container_is_listed_at_once_then_rate_limited(tmp_path: Path, runtime: FakeRuntime) -> None:
     now = [100.0]
     index = PodIndex()
-    source = cri.CriPodSource(runtime.path, index, min_refresh=5.0, clock=lambda: now[0])
+    source = cri.CriPodSource(runtime.path, index, min_refresh=5.0, timeout=5.0, clock=lambda: now[0])
     attributor = ProcAttributor(str(tmp_path), index, fallback=source)
     try:
         source.refresh()  # the runtime has no containers yet

@@ -153,10 +153,10 @@ def test_a_socket_outage_shows_within_the_bound(sockdir: str, collector_for, nam
     try:
         index = PodIndex()
         if name == "cri":
-            source: Any = cri.CriPodSource(server.server.path, index, interval=0.3, timeout=0.5)
+            source: Any = cri.CriPodSource(server.server.path, index, interval=0.3, timeout=2.0)
             collector = collector_for(index=index, fallback=source)
         else:
-            source = podresources.PodResourcesSource(server.server.path, interval=0.3, timeout=0.5)
+            source = podresources.PodResourcesSource(server.server.path, interval=0.3, timeout=2.0)
             collector = collector_for(index=index, allocation_source=source)
         source.start()
         bound = within(source.outage_bound + INTERVAL)

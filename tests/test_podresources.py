@@ -161,7 +161,7 @@ def test_every_device_id_form_maps_to_its_gpu(kubelet: FakeKubelet) -> None:
         pod("net", "sriov", main=[("intel.com/sriov_netdevice", ["0000:3b:02.1"]),
                                   ("nvidia.com/gpu", ["GPU-ffffffff-0000-0000-0000-000000000000"])]),
     ]
-    source = podresources.PodResourcesSource(kubelet.path)
+    source = podresources.PodResourcesSource(kubelet.path, timeout=5.0)
     attributor = ProcAttributor("/proc", PodIndex(), allocation_source=source)
     try:
         assert source.refresh() and source.healthy()
