@@ -141,7 +141,7 @@ def test_serve_gaudi_end_to_end(tmp_path, accel_nodes, agent):
                _holder("/dev/accel/accel1", "/dev/accel/accel_controlD0")]
     monitor = _holder("/dev/accel/accel_controlD1")  # a monitoring tool: not a GPU process
     try:
-        url = agent("--backend", "gaudi", "--hl-smi", FAKE_HL_SMI, "--hl-smi-timeout", "1s",
+        url = agent("--backend", "gaudi", "--hl-smi", FAKE_HL_SMI, "--hl-smi-timeout", "3s",
                     "--proc-root", "/proc", "--interval", "200ms", "--node-name", "gaudi-node-1",
                     "--process-metrics",
                     env={"FAKE_HL_SMI_OUTPUT_FILE": str(output), "FAKE_HL_SMI_SLEEP_FILE": str(sleep_file)})
