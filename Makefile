@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 LISTEN ?= 0.0.0.0:9835
 PORT := $(lastword $(subst :, ,$(LISTEN)))
 
-.PHONY: demo test test-stress venv deps-test system-deps lint bench docs clean
+.PHONY: demo test test-stress venv deps-test system-deps lint bench docs chart clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,12 @@ bench: venv
 
 docs:
 	$(PYTHON) -m exporter.catalogue > docs/METRICS.md
+
+# The Helm chart as a static Helm repository: dist/charts/l9gpu-<version>.tgz and index.yaml
+# (Helm's own engine, from helm-python-sdk). CHART_URL=https://... makes the index's
+# archive URLs absolute; without it they are relative to wherever the folder is served.
+chart: deps-test
+	$(PY) charts/package.py dist/charts $(if $(CHART_URL),--url $(CHART_URL))
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

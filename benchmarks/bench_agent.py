@@ -1,16 +1,26 @@
-"""Cost of the agent on a busy node: one collection pass, one /metrics request, RSS.
+"""What the agent costs a user: CPU per interval, pass time, scrape latency, memory.
 
-Builds a simulated node with 8 GPUs, 64 containers and 256 processes (4 processes per
-container, 8 containers per GPU, all attributed through the fixture /proc tree), then:
+Nodes, each with 8 GPUs, every process attributed through the real code (a fixture /proc
+tree in real cgroup layouts, the pods in the index, the kubelet's allocations joined):
 
-* runs collection passes in process (attribution cache warm) and reports the median and
-  p99 of one pass;
-* starts `l9gpu serve` on it at a 1 s interval and times /metrics requests over
-  loopback, serially and with 20 concurrent clients (median and p99 of each request);
-* reads the agent's resident memory (VmRSS) at the end.
+* 8 GPUs x 16 processes (16 containers) and 8 GPUs x 256 processes (64 containers);
+* read through the NVML backend on the tests' NVML fake, once answering for free and once
+  charging every call what it cost on a real H200 (``fake_pynvml.H200_COSTS``: CPU burnt
+  with the GIL released, blocking calls sleep) - the figures a real driver gives.
 
-Run: ``python benchmarks/bench_agent.py`` (``--passes``, ``--requests`` to change the
-sample sizes). Figures are recorded in docs/PERFORMANCE.md.
+For each it reports:
+
+* **collection pass**, in process: median and p99 wall and CPU time of one pass;
+* **agent CPU per interval**: ``l9gpu serve --backend nvml --interval 1s`` in its own
+  process, scraped like Prometheus (OpenMetrics with gzip every 15 s) for ``--seconds``;
+  the process's CPU time (collector, rendering, event loop, everything) divided by the
+  number of intervals, and how many bodies it rendered;
+
+and, on the simulated 8 x 256 node (as before), ``/metrics`` latency serially and with 20
+concurrent clients, and the agent's RSS.
+
+Run: ``python benchmarks/bench_agent.py`` (about 6 minutes; ``--seconds 20`` for a
+quicker look). Figures are recorded in docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import gzip
 import os
 import statistics
 import subprocess
@@ -31,15 +42,18 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 GPUS, CONTAINERS, PROCESSES = 8, 64, 256
+PROMETHEUS = {"Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+              "Accept-Encoding": "gzip"}
 
 
-def scenario(path: Path) -> Path:
-    """Write the benchmark node's scenario file."""
-    per_container = PROCESSES // CONTAINERS
+def scenario(path: Path, containers: int = CONTAINERS, processes_total: int = PROCESSES) -> Path:
+    """Write a benchmark node's scenario file (8 GPUs, containers spread over them)."""
+    per_container = processes_total // containers
     processes = []
-    for c in range(CONTAINERS):
+    for c in range(containers):
         gpu = c % GPUS
         for p in range(per_container):
             processes.append({
@@ -47,7 +61,7 @@ def scenario(path: Path) -> Path:
                 "gpus": [gpu],
                 "pid": 100000 + c * 10 + p,
                 "memory_gib": 2,
-                "utilization": {"wave": {"min": 0.0, "max": 0.03, "period": f"{20 + c}s"}},
+                "utilization": {"wave": {"min": 0.0, "max": 0.03 * 64 / containers, "period": f"{20 + c}s"}},
                 "workload": {"namespace": f"team-{c % 8}", "pod": f"job-{c}-abcde", "container": "main",
                              "owner": {"kind": "Deployment", "name": f"job-{c}"}, "labels": {"team": f"t{c % 8}"}},
             })
@@ -68,6 +82,7 @@ def fmt(values: list[float]) -> str:
 
 
 def bench_cycle(path: Path, passes: int) -> list[float]:
+    """Wall time of warm passes on the simulated node (reads cost nothing there)."""
     from exporter.cli import _collector, _open, build_parser
 
     args = build_parser().parse_args(["snapshot", "--backend", "simulated", "--scenario", str(path)])
@@ -85,6 +100,103 @@ def bench_cycle(path: Path, passes: int) -> list[float]:
     attributor.close()
     backend.close()
     return times
+
+
+def bench_nvml_pass(path: Path, h200_costs: bool, passes: int) -> tuple[list[float], list[float], int]:
+    """Wall and CPU time of warm passes through the NVML backend on the fake node."""
+    import fake_nvml_agent
+
+    from exporter.cli import _collector, _open, build_parser
+
+    saved = sys.modules.get("pynvml")
+    fake_nvml_agent.install(str(path), h200_costs)
+    try:
+        args = build_parser().parse_args(["snapshot", "--backend", "nvml", "--kubernetes", "off"])
+        backend, attributor = _open(args)
+        collector, _ = _collector(args, backend, attributor)
+        collector.collect_once()
+        gc.collect()
+        walls, cpus = [], []
+        for i in range(passes):
+            start, cpu = time.perf_counter(), time.process_time()
+            snap = collector.collect_once()
+            walls.append(time.perf_counter() - start)
+            cpus.append(time.process_time() - cpu)
+            time.sleep(0.01 if i % 10 else 0.0)
+        attributor.close()
+        backend.close()
+    finally:
+        if saved is None:
+            sys.modules.pop("pynvml", None)
+        else:
+            sys.modules["pynvml"] = saved
+    return walls, cpus, len(snap.processes)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (all its threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_ready(port: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1):
+                return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the agent did not become ready") from None
+            time.sleep(0.1)
+
+
+def bench_serve_cpu(path: Path, h200_costs: bool, seconds: float,
+                    scrape_every: float = 15.0) -> tuple[float, int, float]:
+    """The agent process's CPU per 1 s interval while Prometheus scrapes every 15 s.
+
+    Returns (CPU milliseconds per interval, scrapes made, median pass wall time in ms as
+    the agent reports it: ``l9gpu_collector_duration_seconds`` of nvml plus attribution).
+    """
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    argv = [sys.executable, str(REPO / "benchmarks" / "fake_nvml_agent.py"), str(path)]
+    if h200_costs:
+        argv.append("--h200-costs")
+    argv += ["--", "serve", "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--log-level", "warning",
+             "--kubernetes", "off"]
+    proc = subprocess.Popen(argv, env=env, cwd=REPO)
+    url = f"http://127.0.0.1:{port}/metrics"
+    pass_ms: list[float] = []
+
+    def scrape() -> None:
+        request = urllib.request.Request(url, headers=PROMETHEUS)
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            text = gzip.decompress(resp.read()).decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("l9gpu_collector_duration_seconds{") and (
+                    'collector="nvml"' in line or 'collector="attribution"' in line):
+                total += float(line.rsplit(" ", 1)[1])
+        pass_ms.append(total * 1e3)
+
+    try:
+        _wait_ready(port, proc)
+        scrape()
+        time.sleep(3.0)  # start-up done, caches warm
+        start_cpu, start = _cpu_seconds(proc.pid), time.monotonic()
+        next_scrape = start
+        while time.monotonic() - start < seconds:
+            if time.monotonic() >= next_scrape:
+                scrape()
+                next_scrape += scrape_every
+            time.sleep(0.05)
+        cpu = _cpu_seconds(proc.pid) - start_cpu
+        elapsed = time.monotonic() - start
+        return cpu / elapsed * 1e3, len(pass_ms), statistics.median(pass_ms) if pass_ms else float("nan")
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def free_port() -> int:
@@ -171,16 +283,36 @@ def bench_scrapes(path: Path, requests: int,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--passes", type=int, default=300)
+    parser.add_argument("--passes", type=int, default=200, help="in-process passes per node")
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long each agent's CPU is measured")
     parser.add_argument("--requests", type=int, default=1000, help="serial requests per encoding")
     parser.add_argument("--concurrent-seconds", type=float, default=5.0,
                         help="how long the 20 concurrent clients run per encoding")
     opts = parser.parse_args()
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        path = scenario(Path(tmp) / "bench.yaml")
+        nodes = {
+            "8 GPUs x 16 processes": scenario(Path(tmp) / "n16.yaml", containers=16, processes_total=16),
+            "8 GPUs x 256 processes": scenario(Path(tmp) / "n256.yaml"),
+        }
+        for label, path in nodes.items():
+            for costs in (False, True):
+                name = f"{label}, {'H200 call costs' if costs else 'free calls'}"
+                walls, cpus, procs = bench_nvml_pass(path, costs, opts.passes)
+                cpu_ms, scrapes, agent_pass_ms = bench_serve_cpu(path, costs, opts.seconds)
+                rows.append((name, procs, walls, cpus, cpu_ms, agent_pass_ms, scrapes))
+                print(f"{name}: pass wall {fmt(walls)}; pass CPU {fmt(cpus)}; agent CPU {cpu_ms:.2f} ms per 1 s "
+                      f"interval over {opts.seconds:.0f} s ({scrapes} scrapes)", flush=True)
+        path = nodes["8 GPUs x 256 processes"]
         cycle = bench_cycle(path, opts.passes)
         scrapes, rss_kib, size, gz_size = bench_scrapes(path, opts.requests, opts.concurrent_seconds)
-    print(f"node: {GPUS} GPUs, {CONTAINERS} containers, {PROCESSES} processes; "
+    print()
+    print(f"{'node (NVML fake)':<46}{'pass wall med/p99 ms':>22}{'pass CPU med ms':>17}{'agent CPU ms/interval':>23}")
+    for name, _procs, walls, cpus, cpu_ms, _agent_pass, _ in rows:
+        print(f"{name:<46}{statistics.median(walls) * 1e3:>11.2f} /{percentile(walls, 0.99) * 1e3:>8.2f}"
+              f"{statistics.median(cpus) * 1e3:>17.2f}{cpu_ms:>23.2f}")
+    print()
+    print(f"simulated node: {GPUS} GPUs, {CONTAINERS} containers, {PROCESSES} processes; "
           f"/metrics body {size / 1024:.0f} KiB ({gz_size / 1024:.0f} KiB gzipped)")
     print(f"{'collection pass (warm)':<45}{fmt(cycle)}")
     for name, times in scrapes.items():

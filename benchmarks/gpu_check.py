@@ -20,6 +20,13 @@ in step with the power. It prints a table per phase and PASS/FAIL per check, exi
 any check fails (2 when it cannot run at all), and, when ``$OUT`` is set, writes
 ``gpu_check.json`` (checks, numbers, timeline), the raw scrapes and the agent's log there.
 
+Cost, measured on the same run: while the workload runs, the median wall and CPU time of
+each NVML call the agent could make (``measure_call_costs``: the table in DESIGN.md), and
+``l9gpu snapshot --timings`` (what a first and a steady pass of the agent cost). Where
+nvitop-exporter is installed (``pip install nvitop-exporter``) it runs beside the agent on
+the same GPU, scraped just as often, and both processes' CPU per second over the workload
+window are printed side by side.
+
 NVML reports host PIDs: run this on the host, or in a container that shares the host's
 PID namespace, and preferably on an otherwise idle GPU (other processes allocating memory
 during the run disturb the memory comparison). ``--device`` is the NVML index; the child
@@ -190,6 +197,142 @@ class Agent:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+# ---- cost: per NVML call, per pass, and beside nvitop-exporter ------------------------------
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (all its threads), seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_call_costs(device: int, repeats: int = 30) -> list[dict[str, Any]]:
+    """Median wall and CPU milliseconds of each NVML call on GPU ``device``.
+
+    The calls the agent makes or avoids, so the table in DESIGN.md can be checked on any
+    driver. NOT_SUPPORTED calls are timed too (they still cost); the blocking PCIe
+    throughput call is timed only a few times.
+    """
+    import pynvml  # type: ignore[import-untyped,unused-ignore]
+
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(device)
+        calls: list[tuple[str, Any, int]] = [
+            ("nvmlDeviceGetPcieThroughput (tx)", lambda: pynvml.nvmlDeviceGetPcieThroughput(
+                h, pynvml.NVML_PCIE_UTIL_TX_BYTES), 5),
+            ("nvmlDeviceGetTotalEnergyConsumption", lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h), repeats),
+            ("nvmlDeviceGetProcessUtilization", lambda: pynvml.nvmlDeviceGetProcessUtilization(h, 0), repeats),
+            ("nvmlDeviceGetProcessesUtilizationInfo",
+             lambda: pynvml.nvmlDeviceGetProcessesUtilizationInfo(h, 0), repeats),
+            ("nvmlDeviceGetFieldValues (PCIe tx/rx bytes)",
+             lambda: pynvml.nvmlDeviceGetFieldValues(h, [197, 198]), repeats),
+            ("nvmlDeviceGetFieldValues (memory temp, PCIe tx/rx bytes)",
+             lambda: pynvml.nvmlDeviceGetFieldValues(h, [82, 197, 198]), repeats),
+            ("nvmlDeviceGetMigMode", lambda: pynvml.nvmlDeviceGetMigMode(h), repeats),
+            ("nvmlDeviceGetFanSpeed", lambda: pynvml.nvmlDeviceGetFanSpeed(h), repeats),
+            ("nvmlDeviceGetComputeRunningProcesses", lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(h),
+             repeats),
+            ("nvmlDeviceGetGraphicsRunningProcesses", lambda: pynvml.nvmlDeviceGetGraphicsRunningProcesses(h),
+             repeats),
+            ("nvmlDeviceGetPowerUsage", lambda: pynvml.nvmlDeviceGetPowerUsage(h), repeats),
+            ("nvmlDeviceGetUtilizationRates", lambda: pynvml.nvmlDeviceGetUtilizationRates(h), repeats),
+            ("nvmlDeviceGetMemoryInfo", lambda: pynvml.nvmlDeviceGetMemoryInfo(h), repeats),
+            ("nvmlDeviceGetTemperature", lambda: pynvml.nvmlDeviceGetTemperature(h, 0), repeats),
+            ("nvmlDeviceGetClockInfo (SM)", lambda: pynvml.nvmlDeviceGetClockInfo(h, 1), repeats),
+            ("nvmlDeviceGetCurrentClocksEventReasons",
+             lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h), repeats),
+            ("nvmlDeviceGetTotalEccErrors", lambda: pynvml.nvmlDeviceGetTotalEccErrors(h, 1, 1), repeats),
+        ]
+        rows = []
+        for name, call, n in calls:
+            walls, cpus, outcome = [], [], "ok"
+            for _ in range(n):
+                wall, cpu = time.perf_counter(), time.thread_time()
+                try:
+                    call()
+                except pynvml.NVMLError as exc:
+                    outcome = str(exc)
+                except Exception as exc:  # noqa: BLE001 - a binding without the function
+                    outcome = f"{type(exc).__name__}: {exc}"
+                    break
+                walls.append(time.perf_counter() - wall)
+                cpus.append(time.thread_time() - cpu)
+            rows.append({"call": name, "calls": len(walls), "outcome": outcome,
+                         "wall_ms": _round(statistics.median(walls) * 1e3 if walls else None),
+                         "cpu_ms": _round(statistics.median(cpus) * 1e3 if cpus else None)})
+        return rows
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def print_call_costs(rows: list[dict[str, Any]]) -> None:
+    print(f"{'NVML call (median)':<58}{'wall ms':>9}{'CPU ms':>9}  outcome")
+    for row in rows:
+        wall = "-" if row["wall_ms"] is None else f"{row['wall_ms']:.3f}"
+        cpu = "-" if row["cpu_ms"] is None else f"{row['cpu_ms']:.3f}"
+        print(f"{row['call']:<58}{wall:>9}{cpu:>9}  {row['outcome']}")
+
+
+def agent_pass_timings(python: str, device: int) -> dict[str, Any]:
+    """``l9gpu snapshot --backend nvml --timings --json``: a first and a steady pass."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    result = subprocess.run([python, "-m", "exporter", "snapshot", "--backend", "nvml", "--timings", "--json",
+                             "--log-level", "warning"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)
+    if result.returncode != 0:
+        return {"error": result.stderr[-500:]}
+    timings = json.loads(result.stdout).get("timings", {})
+    out = {}
+    for title, calls in timings.items():
+        out[title] = {
+            "calls": sum(c["calls"] for c in calls.values()),
+            "wall_ms": _round(sum(c["wall_seconds"] for c in calls.values()) * 1e3),
+            "cpu_ms": _round(sum(c["cpu_seconds"] for c in calls.values()) * 1e3),
+            "per_call": calls,
+        }
+    return out
+
+
+class Peer:
+    """nvitop-exporter on the same GPU, scraped as often as the agent (None if absent)."""
+
+    def __init__(self, python: str, log_path: Path):
+        import importlib.util
+
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.base = ""
+        if importlib.util.find_spec("nvitop_exporter") is None:
+            return
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([python, "-m", "nvitop_exporter", "--bind-address", "127.0.0.1",
+                                      "--port", str(port), "--interval", "1.0"], stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+
+    def scrape(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                http_get(self.base + "/metrics", timeout=5.0)
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+            self._log.close()
 
 
 # ---- scrapes -------------------------------------------------------------------------------
@@ -426,6 +569,10 @@ def run_check(args: argparse.Namespace) -> int:
 
     port = free_port()
     agent = Agent(args.python, port, work / "agent.log")
+    peer = Peer(args.python, work / "nvitop-exporter.log")
+    cost: dict[str, Any] = {}
+    cost_thread: threading.Thread | None = None
+    cpu_start: dict[str, float | None] = {}
     child: subprocess.Popen[str] | None = None
     scrapes: list[Scrape] = []
     events: dict[str, dict[str, Any]] = {}
@@ -450,6 +597,9 @@ def run_check(args: argparse.Namespace) -> int:
         )
         print(f"workload pid {child.pid}: {args.gib} GiB, {args.busy_seconds:.0f} s busy, "
               f"{args.idle_seconds:.0f} s idle")
+        window_start = time.monotonic()
+        cpu_start = {"l9gpu": _cpu_seconds(agent.proc.pid),
+                     "nvitop-exporter": _cpu_seconds(peer.proc.pid) if peer.proc is not None else None}
         event_queue: queue.Queue[tuple[float, dict[str, Any]]] = queue.Queue()
         threading.Thread(target=_read_events, args=(child.stdout, event_queue), daemon=True).start()
         stderr_lines: list[str] = []
@@ -466,10 +616,19 @@ def run_check(args: argparse.Namespace) -> int:
                 events[event["event"]] = event
                 phase = event["event"]
                 print(f"  t={event['t']:5.1f}s  workload: {phase}")
+                if phase == "busy" and cost_thread is None:
+                    def measure() -> None:
+                        time.sleep(SETTLE_SECONDS)
+                        cost["nvml_calls"] = measure_call_costs(args.device)
+                        cost["agent_passes"] = agent_pass_timings(args.python, args.device)
+
+                    cost_thread = threading.Thread(target=measure, daemon=True)
+                    cost_thread.start()
             if phase == "done" or child.poll() is not None and event_queue.empty():
                 break
             number += 1
             now = time.monotonic()
+            peer.scrape()
             try:
                 _, text = http_get(agent.base + "/metrics")
                 (work / "scrapes" / f"{number:03d}-{phase}.txt").write_text(text)
@@ -478,10 +637,17 @@ def run_check(args: argparse.Namespace) -> int:
                 scrapes.append(Scrape(t=now - t0, phase=phase, error=str(exc)))
             next_scrape += 1.0
             time.sleep(max(0.0, next_scrape - time.monotonic()))
+        window = time.monotonic() - window_start
+        for name, pid in (("l9gpu", agent.proc.pid), ("nvitop-exporter", peer.proc.pid if peer.proc else None)):
+            before, after = cpu_start.get(name), _cpu_seconds(pid) if pid else None
+            if before is not None and after is not None:
+                cost.setdefault("cpu_ms_per_second", {})[name] = _round((after - before) / window * 1e3, 2)
         try:
             child.wait(timeout=30)
         except subprocess.TimeoutExpired:
             child.kill()
+        if cost_thread is not None:
+            cost_thread.join(timeout=120)
         child_stderr = "".join(stderr_lines)[-4000:]
         if child.returncode not in (0, None) or "done" not in events:
             print(f"gpu_check: the workload failed (status {child.returncode}):\n{child_stderr}", file=sys.stderr)
@@ -489,6 +655,7 @@ def run_check(args: argparse.Namespace) -> int:
         if child is not None and child.poll() is None:
             child.kill()
         agent.stop()
+        peer.stop()
 
     pid = child.pid if child is not None else None
     checks = evaluate(scrapes, events, pid)
@@ -497,6 +664,20 @@ def run_check(args: argparse.Namespace) -> int:
     rows = phase_table(scrapes)
     print()
     print_table(rows)
+    print()
+    if cost.get("nvml_calls"):
+        print_call_costs(cost["nvml_calls"])
+        print()
+    for title, summary in cost.get("agent_passes", {}).items():
+        if isinstance(summary, dict):
+            print(f"l9gpu {title}: {summary.get('calls')} NVML calls, {summary.get('wall_ms')} ms wall, "
+                  f"{summary.get('cpu_ms')} ms CPU")
+    cpu = cost.get("cpu_ms_per_second", {})
+    if cpu:
+        peer_text = (f"nvitop-exporter {cpu['nvitop-exporter']} ms" if "nvitop-exporter" in cpu
+                     else "nvitop-exporter not installed (pip install nvitop-exporter)")
+        print(f"CPU per second over the workload window, both scraped every second: l9gpu {cpu.get('l9gpu')} ms, "
+              f"{peer_text}")
     print()
     for check in checks:
         print(f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.detail}")
@@ -509,6 +690,7 @@ def run_check(args: argparse.Namespace) -> int:
         "workload_pid": pid,
         "agent_command": agent.command,
         "scrapes": [asdict(s) for s in scrapes],
+        "cost": cost,
         "thresholds": {
             "busy_min_ratio": BUSY_MIN_RATIO, "idle_max_ratio": IDLE_MAX_RATIO,
             "memory_tolerance": MEMORY_TOLERANCE, "context_allowance_bytes": CONTEXT_ALLOWANCE_BYTES,

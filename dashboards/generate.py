@@ -404,9 +404,11 @@ def devices() -> dict[str, Any]:
     b.row("Clocks and PCIe")
     b.add(timeseries("SM clock", [target(f"gpu_sm_clock_hertz{{{DEV}}}", leg)], "hertz"), 8, 8)
     b.add(timeseries("Memory clock", [target(f"gpu_memory_clock_hertz{{{DEV}}}", leg)], "hertz"), 8, 8)
-    b.add(timeseries("PCIe throughput", [target(f"gpu_pcie_rx_bytes_per_second{{{DEV}}}", leg + " rx"),
-                                         target(f"-gpu_pcie_tx_bytes_per_second{{{DEV}}}", leg + " tx", ref="B")],
-                     "Bps", "Receive up, transmit down.", minimum=None), 8, 8)
+    b.add(timeseries("PCIe throughput", [target(f"rate(gpu_pcie_rx_bytes_total{{{DEV}}}[$__rate_interval])",
+                                                leg + " rx"),
+                                         target(f"-rate(gpu_pcie_tx_bytes_total{{{DEV}}}[$__rate_interval])",
+                                                leg + " tx", ref="B")],
+                     "Bps", "Receive up, transmit down (from the driver's PCIe byte counters).", minimum=None), 8, 8)
     b.add(timeseries("Clock throttle reasons (active)",
                      [target(f"max by (node, gpu, reason) (gpu_clock_throttle_active{{{DEV}}}) > 0",
                              leg + " {{reason}}")], "none",

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from typing import Any, Callable, Sequence
 
 from exporter import __version__
@@ -89,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     snap = sub.add_parser("snapshot", help="collect once and print a table (or JSON) for an on-call engineer")
     _add_device_args(snap)
     snap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    snap.add_argument("--timings", action="store_true",
+                      help="also time every vendor library call of a first and a steady pass, to see why a pass "
+                           "is slow on this node's driver (NVIDIA)")
     for action in (serve, snap):
         _apply_environment(action)
     return parser
@@ -244,7 +248,8 @@ def serve(args: argparse.Namespace) -> int:
     exposition = None
     if not args.no_metrics_endpoint:
         # cached bytes may be served for a pass and its rendering, then they are stale
-        exposition = Exposition(registry, lambda: collector.snapshot, max_age=2 * args.interval)
+        exposition = Exposition(registry, lambda: collector.snapshot, max_age=2 * args.interval,
+                                interval=args.interval)
         collector.on_snapshot = exposition.warm
     bridge = None
     try:
@@ -317,17 +322,58 @@ def _web_config(path: str | None) -> Any:
 def snapshot(args: argparse.Namespace) -> int:
     """Collect once and print the node's GPUs and their processes' owners."""
     backend, attributor = _open(args)
+    timed = [b for b in getattr(backend, "backends", [backend]) if callable(getattr(b, "enable_timings", None))]
+    passes: list[tuple[str, dict[str, Any]]] = []
     try:
         collector, _ = _collector(args, backend, attributor)
+        if args.timings:
+            for part in timed:
+                part.enable_timings()
         snap = collector.collect_once()
+        if args.timings:
+            # The first pass also reads what is read once or on a slow schedule; a steady
+            # pass, one interval later (at most a second), is what every pass costs.
+            passes.append(("first pass", _call_timings(timed)))
+            time.sleep(min(args.interval, 1.0))
+            snap = collector.collect_once()
+            passes.append(("steady pass", _call_timings(timed)))
     finally:
         attributor.close()
         backend.close()
     if args.json:
-        print(json.dumps(snapshot_dict(snap), indent=2))
+        doc = snapshot_dict(snap)
+        if args.timings:
+            doc["timings"] = {name: {call: {"calls": c, "wall_seconds": w, "cpu_seconds": cpu, "max_wall_seconds": m}
+                                     for call, (c, w, cpu, m) in calls.items()} for name, calls in passes}
+        print(json.dumps(doc, indent=2))
     else:
         print(format_table(snap))
+        if args.timings:
+            print()
+            print(format_timings(passes) if timed else
+                  f"no per-call timings for the {backend.name} backend (NVIDIA's nvml backend has them)")
     return 0
+
+
+def _call_timings(backends: list[Any]) -> dict[str, Any]:
+    calls: dict[str, Any] = {}
+    for part in backends:
+        calls.update(part.timings(reset=True))
+    return calls
+
+
+def format_timings(passes: list[tuple[str, dict[str, Any]]]) -> str:
+    """What each vendor library call cost in each timed pass, costliest first."""
+    lines = []
+    for title, calls in passes:
+        wall = sum(t[1] for t in calls.values()) * 1e3
+        cpu = sum(t[2] for t in calls.values()) * 1e3
+        lines.append(f"{title}: {sum(t[0] for t in calls.values())} calls, {wall:.2f} ms wall, {cpu:.2f} ms CPU")
+        lines.append(f"  {'CALL':<46}{'CALLS':>6}{'WALL ms':>10}{'CPU ms':>9}{'PER CALL ms':>13}{'MAX ms':>9}")
+        for name, (count, w, c, slowest) in sorted(calls.items(), key=lambda kv: -kv[1][1]):
+            lines.append(f"  {name:<46}{count:>6}{w * 1e3:>10.3f}{c * 1e3:>9.3f}{w * 1e3 / max(count, 1):>13.3f}"
+                         f"{slowest * 1e3:>9.3f}")
+    return "\n".join(lines)
 
 
 def _owner(row: Any) -> str:

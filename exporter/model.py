@@ -81,7 +81,9 @@ class DeviceSample:
         up: False when the device could not be read this pass (lost, driver error).
         error: a short reason when ``up`` is False.
         energy_joules: the device's own cumulative energy counter (NVML: millijoules
-            since the driver loaded, converted to joules here), None when it has none.
+            since the driver loaded, converted to joules here; between the backend's
+            reads of the counter, the last reading plus integrated power), None when
+            it has none.
         ecc_errors: cumulative ECC error counts by type ("corrected", "uncorrected").
         xid_errors: XID events seen since the agent started, by XID code.
         throttle_reasons: clock throttle (clock event) reasons by name, True if active.
@@ -115,8 +117,6 @@ class DeviceSample:
     energy_joules: float | None = None
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
-    pcie_rx_bytes_per_second: float | None = None
-    pcie_tx_bytes_per_second: float | None = None
     fan_speed_ratio: float | None = None
     pcie_tx_bytes_total: int | None = None
     pcie_rx_bytes_total: int | None = None

@@ -4,15 +4,22 @@ A scrape never touches hardware: it serves bytes rendered from the current snaps
 Bytes are rendered once per (snapshot, encoding, gzip) and reused by every scrape of
 that snapshot; they are re-rendered at most once per interval when the snapshot stops
 changing, so ``l9gpu_snapshot_age_seconds`` keeps growing if the collector stalls.
+
+Rendering costs far more than a pass on a busy node (a 200 KiB body), and Prometheus
+scrapes every 15-60 s while passes run every second, so the agent renders only for the
+scrapes it expects: it learns each client's scrape period (`ScrapeForecast`) and, after
+a pass, renders only when a scrape is due before the next pass.
 """
 
 from __future__ import annotations
 
 import gzip
 import logging
+import statistics
 import threading
 import time
-from dataclasses import dataclass, replace
+from collections import deque
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from aiohttp import web
@@ -73,6 +80,72 @@ def _encode_in_steps(encoder: Callable[[Any], bytes], registry: CollectorRegistr
     return body + _EOF if encoder(_Families([])).endswith(_EOF) else body
 
 
+@dataclass
+class _Client:
+    last: float
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=3))
+
+
+class ScrapeForecast:
+    """When each client's next scrape is due, from its last scrapes.
+
+    Prometheus scrapes a target at a fixed period with little jitter; each server of an
+    HA pair has its own period and phase, so clients are told apart (by address and the
+    variant they ask for). A client's period is the median of its last three gaps.
+
+    Args:
+        max_clients: clients remembered at most (the least recently seen are dropped).
+        forget_after: seconds after which a client seen once (period unknown) is dropped;
+            a client with a known period is dropped after three missed periods plus this.
+    """
+
+    def __init__(self, max_clients: int = 32, forget_after: float = 120.0):
+        self._clients: dict[Any, _Client] = {}
+        self._max = max_clients
+        self._forget_after = forget_after
+        self._lock = threading.Lock()
+
+    def observe(self, key: Any, now: float) -> None:
+        """A scrape by ``key`` (client and variant) at monotonic time ``now``."""
+        with self._lock:
+            client = self._clients.pop(key, None)
+            if client is None:
+                client = _Client(now)
+            else:
+                client.gaps.append(max(0.0, now - client.last))
+                client.last = now
+            self._clients[key] = client  # most recently seen last
+            while len(self._clients) > self._max:
+                del self._clients[next(iter(self._clients))]
+
+    def due(self, variant: Any, now: float, horizon: float) -> bool:
+        """True when a client of ``variant`` is expected to scrape before ``now + horizon``.
+
+        A client seen once (period unknown) is not expected: its next scrape renders by
+        itself, and from the third on they are foreseen. A scrape overdue by more than
+        ``horizon`` is no longer expected.
+        """
+        with self._lock:
+            for key, client in list(self._clients.items()):
+                if not client.gaps:
+                    if now - client.last > self._forget_after:
+                        del self._clients[key]
+                    continue
+                period = statistics.median(client.gaps)
+                if now - client.last > 3 * period + self._forget_after:
+                    del self._clients[key]
+                    continue
+                if key[1:] != variant:
+                    continue
+                # Its next scrape, unless that is overdue by more than the horizon: a client
+                # that missed its time (stopped, or irregular) is not rendered for on every
+                # pass; its next scrape renders by itself and tells its period anew.
+                expected = client.last + period
+                if now - horizon <= expected <= now + horizon:
+                    return True
+            return False
+
+
 @dataclass(frozen=True)
 class _Rendered:
     seq: int
@@ -85,30 +158,37 @@ class Exposition:
     """Renders the registry to bytes, cached per encoding, once per snapshot.
 
     After each pass the collector thread calls `warm`, which renders (and gzips) the
-    variants scrapers asked for recently — Prometheus asks for OpenMetrics with gzip —
-    a few families at a time so the event loop keeps answering in between. Until those
-    bytes are ready, scrapes get the previous pass's bytes, at most ``max_age`` old; a
-    scrape renders by itself only when nothing recent enough is cached (the first scrape
-    of a new encoding, or a collector that stopped publishing, so that
-    ``l9gpu_snapshot_age_seconds`` keeps growing).
+    variants a scrape is expected for before the next pass (`ScrapeForecast`) — a few
+    families at a time so the event loop keeps answering in between. Scrapes get the
+    newest bytes rendered, at most ``max_age`` old; a scrape renders by itself only when
+    nothing recent enough is cached (a client's first scrapes, before its period is
+    known, or a collector that stopped publishing, so that ``l9gpu_snapshot_age_seconds``
+    keeps growing).
 
     Args:
         registry: the registry to render (the snapshot collector plus process metrics).
         get_snapshot: the current snapshot.
         max_age: seconds for which cached bytes may still be served.
+        interval: seconds between collection passes.
+        clock: monotonic clock, seconds.
     """
 
     def __init__(self, registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot | None],
-                 max_age: float = 1.0):
+                 max_age: float = 1.0, interval: float = 1.0, clock: Callable[[], float] = time.monotonic):
         self.registry = registry
         self._get_snapshot = get_snapshot
         self._max_age = max_age
+        self._interval = interval
+        self._clock = clock
         self._lock = threading.Lock()
         self._cache: dict[str, _Rendered] = {}  # by content type
-        # variants asked for since the last warm: (Accept header, gzip)
-        self._wanted: dict[tuple[str, bool], None] = {("", False): None}
+        # variants scrapers asked for: (Accept header, gzip)
+        self._wanted: dict[tuple[str, bool], None] = {}
+        self.forecast = ScrapeForecast()
+        self.renders = 0  # bodies rendered so far (for the benchmarks and tests)
 
-    def render(self, accept: str | None, want_gzip: bool, background: bool = False) -> tuple[bytes, str]:
+    def render(self, accept: str | None, want_gzip: bool, background: bool = False,
+               client: str | None = None) -> tuple[bytes, str]:
         """Return (body, content type) for a request's Accept and Accept-Encoding.
 
         Args:
@@ -116,17 +196,25 @@ class Exposition:
             want_gzip: the request accepts gzip.
             background: called from the collector thread: render the current snapshot
                 (unless already done), a few families at a time.
+            client: who scrapes (the peer's address), to learn its scrape period.
         """
         encoder, content_type = choose_encoder(accept or "")
         snapshot = self._get_snapshot()
         seq = snapshot.seq if snapshot is not None else 0
-        now = time.monotonic()
+        now = self._clock()
+        variant = (accept or "", want_gzip)
         with self._lock:
-            self._wanted[(accept or "", want_gzip)] = None
+            if not background:
+                self._wanted[variant] = None
+                if len(self._wanted) > 8:  # forget odd one-off clients
+                    self._wanted = {variant: None}
             hit = self._cache.get(content_type)
+        if not background:
+            self.forecast.observe((client or "",) + variant, now)
         if hit is None or now - hit.rendered_at > self._max_age or (background and hit.seq != seq):
             body = _encode_in_steps(encoder, self.registry) if background else encoder(self.registry)
             hit = _Rendered(seq, now, body)
+            self.renders += 1
         if want_gzip and hit.zipped is None:
             hit = replace(hit, zipped=gzip.compress(hit.body, compresslevel=5))
         with self._lock:
@@ -136,13 +224,15 @@ class Exposition:
         return (hit.zipped if want_gzip and hit.zipped is not None else hit.body), content_type
 
     def warm(self, snapshot: Snapshot) -> None:
-        """Render the variants scrapers asked for, for a new snapshot (collector thread)."""
+        """Render, for a new snapshot, the variants a scrape is due for before the next
+        pass (collector thread); the others wait for their next expected scrape."""
+        now = self._clock()
         with self._lock:
             wanted = list(self._wanted)
-            if len(self._wanted) > 8:  # forget odd one-off clients
-                self._wanted = {("", False): None}
+        horizon = 1.25 * self._interval  # until the next pass, plus slack for its jitter
         for accept, want_gzip in wanted:
-            self.render(accept or None, want_gzip, background=True)
+            if self.forecast.due((accept, want_gzip), now, horizon):
+                self.render(accept or None, want_gzip, background=True)
 
 
 def make_app(
@@ -165,7 +255,7 @@ def make_app(
     async def metrics(request: web.Request) -> web.Response:
         assert exposition is not None
         want_gzip = "gzip" in request.headers.get("Accept-Encoding", "")
-        body, content_type = exposition.render(request.headers.get("Accept"), want_gzip)
+        body, content_type = exposition.render(request.headers.get("Accept"), want_gzip, client=request.remote)
         headers = {"Content-Type": content_type}
         if want_gzip:
             headers["Content-Encoding"] = "gzip"

@@ -28,13 +28,23 @@ Knobs per GPU: ``unsupported`` (function names that raise NVMLError_NotSupported
 device raises NVMLError_GpuIsLost), ``mig_devices`` (MIG mode on), ``xid_supported``.
 Knobs per fake: ``missing`` (function names absent from the module, like an old
 binding), ``init_error`` (code raised by ``nvmlInit``), ``legacy_bytes`` (strings
-returned as bytes, as bindings before 11.5 did).
+returned as bytes, as bindings before 11.5 did), ``costs`` (what each call costs).
+
+Call costs. A fake that answers for free hides the calls that make a pass slow on a real
+driver. ``FakeNvml(costs=H200_COSTS)`` charges every call what it cost on a real H200
+(driver 580.159.04, median per call): CPU time is burnt with the GIL released (hashing a
+buffer, as a ctypes call into the driver releases it) and the rest of the call's wall
+time is slept, so ``nvmlDeviceGetPcieThroughput`` blocks for 20.7 ms while using 0.65 ms
+of CPU, as the real one does. Field values cost by the fields asked for.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -96,6 +106,10 @@ NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
 NVML_AGGREGATE_ECC = 1
 NVML_FI_DEV_MEMORY_TEMP = 82
+NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION = 83
+NVML_FI_DEV_POWER_INSTANT = 186
+NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
+NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
 NVML_VALUE_TYPE_DOUBLE = 0
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
 NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
@@ -133,6 +147,94 @@ nvmlClocksThrottleReasonDisplayClockSetting = 0x100
 
 GiB = 2**30
 MiB = 2**20
+ProcessesUtilizationInfo_v1 = 0x01000018
+
+
+# ---- call costs (measured on an H200, driver 580.159.04) --------------------------------
+
+
+@dataclass(frozen=True)
+class CallCost:
+    """What one call costs: wall time and CPU time, in seconds."""
+
+    wall: float
+    cpu: float
+
+
+_MS = 1e-3
+# Median per pynvml call on a real H200; calls not listed cost DEFAULT_COST.
+H200_COSTS: Mapping[str, CallCost] = {
+    "nvmlDeviceGetPcieThroughput": CallCost(20.7 * _MS, 0.65 * _MS),  # blocks while the driver samples
+    "nvmlDeviceGetTotalEnergyConsumption": CallCost(4.0 * _MS, 4.0 * _MS),  # 2.6-5.7 ms
+    "nvmlDeviceGetProcessUtilization": CallCost(1.9 * _MS, 1.9 * _MS),
+    "nvmlDeviceGetProcessesUtilizationInfo": CallCost(1.5 * _MS, 1.5 * _MS),
+    "nvmlDeviceGetMigMode": CallCost(0.2 * _MS, 0.2 * _MS),
+    "nvmlDeviceGetFanSpeed": CallCost(0.2 * _MS, 0.2 * _MS),  # NOT_SUPPORTED on H200, still costs
+    "nvmlDeviceGetComputeRunningProcesses_v3": CallCost(0.1 * _MS, 0.1 * _MS),
+    "nvmlDeviceGetComputeRunningProcesses_v2": CallCost(0.1 * _MS, 0.1 * _MS),
+    "nvmlDeviceGetComputeRunningProcesses": CallCost(0.1 * _MS, 0.1 * _MS),
+    "nvmlDeviceGetGraphicsRunningProcesses_v3": CallCost(0.1 * _MS, 0.1 * _MS),
+    "nvmlDeviceGetGraphicsRunningProcesses_v2": CallCost(0.1 * _MS, 0.1 * _MS),
+    "nvmlDeviceGetGraphicsRunningProcesses": CallCost(0.1 * _MS, 0.1 * _MS),
+    "nvmlGpmSampleGet": CallCost(0.1 * _MS, 0.1 * _MS),
+    "nvmlGpmMigSampleGet": CallCost(0.1 * _MS, 0.1 * _MS),
+    "nvmlGpmMetricsGet": CallCost(1.0 * _MS, 1.0 * _MS),  # 11 metrics
+}
+# Power, utilisation, memory, temperature, clocks, throttle reasons, ECC: 0.003-0.07 ms.
+DEFAULT_COST = CallCost(0.02 * _MS, 0.02 * _MS)
+# nvmlDeviceGetFieldValues: the energy fields cost what the energy call costs; the two
+# PCIe byte counters 0.46 ms together; other fields (memory temperature) the default.
+FIELD_COSTS: Mapping[int, float] = {
+    NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: 4.0 * _MS,
+    191: 4.0 * _MS,  # NVML_FI_DEV_ENERGY (newer drivers)
+    NVML_FI_DEV_PCIE_COUNT_TX_BYTES: 0.23 * _MS,
+    NVML_FI_DEV_PCIE_COUNT_RX_BYTES: 0.23 * _MS,
+}
+FREE = CallCost(0.0, 0.0)
+
+
+class _Burner:
+    """Burns CPU time with the GIL released, as a call into the driver does.
+
+    hashlib releases the GIL while it hashes a large buffer; the hashing rate is
+    measured once, so ``burn(0.002)`` costs about 2 ms of this thread's CPU time.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = memoryview(bytes(64 * MiB))
+        self._rate: float | None = None
+        self._lock = threading.Lock()
+
+    def _bytes_per_second(self) -> float:
+        with self._lock:
+            if self._rate is None:
+                rates = []
+                for _ in range(5):
+                    start = time.thread_time()
+                    hashlib.sha256(self._buffer[: 4 * MiB]).digest()
+                    rates.append(4 * MiB / max(time.thread_time() - start, 1e-6))
+                self._rate = sorted(rates)[len(rates) // 2]
+            return self._rate
+
+    def burn(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        size = min(len(self._buffer), max(4096, int(seconds * self._bytes_per_second())))
+        hashlib.sha256(self._buffer[:size]).digest()
+
+
+_BURNER = _Burner()
+
+
+def charge(cost: CallCost) -> None:
+    """Spend ``cost``: its CPU time burnt without the GIL, the rest of its wall time slept."""
+    if cost.wall <= 0 and cost.cpu <= 0:
+        return
+    start = time.perf_counter()
+    _BURNER.burn(cost.cpu)
+    left = cost.wall - (time.perf_counter() - start)
+    if left > 0:
+        time.sleep(left)
 
 
 # ---- errors -------------------------------------------------------------------------
@@ -232,6 +334,10 @@ class c_nvmlProcessUtilizationSample_t(_Struct):
     _fields_ = ("pid", "timeStamp", "smUtil", "memUtil", "encUtil", "decUtil")
 
 
+class c_nvmlProcessUtilizationInfo_v1_t(_Struct):
+    _fields_ = ("timeStamp", "pid", "smUtil", "memUtil", "encUtil", "decUtil", "jpgUtil", "ofaUtil")
+
+
 class c_nvmlEventData_t(_Struct):
     _fields_ = ("device", "eventType", "eventData", "gpuInstanceId", "computeInstanceId")
 
@@ -329,12 +435,17 @@ class FakeGpu:
     mem_clock_mhz: int = 2619
     pcie_rx_kbs: int = 1000
     pcie_tx_kbs: int = 500
+    pcie_tx_bytes: int = 700_000_000_000  # cumulative, NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+    pcie_rx_bytes: int = 1_300_000_000_000  # cumulative, NVML_FI_DEV_PCIE_COUNT_RX_BYTES
     fan_percent: int = 30
     ecc_corrected: int = 2
     ecc_uncorrected: int = 0
     clock_reasons: int = 0
     processes: list[FakeProcess] = field(default_factory=list)
     util_samples: list[FakeUtilSample] = field(default_factory=list)
+    # pid -> SM percent: every utilisation query answers one fresh sample per listed
+    # process, stamped now (as an H200 does: the latest sample per process).
+    live_sm: dict[int, int] | None = None
     mig_devices: list[FakeMig] = field(default_factory=list)
     mig_capable: bool = False  # MIG mode query supported (disabled) even without MIG devices
     xid_supported: bool = True
@@ -359,7 +470,7 @@ _DEVICE_FUNCTIONS = frozenset(
         "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2",
         "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses",
         "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v3",
-        "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount",
         "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuInstanceId",
         "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents",
     }
@@ -368,7 +479,8 @@ _DEVICE_FUNCTIONS = frozenset(
 # What a MIG device handle cannot answer (NOT_SUPPORTED on real hardware).
 _MIG_UNSUPPORTED = frozenset(
     {
-        "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetProcessUtilization",
+        "nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetPowerUsage",
         "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetFanSpeed",
     }
 )
@@ -384,6 +496,12 @@ class FakeNvml:
             AttributeError), as with an old nvidia-ml-py.
         init_error: an NVML error code ``nvmlInit`` raises (e.g. LIBRARY_NOT_FOUND).
         legacy_bytes: return strings as bytes, like bindings before 11.5.
+        costs: what each call costs (e.g. `H200_COSTS`); None answers for free.
+            Calls not in the mapping cost ``default_cost``. Every call's cost is added
+            to ``bill`` (wall and CPU seconds).
+        default_cost: the cost of calls ``costs`` does not list (with ``costs`` set).
+        spend: with ``costs``, actually spend them (burn CPU, sleep); False only keeps
+            the bill, for tests that check a call plan without timing anything.
     """
 
     def __init__(
@@ -393,6 +511,9 @@ class FakeNvml:
         missing: Iterable[str] = (),
         init_error: int | None = None,
         legacy_bytes: bool = False,
+        costs: Mapping[str, CallCost] | None = None,
+        default_cost: CallCost = DEFAULT_COST,
+        spend: bool = True,
     ):
         self.gpus = list(gpus)
         for index, gpu in enumerate(self.gpus):
@@ -404,6 +525,11 @@ class FakeNvml:
         self.missing = set(missing)
         self.init_error = init_error
         self.legacy_bytes = legacy_bytes
+        self.costs = costs
+        self.default_cost = default_cost
+        self.spend = spend
+        self.bill = [0.0, 0.0]  # wall, CPU seconds the calls cost
+        self.record_calls = True
         self.initialized = False
         self.init_calls = 0
         self.shutdown_calls = 0
@@ -452,7 +578,14 @@ class FakeNvml:
         return value.encode() if self.legacy_bytes else value
 
     def _enter(self, name: str, args: tuple[Any, ...]) -> None:
-        self.calls.append((name, args))
+        if self.record_calls:
+            self.calls.append((name, args))
+        if self.costs is not None:
+            cost = self._cost(name, args)
+            self.bill[0] += cost.wall
+            self.bill[1] += cost.cpu
+            if self.spend:
+                charge(cost)
         if not self.initialized and name not in ("nvmlInit", "nvmlInitWithFlags"):
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
 
@@ -475,6 +608,17 @@ class FakeNvml:
             if name in _MIG_UNSUPPORTED:
                 raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return gpu, mig
+
+    def _cost(self, name: str, args: tuple[Any, ...]) -> CallCost:
+        assert self.costs is not None
+        if name == "nvmlDeviceGetFieldValues" and len(args) > 1:
+            seconds = 0.0
+            for field_id in args[1]:
+                field_id = field_id[0] if isinstance(field_id, tuple) else field_id
+                seconds += FIELD_COSTS.get(field_id, 0.0)
+            seconds = max(seconds, self.default_cost.cpu)
+            return CallCost(seconds, seconds)
+        return self.costs.get(name, self.default_cost)
 
     # ---- init -----------------------------------------------------------------------
 
@@ -576,6 +720,12 @@ class FakeNvml:
             if field_id == NVML_FI_DEV_MEMORY_TEMP and gpu.memory_temperature is not None:
                 value.value.uiVal = gpu.memory_temperature
                 value.nvmlReturn = NVML_SUCCESS
+            elif field_id in (NVML_FI_DEV_PCIE_COUNT_TX_BYTES, NVML_FI_DEV_PCIE_COUNT_RX_BYTES) and (
+                    "pcie_counters" not in gpu.unsupported):
+                value.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                value.value.ullVal = (gpu.pcie_tx_bytes if field_id == NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+                                      else gpu.pcie_rx_bytes)
+                value.nvmlReturn = NVML_SUCCESS
             else:
                 value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
             out.append(value)
@@ -659,12 +809,34 @@ class FakeNvml:
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[c_nvmlProcessUtilizationSample_t]:
         """Samples newer than ``timeStamp`` (µs); NOT_FOUND when there are none, like NVML."""
         gpu, _ = self._device("nvmlDeviceGetProcessUtilization", handle, timeStamp)
-        newer = [s for s in gpu.util_samples if s.timestamp > timeStamp]
+        newer = self._live_samples(gpu) or [s for s in gpu.util_samples if s.timestamp > timeStamp]
         if not newer:
             raise NVMLError(NVML_ERROR_NOT_FOUND)
         return [
             c_nvmlProcessUtilizationSample_t(pid=s.pid, timeStamp=s.timestamp, smUtil=s.sm, memUtil=s.mem,
                                              encUtil=s.enc, decUtil=s.dec)
+            for s in newer
+        ]
+
+    @staticmethod
+    def _live_samples(gpu: FakeGpu) -> list[FakeUtilSample]:
+        if not gpu.live_sm:
+            return []
+        stamp = int(time.time() * 1e6)
+        return [FakeUtilSample(pid=pid, timestamp=stamp, sm=sm) for pid, sm in gpu.live_sm.items()]
+
+    def nvmlDeviceGetProcessesUtilizationInfo(self, handle: Any, timeStamp: int) -> list[
+            c_nvmlProcessUtilizationInfo_v1_t]:
+        """Like pynvml's: the samples newer than ``timeStamp`` (µs) as a list of
+        ``c_nvmlProcessUtilizationInfo_v1_t``; NVMLError(SUCCESS) when there are none
+        (the binding raises the sizing call's SUCCESS), NOT_FOUND as NVML answers it."""
+        gpu, _ = self._device("nvmlDeviceGetProcessesUtilizationInfo", handle, timeStamp)
+        newer = self._live_samples(gpu) or [s for s in gpu.util_samples if s.timestamp > timeStamp]
+        if not newer:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return [
+            c_nvmlProcessUtilizationInfo_v1_t(timeStamp=s.timestamp, pid=s.pid, smUtil=s.sm, memUtil=s.mem,
+                                              encUtil=s.enc, decUtil=s.dec)
             for s in newer
         ]
 
@@ -745,6 +917,7 @@ def function_names() -> list[str]:
 
 
 __all__ = [
+    "DEFAULT_COST", "FREE", "H200_COSTS", "CallCost", "charge",
     "FakeGpu", "FakeHandle", "FakeMig", "FakeNvml", "FakeProcess", "FakeUtilSample", "NVMLError",
     "function_names", "install",
 ]

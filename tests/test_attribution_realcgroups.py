@@ -83,7 +83,8 @@ def test_pods_and_slurm_in_real_cgroups(tmp_path: Path, cgroups: Cgroups, apiser
         F.FakeProcess(pid=c.pid, used_memory=3 * GiB), F.FakeProcess(pid=host_pid, used_memory=GiB // 2)])
     gpu1 = F.FakeGpu(energy_mj=5_000_000, processes=[F.FakeProcess(pid=slurm.pid, used_memory=4 * GiB)])
     fake = F.FakeNvml(gpus=[gpu0, gpu1])
-    backend = nvml_backend.NvmlBackend(nvml=fake)
+    # The energy counter every pass: this test sets exact per-pass energy deltas.
+    backend = nvml_backend.NvmlBackend(nvml=fake, energy_counter_period=0)
     backend.open()
 
     args = argparse.Namespace(proc_root="/proc", kubernetes="on", kubeconfig=kubeconfig(tmp_path, apiserver),

@@ -171,7 +171,7 @@ def test_every_series_of_a_scrape_becomes_one_point_with_the_same_value():
     units = {name: m.unit for (name, _), (m, _p) in points.items()}
     assert units["process_resident_memory_bytes"] == "By"
     assert units["process_cpu_seconds_total"] == "s"
-    assert units["gpu_pcie_rx_bytes_per_second"] == "By/s"
+    assert units["gpu_pcie_rx_bytes_total"] == "By"
     assert units["gpu_temperature_celsius"] == "Cel"
     assert units["gpu_power_watts"] == "W"
     assert units["gpu_sm_clock_hertz"] == "Hz"

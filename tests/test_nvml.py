@@ -9,6 +9,7 @@ import sys
 import pytest
 from fake_pynvml import (
     NVML_ERROR_DRIVER_NOT_LOADED,
+    NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_LIBRARY_NOT_FOUND,
     NVML_ERROR_NO_PERMISSION,
     FakeGpu,
@@ -93,8 +94,8 @@ def test_values_converted_to_base_units():
                 energy_mj=5_000_250,
                 sm_clock_mhz=1980,
                 mem_clock_mhz=2619,
-                pcie_rx_kbs=2048,
-                pcie_tx_kbs=100,
+                pcie_rx_bytes=3 * 10**12,
+                pcie_tx_bytes=10**12 + 5,
                 fan_percent=45,
                 utilization_gpu=73,
                 utilization_memory=12,
@@ -118,8 +119,8 @@ def test_values_converted_to_base_units():
     assert dev.energy_joules == pytest.approx(5000.25)  # millijoules -> joules
     assert dev.sm_clock_hertz == pytest.approx(1.98e9)  # MHz -> Hz
     assert dev.memory_clock_hertz == pytest.approx(2.619e9)
-    assert dev.pcie_rx_bytes_per_second == pytest.approx(2048 * 1024)  # KB/s -> B/s
-    assert dev.pcie_tx_bytes_per_second == pytest.approx(100 * 1024)
+    assert dev.pcie_rx_bytes_total == 3 * 10**12  # cumulative bytes, exact
+    assert dev.pcie_tx_bytes_total == 10**12 + 5
     assert dev.fan_speed_ratio == pytest.approx(0.45)  # percent -> ratio
     assert dev.utilization == pytest.approx(0.73)
     assert dev.memory_utilization == pytest.approx(0.12)
@@ -149,6 +150,7 @@ def test_not_supported_values_are_omitted_not_zero():
         "nvmlDeviceGetCurrentClocksEventReasons",
         "nvmlDeviceGetCurrentClocksThrottleReasons",
     }
+    unsupported.add("pcie_counters")  # field values PCIE_COUNT_TX/RX_BYTES answer NOT_SUPPORTED
     fake = FakeNvml([FakeGpu(unsupported=unsupported, memory_temperature=None)])
     backend = opened(fake)
     (dev,) = backend.sample(1.0)
@@ -156,7 +158,7 @@ def test_not_supported_values_are_omitted_not_zero():
     assert dev.fan_speed_ratio is None  # passive card
     assert dev.power_watts is None
     assert dev.energy_joules is None
-    assert dev.pcie_rx_bytes_per_second is None and dev.pcie_tx_bytes_per_second is None
+    assert dev.pcie_rx_bytes_total is None and dev.pcie_tx_bytes_total is None
     assert dev.memory_temperature_celsius is None
     assert dict(dev.ecc_errors) == {}
     assert dict(dev.throttle_reasons) == {}
@@ -282,9 +284,14 @@ def test_process_memory_not_available_sentinel_from_old_bindings():
     assert dev.processes[0].used_memory_bytes is None
 
 
-def test_per_process_utilisation_aggregated_over_interval():
+@pytest.mark.parametrize("function", ["nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetProcessUtilization"])
+def test_per_process_utilisation_aggregated_over_interval(function):
+    # The cheaper nvmlDeviceGetProcessesUtilizationInfo where the binding and driver have
+    # it; nvmlDeviceGetProcessUtilization otherwise. Same timestamps, same rule.
+    missing = {"nvmlDeviceGetProcessesUtilizationInfo"} if function == "nvmlDeviceGetProcessUtilization" else set()
     fake = FakeNvml(
-        [FakeGpu(processes=[FakeProcess(pid=100, used_memory=GiB), FakeProcess(pid=200, used_memory=GiB)])]
+        [FakeGpu(processes=[FakeProcess(pid=100, used_memory=GiB), FakeProcess(pid=200, used_memory=GiB)])],
+        missing=missing,
     )
     backend = opened(fake)
     t0 = 1_700_000_000_000_000  # microseconds, like the driver's CPU timestamps
@@ -301,12 +308,13 @@ def test_per_process_utilisation_aggregated_over_interval():
     assert procs[100].sm_utilization == pytest.approx(0.70)  # mean of 80 and 60 percent
     assert procs[100].memory_utilization == pytest.approx(0.20)
     assert procs[200].sm_utilization == pytest.approx(0.10)
-    assert fake.called("nvmlDeviceGetProcessUtilization")[-1][1] == 0  # first pass: everything buffered
+    assert fake.called(function)[-1][1] == 0  # first pass: everything buffered
+    assert len(fake.called("nvmlDeviceGetProcessUtilization")) == (1 if missing else 0)
 
     # Second pass: only the new samples count, and lastSeenTimeStamp has advanced.
     fake.add_util_samples(0, [FakeUtilSample(pid=200, timestamp=t0 + 1_300_000, sm=90, mem=40)])
     (dev,) = backend.sample(2.0)
-    assert fake.called("nvmlDeviceGetProcessUtilization")[-1][1] == t0 + 300_000
+    assert fake.called(function)[-1][1] == t0 + 300_000
     procs = {p.pid: p for p in dev.processes}
     assert procs[200].sm_utilization == pytest.approx(0.90)
     assert procs[200].memory_utilization == pytest.approx(0.40)
@@ -314,41 +322,64 @@ def test_per_process_utilisation_aggregated_over_interval():
 
     # Third pass: nothing new (NVML answers NOT_FOUND): every process is idle, not unknown.
     (dev,) = backend.sample(3.0)
-    assert fake.called("nvmlDeviceGetProcessUtilization")[-1][1] == t0 + 1_300_000
+    assert fake.called(function)[-1][1] == t0 + 1_300_000
     assert [p.sm_utilization for p in dev.processes] == [0.0, 0.0]
 
 
 def test_per_process_utilisation_unknown_when_not_supported():
-    fake = FakeNvml(
-        [FakeGpu(processes=[FakeProcess(pid=100)], unsupported={"nvmlDeviceGetProcessUtilization"})]
-    )
-    (dev,) = opened(fake).sample(1.0)
+    both = {"nvmlDeviceGetProcessUtilization", "nvmlDeviceGetProcessesUtilizationInfo"}
+    fake = FakeNvml([FakeGpu(processes=[FakeProcess(pid=100)], unsupported=both)])
+    backend = opened(fake)
+    (dev,) = backend.sample(1.0)
     assert dev.processes[0].sm_utilization is None
     assert dev.processes[0].memory_utilization is None
+    # NOT_SUPPORTED is remembered: later passes do not ask again.
+    backend.sample(2.0)
+    assert len(fake.called("nvmlDeviceGetProcessUtilization")) == 1
+    assert len(fake.called("nvmlDeviceGetProcessesUtilizationInfo")) == 1
 
-    fake = FakeNvml([FakeGpu(processes=[FakeProcess(pid=100)])], missing={"nvmlDeviceGetProcessUtilization"})
+    fake = FakeNvml([FakeGpu(processes=[FakeProcess(pid=100)])], missing=both)
     (dev,) = opened(fake).sample(1.0)
     assert dev.processes[0].sm_utilization is None
+
+
+def test_older_utilisation_call_when_the_driver_lacks_the_newer():
+    fake = FakeNvml([FakeGpu(processes=[FakeProcess(pid=100)],
+                             errors={"nvmlDeviceGetProcessesUtilizationInfo": NVML_ERROR_FUNCTION_NOT_FOUND})])
+    fake.add_util_samples(0, [FakeUtilSample(pid=100, timestamp=10, sm=40)])
+    backend = opened(fake)
+    (dev,) = backend.sample(1.0)
+    assert dev.processes[0].sm_utilization == pytest.approx(0.40)
+    backend.sample(2.0)
+    assert len(fake.called("nvmlDeviceGetProcessesUtilizationInfo")) == 1  # not asked again
+    assert len(fake.called("nvmlDeviceGetProcessUtilization")) == 2
 
 
 def test_success_with_zero_samples_quirk_is_idle():
     # pynvml raises NVMLError(NVML_SUCCESS) when the driver's sizing call finds no samples.
-    fake = FakeNvml([FakeGpu(processes=[FakeProcess(pid=100)], errors={"nvmlDeviceGetProcessUtilization": 0})])
+    fake = FakeNvml([FakeGpu(processes=[FakeProcess(pid=100)], errors={"nvmlDeviceGetProcessesUtilizationInfo": 0})])
     backend = opened(fake)
     (dev,) = backend.sample(1.0)
     assert dev.processes[0].sm_utilization == 0.0
     assert backend.errors() == {}
 
 
-def test_window_advances_even_without_processes():
+def test_no_per_process_call_on_a_gpu_without_processes():
     fake = FakeNvml([FakeGpu()])
     backend = opened(fake)
     fake.add_util_samples(0, [FakeUtilSample(pid=1, timestamp=500, sm=99)])
     backend.sample(1.0)
+    backend.sample(2.0)
+    assert fake.called("nvmlDeviceGetProcessesUtilizationInfo") == []  # costs ~1.5 ms: not asked
+    assert fake.called("nvmlDeviceGetProcessUtilization") == []
+    # A process appears: the samples since the last one read are its interval.
     fake.gpus[0].processes.append(FakeProcess(pid=1))
-    (dev,) = backend.sample(2.0)
-    # The old sample was consumed while no process was listed; it is not reused now.
-    assert dev.processes[0].sm_utilization == 0.0
+    (dev,) = backend.sample(3.0)
+    assert dev.processes[0].sm_utilization == pytest.approx(0.99)
+    fake.add_util_samples(0, [FakeUtilSample(pid=1, timestamp=900, sm=20)])
+    (dev,) = backend.sample(4.0)
+    assert dev.processes[0].sm_utilization == pytest.approx(0.20)
+    assert fake.called("nvmlDeviceGetProcessesUtilizationInfo")[-1][1] == 500
 
 
 # ---- XIDs ---------------------------------------------------------------------------------

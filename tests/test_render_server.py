@@ -210,6 +210,7 @@ def test_bytes_are_rendered_once_per_snapshot():
     snap = c.collect_once()
     # until the collector thread has rendered the new pass, scrapes get the previous bytes
     assert exposition.render(None, False)[0] is first
+    exposition.render(None, False)  # a second scrape: this client scrapes continuously
     exposition.warm(snap)
     second, _ = exposition.render(None, False)
     assert second is not first and exposition.render(None, False)[0] is second
@@ -227,22 +228,73 @@ def test_stalled_collector_shows_a_growing_snapshot_age():
     assert ages[1] > ages[0] > 0
 
 
-def test_warm_prerenders_the_variants_scrapers_ask_for():
-    clock, c = _simulated_collector()
-    _, exposition = _app(c)
+PROMETHEUS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+
+
+def _counting(exposition):
     calls = []
     real_collect = exposition.registry.collect
     exposition.registry.collect = lambda: (calls.append(1), real_collect())[1]
-    prometheus_accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
-    body, content_type = exposition.render(prometheus_accept, True)
-    assert content_type.startswith("application/openmetrics-text") and gzip.decompress(body).endswith(b"# EOF\n")
-    clock.t = 11.0
-    snap = c.collect_once()
-    exposition.warm(snap)
-    rendered = len(calls)
-    exposition.render(prometheus_accept, True)  # the scrape finds its bytes ready
-    exposition.render(None, False)
-    assert len(calls) == rendered
+    return calls
+
+
+def test_renders_only_for_the_scrapes_it_expects():
+    """Passes every second, Prometheus every 15 s: one render per scrape, done before it
+    arrives, instead of one per pass."""
+    clock, c = _simulated_collector()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: c.snapshot, cat.enabled_names()))
+    exposition = Exposition(registry, lambda: c.snapshot, max_age=2.0, interval=1.0, clock=clock)
+    calls = _counting(exposition)
+    scrape_steps = {2 + 60 * k for k in range(8)}  # at 0.5 s, 15.5 s, 30.5 s, ...
+    scrape_renders = []
+    t = 10.0
+    for step in range(120 * 4):  # 120 s in quarter seconds
+        t = 10.0 + step * 0.25
+        clock.t = t
+        if step % 4 == 0:  # a pass every second, and the collector thread's warm after it
+            exposition.warm(c.collect_once())
+        if step in scrape_steps:
+            before = len(calls)
+            body, content_type = exposition.render(PROMETHEUS_ACCEPT, True, client="10.0.0.7")
+            scrape_renders.append(len(calls) - before)
+            assert content_type.startswith("application/openmetrics-text")
+            assert gzip.decompress(body).endswith(b"# EOF\n")
+    # The first two scrapes render by themselves (no period known yet); from the third on
+    # the bytes are ready when the scrape comes.
+    assert scrape_renders[:2] == [1, 1] and scrape_renders[2:] == [0] * 6
+    # 120 passes, 8 scrapes: at most two renders per scrape, far fewer than one per pass.
+    assert len(calls) <= 2 * len(scrape_steps)
+
+
+def test_each_scraper_of_an_ha_pair_is_foreseen():
+    clock, c = _simulated_collector()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: c.snapshot, cat.enabled_names()))
+    exposition = Exposition(registry, lambda: c.snapshot, max_age=2.0, interval=1.0, clock=clock)
+    calls = _counting(exposition)
+    late_renders = []
+    for second in range(0, 91):
+        clock.t = 10.0 + second
+        exposition.warm(c.collect_once())
+        clock.t += 0.5
+        for client, phase in (("10.0.0.7", 3), ("10.0.0.8", 11)):  # same period, other phase
+            if second % 15 == phase:
+                before = len(calls)
+                exposition.render(PROMETHEUS_ACCEPT, True, client=client)
+                late_renders.append(len(calls) - before)
+    assert late_renders[4:] == [0] * (len(late_renders) - 4)
+
+
+def test_a_scrape_with_nothing_recent_renders_by_itself():
+    clock, c = _simulated_collector()
+    _, exposition = _app(c, max_age=2.0)
+    exposition._clock = clock
+    first, _ = exposition.render(None, False)
+    clock.t = 30.0
+    c.collect_once()
+    second, _ = exposition.render(None, False)  # the cache is 20 s old: render now
+    assert second is not first
 
 
 def test_rendering_in_steps_gives_the_same_bytes_in_both_formats():

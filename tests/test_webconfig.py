@@ -512,22 +512,3 @@ def test_a_rotated_certificate_is_served_without_a_restart(tmp_path, pki, agents
     wait_until(renewed_certificate_served, what="the renewed certificate served")
     _fails_tls(agent, client_context(pki))  # the old CA no longer matches
 
-
-def test_chart_mounts_the_web_config_and_switches_probes_to_https():
-    """Without helm at hand: the values reach the flag, the mount, the probes and the ServiceMonitor."""
-    import re
-
-    chart = Path(__file__).resolve().parent.parent / "charts" / "l9gpu"
-    values = yaml.safe_load((chart / "values.yaml").read_text())
-    assert values["webConfig"] == {"secretName": "", "secretKey": "web-config.yml", "tls": False}
-    daemonset = (chart / "templates" / "daemonset.yaml").read_text()
-    assert re.search(r"if \.Values\.webConfig\.secretName \}\}\s*- --web-config=/etc/l9gpu/web/"
-                     r"\{\{ \.Values\.webConfig\.secretKey \}\}", daemonset)
-    assert re.search(r"- name: web-config\s+mountPath: /etc/l9gpu/web\s+readOnly: true", daemonset)
-    assert re.search(r"- name: web-config\s+secret:\s+secretName: \{\{ \.Values\.webConfig\.secretName \}\}", daemonset)
-    assert daemonset.count('include "l9gpu.probe"') == 2
-    helpers = (chart / "templates" / "_helpers.tpl").read_text()
-    assert re.search(r'define "l9gpu.probe".*webConfig\.tls.*set \$probe\.httpGet "scheme" "HTTPS"', helpers, re.S)
-    monitor = (chart / "templates" / "servicemonitor.yaml").read_text()
-    assert re.search(r"webConfig\.tls \}\}\s*scheme: https", monitor)
-    assert "tlsConfig:" in monitor and "basicAuth:" in monitor

@@ -161,6 +161,20 @@ class ProcFS:
         return parse_environ(data)
 
 
+def _max_open_stat_files() -> int:
+    """Stat files kept open at most: a quarter of the descriptor limit, 2048 at most
+    (GPU processes rarely number more than a few hundred on a node)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 8192
+    except (ImportError, OSError, ValueError):
+        soft = 1024
+    return max(0, min(2048, soft // 4))
+
+
 class ProcCache:
     """`ProcInfo` per (pid, start time), refreshed once per cycle.
 
@@ -172,6 +186,12 @@ class ProcCache:
         self.procfs = procfs
         self._entries: dict[int, ProcInfo] = {}
         self.reads = 0  # full reads so far (cache misses), for tests and benchmarks
+        # On a real procfs, an open /proc/<pid>/stat stays bound to that process: reading it
+        # again costs one pread (no path lookup), and fails once the process is gone, even
+        # if its PID was given to another. Fixture trees (plain files) are read by path.
+        self._real_procfs = os.path.islink(os.path.join(procfs.root, "self"))
+        self._fds: dict[int, int] = {}
+        self._max_open = _max_open_stat_files()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -180,8 +200,10 @@ class ProcCache:
         """Info for each PID (None when gone); forgets PIDs not asked for this cycle."""
         result: dict[int, ProcInfo | None] = {}
         fresh: dict[int, ProcInfo] = {}
+        fds = self._fds
+        kept: dict[int, int] = {}
         for pid in pids:
-            start = self.procfs.start_time(pid)
+            start = self._start_time(pid, fds, kept) if self._real_procfs else self.procfs.start_time(pid)
             if start is None:
                 result[pid] = None
                 continue
@@ -194,7 +216,42 @@ class ProcCache:
             if cached is not None:
                 fresh[pid] = cached
         self._entries = fresh
+        for pid, fd in fds.items():  # processes no longer asked about
+            if kept.get(pid) != fd:
+                os.close(fd)
+        self._fds = kept
         return result
+
+    def _start_time(self, pid: int, fds: dict[int, int], kept: dict[int, int]) -> int | None:
+        """Start time from the process's open stat file (opened on first sight)."""
+        fd = fds.get(pid)
+        if fd is not None:
+            try:
+                data = os.pread(fd, 4096, 0)
+            except OSError:  # ESRCH: that process is gone (its PID may live on in another)
+                data = b""
+            if data:
+                kept[pid] = fd
+                return parse_start_time(data.decode("utf-8", "replace"))
+        if len(kept) >= self._max_open:
+            return self.procfs.start_time(pid)
+        try:
+            fd = os.open(f"{self.procfs.root}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            data = os.pread(fd, 4096, 0)
+        except OSError:
+            os.close(fd)
+            return None
+        kept[pid] = fd
+        return parse_start_time(data.decode("utf-8", "replace"))
+
+    def close(self) -> None:
+        """Close the stat files kept open."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
 
     def comm(self, pid: int) -> str:
         entry = self._entries.get(pid)

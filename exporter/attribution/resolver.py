@@ -204,6 +204,7 @@ class ProcAttributor:
         return {"host_pids_visible": 1.0 if self._host_pids_visible else 0.0}
 
     def close(self) -> None:
+        self.cache.close()
         if self.pod_source is not None:
             self.pod_source.stop()
         if self.fallback is not None:

@@ -24,7 +24,7 @@ value                            NVML unit           DeviceSample
 power usage, enforced limit      milliwatts          watts (÷ 1000)
 total energy consumption         millijoules         joules (÷ 1000)
 SM and memory clocks             MHz                 hertz (× 10^6)
-PCIe rx/tx throughput            KB/s (1024 bytes)   bytes per second (× 1024)
+PCIe tx/rx byte counters         bytes (cumulative)  bytes (cumulative)
 GPU / memory utilisation, fan    percent             ratio 0-1 (÷ 100)
 per-process SM / memory util     percent per sample  ratio 0-1, mean of samples
 memory                           bytes               bytes
@@ -50,6 +50,34 @@ processes). The parent GPU is still reported for whole-board values (power, ener
 temperature, clocks, ECC, XIDs) but without processes, so that no process is counted
 twice.
 
+What a pass costs. On a real driver some calls cost milliseconds (see DESIGN.md and
+docs/PERFORMANCE.md), so a pass asks only for what it needs:
+
+* A call that answers NOT_SUPPORTED (or FUNCTION_NOT_FOUND) on a device is not made
+  again on that device (fan speed on an H200, for one), until its MIG mode changes.
+* PCIe traffic comes from the cumulative byte counters (field values
+  ``PCIE_COUNT_TX_BYTES``/``RX_BYTES``, read in the same ``nvmlDeviceGetFieldValues``
+  call as the memory temperature); ``nvmlDeviceGetPcieThroughput``, which blocks for
+  20 ms while the driver samples, is never called.
+* The energy counter (``nvmlDeviceGetTotalEnergyConsumption``, milliseconds per call) is
+  read every `ENERGY_COUNTER_PERIOD` seconds; between reads the backend adds the
+  integral of power (microseconds per call) to the last reading. The value reported
+  never goes backwards: when a reading comes in below the estimate, the estimate is
+  held until the counter catches up, so the error never accumulates. A counter that
+  drops (the driver reloaded) is passed through as the reset it is.
+* MIG mode and the enforced power limit are re-read every `SLOW_PERIOD` seconds, ECC
+  totals and the PCIe byte counters every `ECC_PERIOD` and `PCIE_PERIOD` (cumulative
+  counters lose nothing by it; dcgm-exporter polls every 30 s), the graphics process
+  list every `GRAPHICS_PERIOD` while a GPU has no graphics process; static facts (UUID,
+  name, serial, PCI bus id, MIG slots) once. The re-reads of different GPUs are spread
+  over the period.
+* Per-process utilisation is asked only of GPUs that have processes, with
+  ``nvmlDeviceGetProcessesUtilizationInfo`` where the driver has it (cheaper than
+  ``nvmlDeviceGetProcessUtilization``, which remains the fallback).
+
+`NvmlBackend.enable_timings` makes every call record its wall and CPU time, which
+``l9gpu snapshot --timings`` prints.
+
 XIDs. At ``open()`` an NVML event set is registered for critical XID events on every
 device that supports them; each pass drains it without waiting and counts events per
 device and XID code, cumulatively since the agent started.
@@ -64,8 +92,10 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from exporter.devices.base import BackendUnavailable
@@ -97,6 +127,8 @@ _CONSTANTS: dict[str, int] = {
     "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1,
     "NVML_AGGREGATE_ECC": 1,
     "NVML_FI_DEV_MEMORY_TEMP": 82,
+    "NVML_FI_DEV_PCIE_COUNT_TX_BYTES": 197,
+    "NVML_FI_DEV_PCIE_COUNT_RX_BYTES": 198,
     "NVML_DEVICE_MIG_ENABLE": 1,
     "nvmlEventTypeXidCriticalError": 0x8,
     "nvmlMemory_v2": 0x02000028,
@@ -132,6 +164,11 @@ _GRAPHICS_PROCESS_FUNCTIONS = (
     "nvmlDeviceGetGraphicsRunningProcesses_v2",
     "nvmlDeviceGetGraphicsRunningProcesses",
 )
+# Per-process utilisation, cheapest first (same sample fields, same timestamp rule).
+_PROCESS_UTIL_FUNCTIONS = (
+    "nvmlDeviceGetProcessesUtilizationInfo",
+    "nvmlDeviceGetProcessUtilization",
+)
 _THROTTLE_FUNCTIONS = (
     "nvmlDeviceGetCurrentClocksEventReasons",
     "nvmlDeviceGetCurrentClocksThrottleReasons",
@@ -139,6 +176,19 @@ _THROTTLE_FUNCTIONS = (
 
 # Events drained per pass at most, so that a storm of events cannot stall a pass.
 _MAX_EVENTS_PER_PASS = 10_000
+
+# Seconds between reads of values that are costly or change slowly (see the module doc).
+ENERGY_COUNTER_PERIOD = 30.0
+SLOW_PERIOD = 30.0
+ECC_PERIOD = 10.0
+PCIE_PERIOD = 10.0
+# Graphics contexts are rare on data-centre GPUs: while a GPU has none, its graphics
+# process list is asked this often (compute processes: every pass).
+GRAPHICS_PERIOD = 5.0
+# NVML averages power over the last second (Ampere and newer): up to this interval the
+# reading times the interval is the energy used in it; in longer intervals the reading
+# covers the last second and the mean of the readings at both ends the rest.
+_POWER_AVERAGING_SECONDS = 1.0
 
 
 class _NotAvailable:
@@ -180,8 +230,15 @@ class _Nvml:
             )
         )
         self.function_not_found = self.const("NVML_ERROR_FUNCTION_NOT_FOUND", _NVML_ERROR_FUNCTION_NOT_FOUND)
+        self.not_supported = self.const("NVML_ERROR_NOT_SUPPORTED", _NVML_ERROR_NOT_SUPPORTED)
         self._reported_missing: set[str] = set()
         self._lock = threading.Lock()
+        # (function, device, other arguments) that answered NOT_SUPPORTED or
+        # FUNCTION_NOT_FOUND: never asked again. Function names alone for a cheap test.
+        self._unsupported: set[tuple[Any, ...]] = set()
+        self._unsupported_names: set[str] = set()
+        # function -> [calls, wall seconds, CPU seconds, slowest wall seconds]; None: off
+        self.timings: dict[str, list[float]] | None = None
 
     def const(self, name: str, default: int | None = None) -> int:
         """An NVML constant from the binding, or its nvml.h value."""
@@ -207,30 +264,80 @@ class _Nvml:
             self._reported_missing.add(name)
         log.info("NVML function %s is not available (%s); using a fallback or omitting its values", name, why)
 
+    @staticmethod
+    def _key(name: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        if not args:
+            return (name,)
+        rest: Any = args[1:]
+        try:
+            hash(rest)
+        except TypeError:  # e.g. a list of field ids
+            rest = repr(rest)
+        return (name, _handle_key(args[0]), rest)
+
+    def unsupported(self, name: str, *args: Any) -> bool:
+        """True when ``name(*args)`` answered NOT_SUPPORTED or FUNCTION_NOT_FOUND before."""
+        return name in self._unsupported_names and self._key(name, args) in self._unsupported
+
+    def remember_unsupported(self, name: str, *args: Any) -> None:
+        """Never make this call on this device again (until `forget`)."""
+        self._unsupported_names.add(name)
+        self._unsupported.add(self._key(name, args))
+
+    def forget(self, handle: Any) -> None:
+        """Ask a device everything again (its MIG mode changed, so may its answers)."""
+        key = _handle_key(handle)
+        self._unsupported = {k for k in self._unsupported if len(k) < 2 or k[1] != key}
+
+    def invoke(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn`` (the binding's ``name``), timing it when timings are on."""
+        timings = self.timings
+        if timings is None:
+            return fn(*args, **kwargs)
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+            entry = timings.setdefault(name, [0, 0.0, 0.0, 0.0])
+            entry[0] += 1
+            entry[1] += wall
+            entry[2] += cpu
+            entry[3] = max(entry[3], wall)
+
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``name`` on the binding.
 
         Returns:
             The result, or `NA` when the function is missing or NVML answers
-            NOT_SUPPORTED, NOT_FOUND or FUNCTION_NOT_FOUND.
+            NOT_SUPPORTED, NOT_FOUND or FUNCTION_NOT_FOUND. A call that answered
+            NOT_SUPPORTED or FUNCTION_NOT_FOUND returns `NA` from then on without
+            reaching the driver.
 
         Raises:
             NVMLError: any other NVML error (lost GPU, permissions, driver trouble).
         """
+        key_args = args + (tuple(sorted(kwargs.items())),) if kwargs else args
+        if name in self._unsupported_names and self._key(name, key_args) in self._unsupported:
+            return NA
         fn: Callable[..., Any] | None = getattr(self.module, name, None)
         if not callable(fn):
             self._missing(name, "not in the installed nvidia-ml-py")
             return NA
         try:
-            return fn(*args, **kwargs)
+            return self.invoke(name, fn, *args, **kwargs)
         except self.mismatch:
             self._missing(name, "the driver lacks it")
+            self.remember_unsupported(name, *key_args)
             return NA
         except self.error as exc:
             code = self.code(exc)
             if code in self.na_codes:
                 if code == self.function_not_found:
                     self._missing(name, "the driver lacks it")
+                    self.remember_unsupported(name, *key_args)
+                elif code == self.not_supported:
+                    self.remember_unsupported(name, *key_args)
                 return NA
             raise
 
@@ -293,12 +400,15 @@ class NvmlBackend:
     Args:
         nvml: a module with the ``pynvml`` API. Default: ``import pynvml`` (the
             ``nvidia-ml-py`` package) in `open`. Tests pass a fake.
+        energy_counter_period: seconds between reads of the energy counter (power is
+            integrated in between); 0 reads it every pass.
     """
 
     name = "nvml"
 
-    def __init__(self, nvml: Any = None):
+    def __init__(self, nvml: Any = None, energy_counter_period: float = ENERGY_COUNTER_PERIOD):
         self._module = nvml
+        self._energy_period = energy_counter_period
         self._nvml: _Nvml | None = None
         self._count = 0
         self._handles: dict[int, Any] = {}
@@ -310,6 +420,12 @@ class NvmlBackend:
         self._last_seen: dict[int, int] = {}
         self._errors: Counter[str] = Counter()
         self._initialized = False
+        self._next_read: dict[tuple[int, str], float] = {}  # (gpu, what) -> when to re-read
+        self._slow_values: dict[tuple[Any, ...], Any] = {}
+        self._energy: dict[int, _EnergyEstimate] = {}
+        self._fields_unsupported: dict[int, set[int]] = defaultdict(set)
+        self._mig_enabled: dict[int, bool] = {}
+        self._mig_slots: dict[int, Any] = {}
 
     # ---- lifecycle --------------------------------------------------------------
 
@@ -396,16 +512,39 @@ class NvmlBackend:
         """Problems survived since start, by reason (``gpu_lost``, ``device_error``, ...)."""
         return dict(self._errors)
 
+    def enable_timings(self) -> None:
+        """Record the wall and CPU time of every NVML call from now on (see `timings`)."""
+        if self._nvml is not None:
+            self._nvml.timings = {}
+
+    def timings(self, reset: bool = False) -> dict[str, tuple[int, float, float, float]]:
+        """Per NVML function: (calls, wall seconds, CPU seconds, slowest call's wall seconds).
+
+        Empty unless `enable_timings` was called; ``reset`` starts counting afresh.
+        """
+        nvml = self._nvml
+        if nvml is None or nvml.timings is None:
+            return {}
+        out = {name: (int(e[0]), e[1], e[2], e[3]) for name, e in nvml.timings.items()}
+        if reset:
+            nvml.timings = {}
+        return out
+
     # ---- sampling ---------------------------------------------------------------
 
     def sample(self, now: float) -> list[DeviceSample]:
-        """Read every GPU (and MIG instance) once; ``now`` is not needed by NVML."""
+        """Read every GPU (and MIG instance) once.
+
+        Args:
+            now: monotonic seconds of this pass; schedules the slow re-reads and the
+                power integral between energy counter reads.
+        """
         nvml = self._require()
         self._drain_xid_events(nvml)
         samples: list[DeviceSample] = []
         for index in range(self._count):
             try:
-                samples.extend(self._sample_gpu(nvml, index))
+                samples.extend(self._sample_gpu(nvml, index, now))
             except _DeviceDown as down:
                 self._errors[down.reason] += 1
                 self._handles.pop(index, None)  # get a fresh handle next pass
@@ -487,7 +626,30 @@ class NvmlBackend:
         self._static[index] = static
         return static
 
-    def _sample_gpu(self, nvml: _Nvml, index: int) -> list[DeviceSample]:
+    def _due(self, index: int, what: str, now: float, period: float) -> bool:
+        """True when ``what`` of GPU ``index`` is to be read in this pass.
+
+        The first pass reads everything; after it, the re-reads of GPU i are first due
+        (i + 1) / count of a period later, so that GPUs do not all pay in the same pass.
+        """
+        key = (index, what)
+        due = self._next_read.get(key)
+        if due is None:
+            self._next_read[key] = now + period * (index + 1) / max(1, self._count)
+            return True
+        if now < due:
+            return False
+        self._next_read[key] = max(due + period, now)
+        return True
+
+    def _slow(self, index: int, what: str, now: float, period: float, read: Callable[[], Any]) -> Any:
+        """A value re-read every ``period`` seconds, served from the last read in between."""
+        key = (index, what)
+        if self._due(index, what, now, period) or key not in self._slow_values:
+            self._slow_values[key] = read()
+        return self._slow_values[key]
+
+    def _sample_gpu(self, nvml: _Nvml, index: int, now: float) -> list[DeviceSample]:
         handle = self._get_handle(index)
         if handle is None:
             raise _DeviceDown("device_error", "no NVML handle for this GPU")
@@ -498,14 +660,12 @@ class NvmlBackend:
         except nvml.error as exc:
             raise self._down(nvml, exc) from exc
 
-        mig_mode = self._opt(nvml, "nvmlDeviceGetMigMode", handle)
-        mig_enabled = (
-            mig_mode is not NA
-            and bool(mig_mode)
-            and mig_mode[0] == nvml.const("NVML_DEVICE_MIG_ENABLE")
-        )
+        mig_enabled = self._slow(index, "mig_mode", now, SLOW_PERIOD,
+                                 lambda: self._read_mig_mode(nvml, index, handle))
 
         throttle = self._guard(nvml, lambda: nvml.first(_THROTTLE_FUNCTIONS, handle))
+        power_watts = _scaled(self._opt(nvml, "nvmlDeviceGetPowerUsage", handle), 1e-3)
+        fields = self._field_values(nvml, index, handle, now)
 
         values: dict[str, Any] = {
             "utilization": _ratio(getattr(utilization, "gpu", None)) if utilization is not NA else None,
@@ -513,32 +673,29 @@ class NvmlBackend:
             "memory_used_bytes": _int_or_none(getattr(memory, "used", None)) if memory is not NA else None,
             "memory_total_bytes": _int_or_none(getattr(memory, "total", None)) if memory is not NA else None,
             "temperature_celsius": _scaled(self._temperature(nvml, handle), 1.0),
-            "memory_temperature_celsius": self._memory_temperature(nvml, handle),
-            "power_watts": _scaled(self._opt(nvml, "nvmlDeviceGetPowerUsage", handle), 1e-3),
-            "power_limit_watts": _scaled(self._opt(nvml, "nvmlDeviceGetEnforcedPowerLimit", handle), 1e-3),
-            "energy_joules": _scaled(self._opt(nvml, "nvmlDeviceGetTotalEnergyConsumption", handle), 1e-3),
+            "memory_temperature_celsius": fields.get(nvml.const("NVML_FI_DEV_MEMORY_TEMP")),
+            "power_watts": power_watts,
+            "power_limit_watts": self._slow(
+                index, "power_limit", now, SLOW_PERIOD,
+                lambda: _scaled(self._opt(nvml, "nvmlDeviceGetEnforcedPowerLimit", handle), 1e-3)),
+            "energy_joules": self._energy_joules(nvml, index, handle, now, power_watts),
             "sm_clock_hertz": _scaled(
                 self._opt(nvml, "nvmlDeviceGetClockInfo", handle, nvml.const("NVML_CLOCK_SM")), 1e6
             ),
             "memory_clock_hertz": _scaled(
                 self._opt(nvml, "nvmlDeviceGetClockInfo", handle, nvml.const("NVML_CLOCK_MEM")), 1e6
             ),
-            "pcie_rx_bytes_per_second": _scaled(
-                self._opt(nvml, "nvmlDeviceGetPcieThroughput", handle, nvml.const("NVML_PCIE_UTIL_RX_BYTES")),
-                1024.0,
-            ),
-            "pcie_tx_bytes_per_second": _scaled(
-                self._opt(nvml, "nvmlDeviceGetPcieThroughput", handle, nvml.const("NVML_PCIE_UTIL_TX_BYTES")),
-                1024.0,
-            ),
+            "pcie_tx_bytes_total": _int_or_none(fields.get(nvml.const("NVML_FI_DEV_PCIE_COUNT_TX_BYTES"))),
+            "pcie_rx_bytes_total": _int_or_none(fields.get(nvml.const("NVML_FI_DEV_PCIE_COUNT_RX_BYTES"))),
             "fan_speed_ratio": _ratio(self._opt(nvml, "nvmlDeviceGetFanSpeed", handle)),
-            "ecc_errors": frozen_mapping(self._ecc(nvml, handle)),
+            "ecc_errors": self._slow(index, "ecc", now, ECC_PERIOD,
+                                     lambda: frozen_mapping(self._ecc(nvml, handle))),
             "throttle_reasons": frozen_mapping(decode_throttle_reasons(throttle) if throttle is not NA else None),
             "xid_errors": frozen_mapping(self._xid_counts.get(index)),
         }
         processes: tuple[ProcessSample, ...] = ()
         if not mig_enabled:
-            processes = self._processes(nvml, index, handle, per_process_util=True)
+            processes = self._processes(nvml, index, handle, per_process_util=True, now=now)
         parent = DeviceSample(
             index=index,
             uuid=static["uuid"],
@@ -552,8 +709,83 @@ class NvmlBackend:
         )
         samples = [parent]
         if mig_enabled:
-            samples.extend(self._sample_mig(nvml, index, handle, static))
+            samples.extend(self._sample_mig(nvml, index, handle, static, now))
         return samples
+
+    def _read_mig_mode(self, nvml: _Nvml, index: int, handle: Any) -> bool:
+        """Whether MIG is on; a change makes every call on the GPU worth asking again."""
+        mig_mode = self._opt(nvml, "nvmlDeviceGetMigMode", handle)
+        enabled = (
+            mig_mode is not NA
+            and bool(mig_mode)
+            and mig_mode[0] == nvml.const("NVML_DEVICE_MIG_ENABLE")
+        )
+        before = self._mig_enabled.get(index)
+        if before is not None and before != enabled:
+            log.info("GPU %d: MIG mode is now %s", index, "on" if enabled else "off")
+            nvml.forget(handle)
+            self._mig_slots.pop(index, None)
+            self._fields_unsupported.pop(index, None)
+        self._mig_enabled[index] = enabled
+        return enabled
+
+    def _field_values(self, nvml: _Nvml, index: int, handle: Any, now: float) -> dict[int, float]:
+        """Memory temperature every pass and the PCIe byte counters every `PCIE_PERIOD`,
+        in one field-values call (the counters cost 0.46 ms on an H200, the temperature
+        next to nothing); between counter reads the last counter values are served.
+
+        A field the device answers NOT_SUPPORTED for is not asked again.
+        """
+        skip = self._fields_unsupported[index]
+        pcie = (nvml.const("NVML_FI_DEV_PCIE_COUNT_TX_BYTES"), nvml.const("NVML_FI_DEV_PCIE_COUNT_RX_BYTES"))
+        candidates: tuple[int, ...] = (nvml.const("NVML_FI_DEV_MEMORY_TEMP"),)
+        last_pcie: dict[int, float] = self._slow_values.get((index, "pcie"), {})
+        if self._due(index, "pcie", now, PCIE_PERIOD):
+            candidates += pcie
+            last_pcie = {}
+        wanted = [field for field in candidates if field not in skip]
+        if not wanted:
+            return dict(last_pcie)
+        values = self._opt(nvml, "nvmlDeviceGetFieldValues", handle, wanted)
+        if values is NA or not values:
+            return dict(last_pcie)
+        out: dict[int, float] = dict(last_pcie)
+        for field, value in zip(wanted, values):
+            ret = getattr(value, "nvmlReturn", _NVML_SUCCESS)
+            if ret != _NVML_SUCCESS:
+                if ret in nvml.na_codes:
+                    skip.add(field)
+                continue
+            member = _VALUE_MEMBERS.get(getattr(value, "valueType", 1), "uiVal")
+            number = getattr(getattr(value, "value", None), member, None)
+            if number is not None:
+                out[field] = number
+        if pcie[0] in wanted or pcie[1] in wanted:
+            self._slow_values[(index, "pcie")] = {f: v for f, v in out.items() if f in pcie}
+        return out
+
+    def _energy_joules(self, nvml: _Nvml, index: int, handle: Any, now: float,
+                       power_watts: float | None) -> float | None:
+        """The device's energy counter in joules, read every ``energy_counter_period``.
+
+        Between reads: the last reading plus the integral of power since (see the module
+        doc). None where the device has no energy counter (derive then integrates power).
+        """
+        estimate = self._energy.get(index)
+        due = self._energy_period <= 0 or self._due(index, "energy", now, self._energy_period)
+        if estimate is None or power_watts is None or due:
+            reading = _scaled(self._opt(nvml, "nvmlDeviceGetTotalEnergyConsumption", handle), 1e-3)
+            if reading is None:
+                self._energy.pop(index, None)
+                return None
+            if estimate is None:
+                estimate = _EnergyEstimate(reading, reading, now, power_watts)
+                self._energy[index] = estimate
+            else:
+                estimate.read(reading, now, power_watts)
+            return estimate.reported
+        estimate.integrate(now, power_watts)
+        return estimate.reported
 
     def _memory_info(self, nvml: _Nvml, handle: Any) -> Any:
         """Memory info, version 2 where the driver has it (``used`` without reserved)."""
@@ -579,18 +811,6 @@ class NvmlBackend:
             value = self._opt(nvml, "nvmlDeviceGetTemperature", handle, sensor)
         return value
 
-    def _memory_temperature(self, nvml: _Nvml, handle: Any) -> float | None:
-        field = nvml.const("NVML_FI_DEV_MEMORY_TEMP")
-        values = self._opt(nvml, "nvmlDeviceGetFieldValues", handle, [field])
-        if values is NA or not values:
-            return None
-        value = values[0]
-        if getattr(value, "nvmlReturn", _NVML_SUCCESS) != _NVML_SUCCESS:
-            return None
-        member = _VALUE_MEMBERS.get(getattr(value, "valueType", 1), "uiVal")
-        number = getattr(getattr(value, "value", None), member, None)
-        return float(number) if number is not None else None
-
     def _ecc(self, nvml: _Nvml, handle: Any) -> dict[str, int]:
         counters: dict[str, int] = {}
         aggregate = nvml.const("NVML_AGGREGATE_ECC")
@@ -606,11 +826,18 @@ class NvmlBackend:
     # ---- processes --------------------------------------------------------------
 
     def _processes(
-        self, nvml: _Nvml, index: int, handle: Any, per_process_util: bool
+        self, nvml: _Nvml, index: int, handle: Any, per_process_util: bool, now: float
     ) -> tuple[ProcessSample, ...]:
         found: dict[int, tuple[int | None, str]] = {}
-        for kind, functions in (("compute", _COMPUTE_PROCESS_FUNCTIONS), ("graphics", _GRAPHICS_PROCESS_FUNCTIONS)):
+        graphics_key = (index, "graphics", _handle_key(handle))
+        kinds = [("compute", _COMPUTE_PROCESS_FUNCTIONS)]
+        if self._slow_values.get(graphics_key) or self._due(index, f"graphics {graphics_key[2]}", now,
+                                                             GRAPHICS_PERIOD):
+            kinds.append(("graphics", _GRAPHICS_PROCESS_FUNCTIONS))
+        for kind, functions in kinds:
             infos = self._guard(nvml, lambda fns=functions: nvml.first(fns, handle))
+            if kind == "graphics":
+                self._slow_values[graphics_key] = bool(infos)
             if infos is NA or infos is None:
                 continue
             for info in infos:
@@ -626,9 +853,9 @@ class NvmlBackend:
                 else:
                     found[pid] = (memory, kind)
         if not found:
-            # Still advance the sample window so stale samples are not read later.
-            if per_process_util:
-                self._process_utilization(nvml, index, handle)
+            # No process, nothing to ask the driver's per-process samples about (they
+            # cost milliseconds). The last-seen timestamp stays, so the next pass with
+            # processes reads only samples newer than the last one read.
             return ()
         util: dict[int, tuple[float, float]] | None = None
         if per_process_util:
@@ -648,40 +875,46 @@ class NvmlBackend:
     def _process_utilization(self, nvml: _Nvml, index: int, handle: Any) -> dict[int, tuple[float, float]] | None:
         """Mean SM and memory utilisation (0-1) per PID over the samples since last pass.
 
+        Asks ``nvmlDeviceGetProcessesUtilizationInfo`` where the driver has it, else
+        ``nvmlDeviceGetProcessUtilization``; both take and return the same timestamps.
+
         Returns:
             PID -> (sm, memory) for PIDs with samples; an empty dict when the device
             samples processes but has none new (NOT_FOUND: all idle); None when the
             device cannot sample processes at all.
         """
         last_seen = self._last_seen.get(index, 0)
-        fn = getattr(nvml.module, "nvmlDeviceGetProcessUtilization", None)
-        if not callable(fn):
-            nvml.call("nvmlDeviceGetProcessUtilization")  # logs the missing function once
-            return None
-        try:
-            samples = fn(handle, last_seen)
-        except nvml.mismatch:
-            return None
-        except nvml.error as exc:
-            code = nvml.code(exc)
-            # NOT_FOUND: no sample newer than last_seen. pynvml raises NVMLError(SUCCESS)
-            # when the driver answers "success, zero samples" to its sizing call.
-            if code in (nvml.const("NVML_ERROR_NOT_FOUND", _NVML_ERROR_NOT_FOUND), _NVML_SUCCESS):
-                return {}
-            if code in (
-                nvml.const("NVML_ERROR_NOT_SUPPORTED", _NVML_ERROR_NOT_SUPPORTED),
-                nvml.function_not_found,
-            ):
+        for name in _PROCESS_UTIL_FUNCTIONS:
+            fn = getattr(nvml.module, name, None)
+            if not callable(fn):
+                nvml.call(name)  # not in this binding: logs that once
+                continue
+            if nvml.unsupported(name, handle):
+                continue
+            try:
+                samples = nvml.invoke(name, fn, handle, last_seen)
+            except nvml.mismatch:
+                nvml.remember_unsupported(name, handle)
+                continue
+            except nvml.error as exc:
+                code = nvml.code(exc)
+                # NOT_FOUND: no sample newer than last_seen. pynvml raises NVMLError(SUCCESS)
+                # when the driver answers "success, zero samples" to its sizing call.
+                if code in (nvml.const("NVML_ERROR_NOT_FOUND", _NVML_ERROR_NOT_FOUND), _NVML_SUCCESS):
+                    return {}
+                if code in (nvml.not_supported, nvml.function_not_found):
+                    nvml.remember_unsupported(name, handle)
+                    continue
+                if code in (
+                    nvml.const("NVML_ERROR_GPU_IS_LOST", _NVML_ERROR_GPU_IS_LOST),
+                    nvml.const("NVML_ERROR_RESET_REQUIRED", _NVML_ERROR_RESET_REQUIRED),
+                ):
+                    raise self._down(nvml, exc) from exc
+                self._errors["query_error"] += 1
+                log.debug("%s failed: %s", name, exc)
                 return None
-            if code in (
-                nvml.const("NVML_ERROR_GPU_IS_LOST", _NVML_ERROR_GPU_IS_LOST),
-                nvml.const("NVML_ERROR_RESET_REQUIRED", _NVML_ERROR_RESET_REQUIRED),
-            ):
-                raise self._down(nvml, exc) from exc
-            self._errors["query_error"] += 1
-            log.debug("nvmlDeviceGetProcessUtilization failed: %s", exc)
-            return None
-        return self._aggregate_utilization(index, last_seen, samples or ())
+            return self._aggregate_utilization(index, last_seen, samples or ())
+        return None
 
     def _aggregate_utilization(
         self, index: int, last_seen: int, samples: Iterable[Any]
@@ -706,8 +939,11 @@ class NvmlBackend:
 
     # ---- MIG --------------------------------------------------------------------
 
-    def _sample_mig(self, nvml: _Nvml, index: int, handle: Any, parent: Mapping[str, Any]) -> list[DeviceSample]:
-        count = self._opt(nvml, "nvmlDeviceGetMaxMigDeviceCount", handle)
+    def _sample_mig(self, nvml: _Nvml, index: int, handle: Any, parent: Mapping[str, Any],
+                    now: float) -> list[DeviceSample]:
+        count = self._mig_slots.get(index)
+        if count is None:
+            count = self._mig_slots[index] = self._opt(nvml, "nvmlDeviceGetMaxMigDeviceCount", handle)
         if count is NA:
             return []
         samples = []
@@ -744,7 +980,7 @@ class NvmlBackend:
                     memory_used_bytes=_int_or_none(getattr(memory, "used", None)) if memory is not NA else None,
                     memory_total_bytes=_int_or_none(getattr(memory, "total", None)) if memory is not NA else None,
                     # NVML has no per-process utilisation on MIG devices.
-                    processes=self._processes(nvml, index, mig, per_process_util=False),
+                    processes=self._processes(nvml, index, mig, per_process_util=False, now=now),
                 )
             )
         return samples
@@ -821,6 +1057,46 @@ class NvmlBackend:
             if uuid and static.get("uuid") == uuid:
                 return known
         return None
+
+
+@dataclass
+class _EnergyEstimate:
+    """A GPU's energy counter between reads: the last reading plus integrated power.
+
+    Attributes:
+        reading: the counter's last reading, joules.
+        reported: what the backend reports: never less than before, except when the
+            counter itself drops (a driver reload).
+        at: monotonic seconds of the last power reading.
+        power: the last power reading, watts (None: unknown).
+        integral: joules integrated from power since the last counter reading.
+    """
+
+    reading: float
+    reported: float
+    at: float
+    power: float | None
+    integral: float = 0.0
+
+    def read(self, reading: float, now: float, power: float | None) -> None:
+        """A fresh counter reading replaces the estimate (held while it is ahead)."""
+        if reading < self.reading:
+            self.reported = reading  # the counter restarted; derive sees the reset
+        else:
+            self.reported = max(self.reported, reading)
+        self.reading, self.integral, self.at, self.power = reading, 0.0, now, power
+
+    def integrate(self, now: float, power: float) -> None:
+        dt = max(0.0, now - self.at)
+        if dt <= _POWER_AVERAGING_SECONDS or self.power is None:
+            self.integral += power * dt
+        else:
+            # The reading covers the last second exactly; the gap before it, the mean
+            # of the readings at both ends.
+            gap = dt - _POWER_AVERAGING_SECONDS
+            self.integral += power * _POWER_AVERAGING_SECONDS + (self.power + power) / 2.0 * gap
+        self.at, self.power = now, power
+        self.reported = max(self.reported, self.reading + self.integral)
 
 
 def decode_throttle_reasons(mask: int) -> dict[str, bool]:

@@ -307,8 +307,6 @@ class SimulatedBackend:
                     energy_joules=self._energy[gpu.index],
                     sm_clock_hertz=(1980e6 if busy > 0 else 345e6),
                     memory_clock_hertz=2619e6,
-                    pcie_rx_bytes_per_second=pcie_rx,
-                    pcie_tx_bytes_per_second=pcie_tx,
                     pcie_tx_bytes_total=int(counters[0]),
                     pcie_rx_bytes_total=int(counters[1]),
                     gpm=(_gpm_values(busy, pcie_tx, pcie_rx) if dt > 0 else frozen_mapping()),

@@ -30,9 +30,16 @@ app.kubernetes.io/component: node-agent
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
-{{/* A probe from values; HTTPS when the web config turns TLS on (the kubelet does not verify the certificate). */}}
+{{/*
+A probe from values. Helm merges a user's probe into the default one, so a tcpSocket, exec
+or grpc handler given in values replaces the default httpGet (a probe has one handler).
+HTTPS when the web config turns TLS on (the kubelet does not verify the certificate).
+*/}}
 {{- define "l9gpu.probe" -}}
 {{- $probe := deepCopy .probe -}}
+{{- if or $probe.tcpSocket $probe.exec $probe.grpc -}}
+{{- $_ := unset $probe "httpGet" -}}
+{{- end -}}
 {{- if and .root.Values.webConfig.secretName .root.Values.webConfig.tls $probe.httpGet -}}
 {{- $_ := set $probe.httpGet "scheme" "HTTPS" -}}
 {{- end -}}
@@ -45,4 +52,45 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- else }}
 {{- default "default" .Values.serviceAccount.name }}
 {{- end }}
+{{- end }}
+
+{{/* The image reference: repository:tag, or repository@digest when a digest is set. */}}
+{{- define "l9gpu.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%v" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end }}
+
+{{/* --kubernetes: auto, on or off; a values file's bare on/off arrives as a YAML boolean. */}}
+{{- define "l9gpu.kubernetesMode" -}}
+{{- $mode := .Values.kubernetesApi -}}
+{{- if kindIs "bool" $mode -}}
+{{- ternary "on" "off" $mode -}}
+{{- else -}}
+{{- $mode -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+The container's securityContext from values, plus the capabilities a backend needs: the
+Gaudi backend finds its processes by reading every /proc/<pid>/fd/* link, which needs
+CAP_SYS_PTRACE (another process's fd links) and CAP_DAC_READ_SEARCH (the fd directories of
+other users' processes). NVIDIA and AMD need neither.
+*/}}
+{{- define "l9gpu.securityContext" -}}
+{{- $context := deepCopy (.Values.securityContext | default dict) -}}
+{{- if has "gaudi" (splitList "," .Values.backend) -}}
+{{- $capabilities := get $context "capabilities" | default dict -}}
+{{- $add := concat (get $capabilities "add" | default list) (list "SYS_PTRACE" "DAC_READ_SEARCH") | uniq -}}
+{{- $_ := set $capabilities "add" $add -}}
+{{- $_ := set $context "capabilities" $capabilities -}}
+{{- end -}}
+{{- with $context.capabilities -}}
+{{- if not .add -}}
+{{- $_ := unset . "add" -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $context -}}
 {{- end }}

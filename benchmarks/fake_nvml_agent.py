@@ -1,0 +1,73 @@
+"""Run `l9gpu serve --backend nvml` on a node whose NVML is the tests' fake.
+
+The node comes from a scenario file (the simulated backend's format): its GPUs become
+fake NVIDIA GPUs, its processes fake NVML processes with their memory and SM share, and
+its pods, cgroups and kubelet allocations go through the real attribution code exactly as
+in the demo. With ``--h200-costs`` every NVML call costs what it cost on a real H200
+(`fake_pynvml.H200_COSTS`: CPU burnt with the GIL released, blocking calls sleep), so the
+agent's CPU and pass times are what a user pays on a real driver.
+
+Usage (what benchmarks/bench_agent.py runs)::
+
+    python benchmarks/fake_nvml_agent.py SCENARIO [--h200-costs] -- serve --listen 127.0.0.1:9900 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+GiB = 2**30
+
+
+def fake_node(scenario: Any, h200_costs: bool) -> Any:
+    """A FakeNvml with the scenario's GPUs and processes, answering like an H200."""
+    import fake_pynvml as F
+
+    gpus = []
+    for spec in scenario.gpus:
+        procs = [p for p in scenario.processes if p.gpu == spec.index]
+        used = sum(int(p.memory(0.0)) for p in procs)
+        gpus.append(F.FakeGpu(
+            name="NVIDIA H200", memory_total=spec.memory_bytes, memory_used=used,
+            unsupported={"nvmlDeviceGetFanSpeed"}, mig_capable=True,
+            processes=[F.FakeProcess(pid=p.pid, used_memory=int(p.memory(0.0))) for p in procs],
+            live_sm={p.pid: int(round(100 * p.utilization(0.0))) for p in procs},
+        ))
+    fake = F.FakeNvml(gpus, driver_version="580.159.04", costs=F.H200_COSTS if h200_costs else None)
+    fake.record_calls = False  # a long run: keep no call log
+    return fake
+
+
+def install(scenario_path: str, h200_costs: bool) -> None:
+    """Make ``import pynvml`` give the fake node and attribution see the scenario's pods."""
+    from exporter import attribution
+    from exporter.devices.simulated import load_scenario
+
+    scenario = load_scenario(scenario_path)
+    sys.modules["pynvml"] = fake_node(scenario, h200_costs)
+    attribution._simulated_scenario = lambda backend: scenario  # type: ignore[attr-defined]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     usage="%(prog)s SCENARIO [--h200-costs] -- L9GPU_ARGS...")
+    parser.add_argument("scenario")
+    parser.add_argument("--h200-costs", action="store_true", help="charge every NVML call its H200 cost")
+    opts = parser.parse_args(own)
+    install(opts.scenario, opts.h200_costs)
+    from exporter.cli import main as l9gpu_main
+
+    return l9gpu_main(rest + ["--backend", "nvml"])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
