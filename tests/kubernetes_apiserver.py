@@ -10,7 +10,8 @@ are cut mid-stream), ``stop()``/``start()`` (the server is down: every open conn
 idle keep-alive ones included, is closed and new ones are refused, then it is back on the
 same port), and ``stall()``/``resume()`` (the server hangs: it keeps accepting
 connections but sends nothing more on any of them, as behind a partition or a stuck
-proxy, until it resumes).
+proxy, until it resumes; ``stall(streams=False)`` holds only new requests, so open
+watches still end on time and the next one gets no answer).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class FakeApiServer:
         self._expired_before = 0
         self._generation = 0  # bumps to cut open watch streams
         self._stalled = False  # set: answer nothing (see stall())
+        self._holding = False  # set: answer no new request (see stall(streams=False))
         self.held = 0  # requests that arrived while stalled
         self.requests: list[tuple[str, dict[str, str]]] = []  # ("list"|"watch", query)
         self.port = 0
@@ -124,28 +126,33 @@ class FakeApiServer:
             server.shutdown()
             server.server_close()
         with self._cond:
-            self._stalled = False
+            self._stalled = self._holding = False
             self._generation += 1
             self._cond.notify_all()
         if server is not None:
             server.close_connections()
 
-    def stall(self) -> None:
-        """Hang: keep every connection open and accept new ones, but send nothing more."""
+    def stall(self, streams: bool = True) -> None:
+        """Hang: keep every connection open and accept new ones, but send nothing more.
+
+        With ``streams=False`` open watch streams go on (and end on time); only new
+        requests get no answer.
+        """
         with self._cond:
-            self._stalled = True
+            self._holding = True
+            self._stalled = streams
             self._cond.notify_all()
 
     def resume(self) -> None:
         """Answer again after `stall` (held requests are answered, streams go on)."""
         with self._cond:
-            self._stalled = False
+            self._stalled = self._holding = False
             self._cond.notify_all()
 
-    def _wait_while_stalled(self) -> None:
+    def _wait_while_stalled(self, new_request: bool = False) -> None:
         """Block (under ``_cond``) while stalled; returns early when stopped."""
         generation = self._generation
-        while self._stalled and self._generation == generation:
+        while (self._stalled or (new_request and self._holding)) and self._generation == generation:
             self._cond.wait(0.2)
 
     def _bump(self, kind: str, pod: dict[str, Any]) -> None:
@@ -200,9 +207,9 @@ class FakeApiServer:
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 with api._cond:
-                    if api._stalled:
+                    if api._stalled or api._holding:
                         api.held += 1
-                    api._wait_while_stalled()
+                    api._wait_while_stalled(new_request=True)
                 url = urlparse(self.path)
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
                 if url.path != "/api/v1/pods":

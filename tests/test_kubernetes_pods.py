@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -123,6 +124,32 @@ def test_server_down_keeps_names_and_recovers(apiserver: FakeApiServer) -> None:
         apiserver.start()
         wait_until(lambda: watcher.healthy() and index.get("uid-b") is not None,
                    within(watcher.outage_bound + watcher.backoff[1]), "healthy again, with the pod added meanwhile")
+    finally:
+        watcher.stop()
+
+
+def test_a_server_that_stops_answering_is_noticed_within_the_bound(apiserver: FakeApiServer) -> None:
+    """The open watch ends on time, the next request gets no answer: the HTTP client
+    would wait out its read timeout several times over (it retries a request that got no
+    answer), yet the watcher reports unhealthy within its bound of the last answer."""
+    index = PodIndex()
+    cfg = client.Configuration()
+    cfg.host = apiserver.url
+    watcher = PodWatcher(client.ApiClient(cfg), "node-a", index, watch_seconds=1, stall_seconds=3,
+                         backoff=(0.05, 0.2))
+    watcher.start()
+    try:
+        wait_until(lambda: watcher.healthy() and apiserver.count("watch") >= 2, what="a healthy watch")
+        apiserver.stall(streams=False)
+        stalled = time.monotonic()
+        wait_until(lambda: not watcher.healthy(), within(watcher.outage_bound), "unhealthy while held")
+        # The bound counts from the last answer, at most one watch (1 s) before the stall;
+        # 5 s of slack for a busy machine, still far below the 4 x 4 s the client's retries take.
+        assert time.monotonic() - stalled < watcher.watch_seconds + watcher.outage_bound + 5.0
+        wait_until(lambda: apiserver.held >= 1, what="the request held")
+        assert not watcher.healthy()
+        apiserver.resume()
+        wait_until(watcher.healthy, what="healthy once the server answers")
     finally:
         watcher.stop()
 

@@ -5,7 +5,8 @@ tests/kubernetes_apiserver.py, and grpcio servers on unix sockets for the contai
 runtime (CRI) and the kubelet's pod-resources API. The collector runs its own thread, as
 in the agent, and the metric is read from the rendered exposition. Each outage is either
 **gone** (the server stops: connections refused or cut, the socket removed) or **silent**
-(the server keeps the connection and answers nothing: a hung process, a partition).
+(the server keeps the connection and answers nothing: a hung process, a partition); for
+the API server also **held** (open watches end on time, the next request gets no answer).
 
 The waits derive from the bound the product documents (``outage_bound`` of each source,
 plus one collection interval; docs/ATTRIBUTION.md, "How soon an outage shows"), made
@@ -76,7 +77,7 @@ def _watcher(server: FakeApiServer, index: PodIndex) -> PodWatcher:
                       backoff=(0.05, 0.5))
 
 
-@pytest.mark.parametrize("outage", ["gone", "silent"])
+@pytest.mark.parametrize("outage", ["gone", "silent", "held"])
 def test_the_api_server_outage_shows_within_the_bound(apiserver: FakeApiServer, collector_for, outage: str) -> None:
     apiserver.add(make_pod("vllm-0", "ml", UID, "node-a", {"engine": CID}))
     index = PodIndex()
@@ -92,11 +93,11 @@ def test_the_api_server_outage_shows_within_the_bound(apiserver: FakeApiServer, 
 
     if outage == "gone":
         apiserver.stop()
-    else:
-        apiserver.stall()
+    else:  # silent: nothing more on any connection; held: watches end, the next gets no answer
+        apiserver.stall(streams=outage == "silent")
     wait_until(lambda: success(collector, "kubernetes") == 0.0, bound, f"kubernetes unhealthy ({outage})")
     assert index.get(UID).name == "vllm-0"  # what was known stays known
-    if outage == "silent":
+    if outage != "gone":
         # The watcher's new requests are accepted and never answered: still unhealthy.
         held = apiserver.held
         wait_until(lambda: apiserver.held > held, bound, "a new request held by the stalled server")

@@ -16,7 +16,10 @@ stall_seconds``. A server that is gone (connection refused or reset) is noticed 
 next read, at once; one that keeps the connection open and sends nothing (a hung
 server, a proxy or a network partition that drops the stream silently) is noticed when
 the read timeout expires. TCP keepalive would only catch the second case's dead peer,
-not a live one that stops sending, so the read timeout is the one mechanism.
+not a live one that stops sending, so the read timeout is the mechanism. And whatever
+the watch thread waits on (the HTTP client retrying a request that got no answer, a
+slow name lookup), `PodWatcher.healthy` also turns False once nothing has been heard
+from the server for that long: the bound holds however the thread is held up.
 
 The ``kubernetes`` package is imported only when the watch starts.
 """
@@ -288,13 +291,15 @@ class PodWatcher:
         backoff: (first, max) seconds to wait after an error, doubling in between.
         request_timeout: connect timeout of every request, and read timeout of a list.
         sleep: waits on errors (injectable for tests); returns True when stopping.
+        clock: monotonic seconds (injectable for tests).
     """
 
     name = "kubernetes"
 
     def __init__(self, api_client: Any, node: str, index: PodIndex, watch_seconds: int = WATCH_SECONDS,
                  backoff: tuple[float, float] = (1.0, 30.0), request_timeout: float = 10.0,
-                 sleep: Callable[[float], bool] | None = None, stall_seconds: float = STALL_SECONDS):
+                 sleep: Callable[[float], bool] | None = None, stall_seconds: float = STALL_SECONDS,
+                 clock: Callable[[], float] = time.monotonic):
         from kubernetes import client
 
         self.api = client.CoreV1Api(api_client)
@@ -307,6 +312,8 @@ class PodWatcher:
         self.request_timeout = request_timeout
         self.resource_version: str | None = None
         self._healthy = False
+        self._clock = clock
+        self._heard = clock()  # when the server last answered: a response, an event, a watch's end
         self._stop = threading.Event()
         self._sleep = sleep or self._stop.wait
         self._thread: threading.Thread | None = None
@@ -321,17 +328,27 @@ class PodWatcher:
         return f"spec.nodeName={self.node}"
 
     def healthy(self) -> bool:
-        """True while the last list or watch request worked (and the stream is not stuck)."""
-        return self._healthy
+        """True while the last list or watch request worked and the server was heard lately.
+
+        "Lately": within ``watch_seconds + stall_seconds``, the longest a healthy server
+        stays silent, whatever the watch thread is waiting on meanwhile.
+        """
+        return self._healthy and self._clock() - self._heard <= self.watch_seconds + self.stall_seconds
+
+    def _answered(self) -> None:
+        """The server answered: healthy, and heard now."""
+        self._heard = self._clock()
+        self._healthy = True
 
     @property
     def outage_bound(self) -> float:
         """Seconds within which `healthy` turns False once the API server is gone or stuck.
 
-        The longest wait on the server is the watch stream's read timeout (``watch_seconds
-        + stall_seconds``); a list or a connect gives up after ``request_timeout``.
+        ``watch_seconds + stall_seconds`` after the server last answered (`healthy` says
+        so even while the watch thread still waits on a request); a refused or reset
+        connection turns it False at once.
         """
-        return max(self.watch_seconds + self.stall_seconds, self.request_timeout)
+        return self.watch_seconds + self.stall_seconds
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="l9gpu-pod-watch", daemon=True)
@@ -359,7 +376,7 @@ class PodWatcher:
         self.index.replace(pods)
         self.resource_version = _str(_dict(_dict(body).get("metadata")).get("resourceVersion")) or None
         self.relists += 1
-        self._healthy = True  # the server answered (before the watch thread starts, too)
+        self._answered()  # (before the watch thread starts, too)
         log.debug("listed %d pod(s) on node %s at resourceVersion %s", len(pods), self.node, self.resource_version)
 
     def watch_once(self) -> None:
@@ -382,7 +399,7 @@ class PodWatcher:
             # connections and never answers stays unhealthy.
             if self._failures:
                 log.info("pod watch for node %s works again", self.node)
-            self._healthy = True
+            self._answered()
             self._failures = 0  # a new outage is a first failure again (logged as a warning)
             return response
 
@@ -395,6 +412,7 @@ class PodWatcher:
         kind = event.get("type")
         raw = _dict(event.get("raw_object"))
         version = _str(_dict(raw.get("metadata")).get("resourceVersion"))
+        self._heard = self._clock()
         if kind == "BOOKMARK":
             self.resource_version = version or self.resource_version
             return
@@ -409,7 +427,7 @@ class PodWatcher:
         if version:
             self.resource_version = version
         self.events += 1
-        self._healthy = True
+        self._answered()
         self._failures = 0
 
     def _run(self) -> None:
@@ -420,6 +438,7 @@ class PodWatcher:
                 if self.resource_version is None:
                     self.list_pods()
                 self.watch_once()
+                self._heard = self._clock()  # the server ended the watch (on time, or closed it)
                 self._failures = 0
                 continue  # the watch timed out or the server closed it: resume
             except ApiException as exc:
