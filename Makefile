@@ -36,8 +36,10 @@ test: system-deps deps-test
 
 # The whole suite on a busy machine: STRESS_CPUS CPU hogs (Debian stress-ng, installed
 # here when missing; needs root or sudo) run beside pytest, as other jobs do on a shared
-# CI runner. Exits with pytest's status; the hogs are stopped however pytest ends, and
-# their own --timeout stops them should make itself be killed.
+# CI runner. Fails when pytest fails (printing its status); the hogs are stopped however
+# pytest ends, also when the target is interrupted or terminated (pytest runs in the
+# background so that the shell can act on the signal at once), and their own --timeout
+# stops them should the shell itself be killed.
 STRESS_CPUS ?= 2
 test-stress: system-deps deps-test
 	@if ! command -v stress-ng >/dev/null; then \
@@ -45,9 +47,11 @@ test-stress: system-deps deps-test
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq stress-ng >/dev/null; \
 	fi
 	@stress-ng --cpu $(STRESS_CPUS) --timeout 3h --quiet & hogs=$$!; \
-	trap 'kill $$hogs 2>/dev/null; wait $$hogs 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
+	trap 'kill $$hogs 2>/dev/null; wait $$hogs 2>/dev/null' EXIT; \
+	trap 'kill $$tests 2>/dev/null; wait $$tests 2>/dev/null; exit 130' INT TERM; \
 	echo "test-stress: $(STRESS_CPUS) CPU hog(s) running (stress-ng pid $$hogs)"; \
-	$(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS); status=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS) & tests=$$!; \
+	wait $$tests; status=$$?; \
 	echo "test-stress: pytest exited with $$status; stopping the hogs"; exit $$status
 
 lint: deps-test
