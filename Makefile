@@ -18,14 +18,15 @@ venv: $(PY)
 	$(PY) -m pip install --quiet -e '.[all]'
 
 demo: venv
-	@echo "l9gpu demo: simulated node, metrics at http://localhost:$(PORT)/metrics (Ctrl-C to stop)"
+	@echo "l9gpu demo: simulated node, page at http://localhost:$(PORT)/ and metrics at /metrics (Ctrl-C to stop)"
 	$(VENV)/bin/l9gpu serve --backend simulated --listen $(LISTEN) --pod-label team
 
-# promtool and prometheus for the end-to-end tests (Debian package, needs root).
+# promtool and prometheus for the end-to-end tests, chromium (headless) for the page's
+# browser tests (Debian packages, need root).
 system-deps:
-	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then \
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v chromium >/dev/null; then \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus >/dev/null; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus chromium >/dev/null; \
 	fi
 
 deps-test: $(PY)

@@ -27,6 +27,15 @@ nvitop-exporter is installed (``pip install nvitop-exporter``) it runs beside th
 the same GPU, scraped just as often, and both processes' CPU per second over the workload
 window are printed side by side.
 
+A second, separate section checks GPM (Hopper and newer; skipped with the reason where the
+GPU has none): a child multiplies bf16 matrices for ``--gpm-busy-seconds`` and then idles
+for ``--gpm-idle-seconds`` while this process reads the GPU's GPM metrics once per
+``--gpm-tick`` through the agent's own reader. Tensor and SM activity must be clearly up
+while busy (with the tensor work on the HMMA pipe) and tensor activity ~0 while idle; the
+cost of each ``nvmlGpmSampleGet`` and ``nvmlGpmMetricsGet`` call is recorded (first,
+median, p90). ``--gpm-only`` runs just this section, ``--no-gpm`` skips it; its report goes
+to ``$OUT/gpu_check_gpm.json``.
+
 NVML reports host PIDs: run this on the host, or in a container that shares the host's
 PID namespace, and preferably on an otherwise idle GPU (other processes allocating memory
 during the run disturb the memory comparison). ``--device`` is the NVML index; the child
@@ -702,6 +711,233 @@ def run_check(args: argparse.Namespace) -> int:
     return 0 if passed else 1
 
 
+# ---- GPM: SM and tensor-core activity against a known workload ------------------------------
+#
+# A separate section (its own child, its own report): a child multiplies bf16 matrices for
+# --gpm-busy-seconds (tensor cores, HMMA pipe), then sits idle for --gpm-idle-seconds. This
+# process reads the GPU's GPM metrics through the agent's own `GpmReader` once per --gpm-tick,
+# timing every GPM call of the binding. Checks: tensor and SM activity clearly up while busy,
+# tensor activity ~0 while idle, the bf16 work on the HMMA pipe, ratios within 0-1; the cost
+# of nvmlGpmSampleGet and nvmlGpmMetricsGet (first call, median, p90) is recorded.
+
+GPM_BUSY_MIN_TENSOR = 0.2  # median tensor-active ratio while multiplying bf16 matrices
+GPM_BUSY_MIN_SM = 0.2  # median SM-active ratio while busy
+GPM_IDLE_MAX_TENSOR = 0.02  # no idle window above this
+GPM_HMMA_SHARE = 0.8  # bf16 tensor work shows on the HMMA pipe: median HMMA >= this x median any-tensor
+
+
+def run_bf16_workload(busy_seconds: float, idle_seconds: float) -> int:
+    """The GPM child: bf16 matmuls (tensor cores), then idle; events as JSON lines on stdout."""
+    import torch  # type: ignore[import-not-found,unused-ignore]
+
+    device = torch.device("cuda:0")
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
+    torch.matmul(a, b, out=c)
+    torch.cuda.synchronize()
+    _emit("busy", pid=os.getpid())
+    end = time.monotonic() + busy_seconds
+    multiplies = 0
+    while time.monotonic() < end:
+        for _ in range(8):
+            torch.matmul(a, b, out=c)
+        torch.cuda.synchronize()
+        multiplies += 8
+    _emit("idle", multiplies=multiplies, tflops=round(2 * n**3 * multiplies / busy_seconds / 1e12, 1))
+    time.sleep(idle_seconds)
+    _emit("done")
+    return 0
+
+
+class ChildBf16Workload:
+    """The bf16 child as a subprocess on one GPU; `phase` follows its events."""
+
+    def __init__(self, python: str, device: int, busy_seconds: float, idle_seconds: float):
+        self._command = [python, str(Path(__file__).resolve()), "--gpm-workload-child",
+                         "--gpm-busy-seconds", str(busy_seconds), "--gpm-idle-seconds", str(idle_seconds)]
+        self._env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(device))
+        self._events: queue.Queue[tuple[float, dict[str, Any]]] = queue.Queue()
+        self._phase = "starting"
+        self.events: dict[str, dict[str, Any]] = {}
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self._command, env=self._env, stdout=subprocess.PIPE, text=True)
+        threading.Thread(target=_read_events, args=(self.proc.stdout, self._events), daemon=True).start()
+
+    def phase(self) -> str:
+        while not self._events.empty():
+            _, event = self._events.get()
+            self.events[event["event"]] = event
+            self._phase = event["event"]
+        if self.proc is not None and self.proc.poll() is not None and self._phase != "done":
+            self._phase = "failed"
+        return self._phase
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class _TimedNvml:
+    """The pynvml module with every ``nvmlGpm*`` call timed (seconds, in call order)."""
+
+    def __init__(self, module: Any):
+        self._module = module
+        self.timings: dict[str, list[float]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._module, name)
+        if not (name.startswith("nvmlGpm") and callable(value)):
+            return value
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return value(*args, **kwargs)
+            finally:
+                self.timings.setdefault(name, []).append(time.perf_counter() - started)
+
+        return timed
+
+
+def _cost_ms(samples: list[float]) -> dict[str, Any]:
+    if not samples:
+        return {"calls": 0}
+    rest = sorted(samples[1:]) or samples
+    return {"calls": len(samples), "first_ms": round(samples[0] * 1e3, 3),
+            "median_ms": round(statistics.median(rest) * 1e3, 3),
+            "p90_ms": round(rest[min(len(rest) - 1, int(0.9 * len(rest)))] * 1e3, 3)}
+
+
+def gpm_section(nvml_module: Any, device: int, workload: Any, deadline_seconds: float, tick: float = 1.0,
+                settle_windows: int = 1) -> dict[str, Any]:
+    """Read GPM once per ``tick`` while ``workload`` goes busy -> idle -> done; check and cost it.
+
+    Args:
+        nvml_module: ``pynvml`` (or the tests' fake with the same API), not yet initialised.
+        device: NVML index of the GPU the workload runs on.
+        workload: has ``start()``, ``phase()`` ("starting", "busy", "idle", "done", "failed")
+            and ``stop()``.
+        deadline_seconds: give up after this long.
+        tick: seconds between two GPM samples.
+        settle_windows: windows skipped after each phase change (the window spans both).
+
+    Returns:
+        ``{"status": "passed"|"failed"|"skipped", "reason", "checks", "windows", "costs"}``.
+    """
+    from exporter.devices.gpm import GpmReader
+    from exporter.devices.nvml import NA, _Nvml
+
+    timed = _TimedNvml(nvml_module)
+    nvml = _Nvml(timed)
+    nvml_module.nvmlInit()
+    reader = GpmReader(nvml, interval=0.0, na=NA)
+    windows: list[dict[str, Any]] = []
+    try:
+        handle = nvml_module.nvmlDeviceGetHandleByIndex(device)
+        reader.begin_pass(time.monotonic())
+        reader.read(handle, device)
+        reader.end_pass()
+        status = reader.status().get((device, ""), "")
+        if status.startswith("unsupported: "):
+            return {"status": "skipped", "reason": status[len("unsupported: "):], "checks": [], "windows": [],
+                    "costs": {}}
+        workload.start()
+        started = time.monotonic()
+        previous_phase = workload.phase()
+        same_since = 0
+        while time.monotonic() - started < deadline_seconds:
+            time.sleep(tick)
+            phase = workload.phase()
+            reader.begin_pass(time.monotonic())
+            values = dict(reader.read(handle, device))
+            reader.end_pass()
+            same_since = same_since + 1 if phase == previous_phase else 0
+            windows.append({"t": round(time.monotonic() - started, 3), "phase": phase,
+                            "settled": same_since >= settle_windows, **{k: round(v, 4) for k, v in values.items()}})
+            previous_phase = phase
+            if phase in ("done", "failed"):
+                break
+    finally:
+        workload.stop()
+        reader.close()
+        nvml_module.nvmlShutdown()
+
+    def settled(phase: str, key: str) -> list[float]:
+        return [w[key] for w in windows if w["phase"] == phase and w["settled"] and key in w]
+
+    checks: list[Check] = []
+    busy_tensor, busy_sm, busy_hmma = (settled("busy", k) for k in ("tensor_active", "sm_active", "tensor_hmma_active"))
+    idle_tensor = settled("idle", "tensor_active")
+    med = _median(busy_tensor)
+    checks.append(Check("gpm_busy_tensor_active", med is not None and med >= GPM_BUSY_MIN_TENSOR,
+                        f"median tensor_active while multiplying bf16 matrices {med} (>= {GPM_BUSY_MIN_TENSOR}, "
+                        f"{len(busy_tensor)} windows)"))
+    med_sm = _median(busy_sm)
+    checks.append(Check("gpm_busy_sm_active", med_sm is not None and med_sm >= GPM_BUSY_MIN_SM,
+                        f"median sm_active while busy {med_sm} (>= {GPM_BUSY_MIN_SM})"))
+    med_hmma = _median(busy_hmma)
+    checks.append(Check("gpm_bf16_on_hmma_pipe",
+                        med is not None and med_hmma is not None and med_hmma > 0
+                        and med_hmma >= GPM_HMMA_SHARE * med,
+                        f"median tensor_hmma_active {med_hmma} vs tensor_active {med} (>= {GPM_HMMA_SHARE}x)"))
+    worst = max(idle_tensor) if idle_tensor else None
+    checks.append(Check("gpm_idle_tensor_zero", worst is not None and worst <= GPM_IDLE_MAX_TENSOR,
+                        f"max tensor_active while idle {worst} (<= {GPM_IDLE_MAX_TENSOR}, {len(idle_tensor)} windows)"))
+    ratios = [w[k] for w in windows for k in ("graphics_active", "sm_active", "sm_occupancy", "tensor_active",
+                                                 "dram_active") if k in w]
+    checks.append(Check("gpm_ratios_in_range", bool(ratios) and all(0.0 <= r <= 1.0 for r in ratios),
+                        f"{len(ratios)} activity values, all within 0-1"))
+    if windows and windows[-1]["phase"] != "done":
+        checks.append(Check("gpm_workload_completed", False, f"the workload ended as {windows[-1]['phase']!r}"))
+    costs = {name: _cost_ms(samples) for name, samples in sorted(timed.timings.items())}
+    return {"status": "passed" if all(c.passed for c in checks) else "failed", "reason": "",
+            "checks": [asdict(c) for c in checks], "windows": windows, "costs": costs}
+
+
+def run_gpm_check(args: argparse.Namespace) -> int:
+    """The GPM section on a real GPU: 0 passed or skipped (no GPM here), 1 failed, 2 cannot run."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("pynvml") is None:
+        print("gpu_check: the GPM section needs torch and nvidia-ml-py", file=sys.stderr)
+        return 2
+    import pynvml  # type: ignore[import-untyped,unused-ignore]
+
+    workload = ChildBf16Workload(args.python, args.device, args.gpm_busy_seconds, args.gpm_idle_seconds)
+    print(f"\nGPM: bf16 matmuls for {args.gpm_busy_seconds:.0f} s, then idle for {args.gpm_idle_seconds:.0f} s, "
+          f"GPM read every {args.gpm_tick:g} s on GPU {args.device}")
+    result = gpm_section(pynvml, args.device, workload,
+                         args.gpm_busy_seconds + args.gpm_idle_seconds + args.startup_timeout + 30, tick=args.gpm_tick)
+    result["workload"] = workload.events
+    report_gpm(result)
+    if os.environ.get("OUT"):
+        (Path(os.environ["OUT"]) / "gpu_check_gpm.json").write_text(json.dumps(result, indent=2))
+    return 1 if result["status"] == "failed" else 0
+
+
+def report_gpm(result: dict[str, Any]) -> None:
+    """Print the GPM section: per-phase medians, the per-call cost, PASS/FAIL per check."""
+    if result["status"] == "skipped":
+        print(f"SKIP  gpm: {result['reason']}")
+        return
+    keys = ("graphics_active", "sm_active", "sm_occupancy", "tensor_active", "tensor_hmma_active", "dram_active")
+    print("  ".join(f"{h:>13}" for h in ("phase", "windows") + keys))
+    for phase in ("busy", "idle"):
+        rows = [w for w in result["windows"] if w["phase"] == phase and w["settled"]]
+        cells = [_median([w[k] for w in rows if k in w]) for k in keys]
+        print("  ".join(f"{v!s:>13}" for v in (phase, len(rows), *[None if c is None else round(c, 3)
+                                                                    for c in cells])))
+    for name, cost in result["costs"].items():
+        print(f"  {name}: {cost}")
+    for check in result["checks"]:
+        print(f"{'PASS' if check['passed'] else 'FAIL'}  {check['name']}: {check['detail']}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Check l9gpu's NVIDIA backend against a real PyTorch workload on a real GPU "
@@ -715,6 +951,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds to wait for the agent and for CUDA start-up (default: 60)")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the agent and the workload")
     parser.add_argument("--workload-child", action="store_true", help=argparse.SUPPRESS)
+    gpm = parser.add_argument_group("GPM section (Hopper and newer; skipped where the GPU has no GPM)")
+    gpm.add_argument("--no-gpm", action="store_true", help="skip the GPM section")
+    gpm.add_argument("--gpm-only", action="store_true", help="run only the GPM section")
+    gpm.add_argument("--gpm-busy-seconds", type=float, default=15.0, help="bf16 matmul phase (default: 15)")
+    gpm.add_argument("--gpm-idle-seconds", type=float, default=10.0, help="idle phase (default: 10)")
+    gpm.add_argument("--gpm-tick", type=float, default=1.0, help="seconds between GPM samples (default: 1)")
+    gpm.add_argument("--gpm-workload-child", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -722,7 +965,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.workload_child:
         return run_workload(args.gib, args.busy_seconds, args.idle_seconds, args.device)
-    return run_check(args)
+    if args.gpm_workload_child:
+        return run_bf16_workload(args.gpm_busy_seconds, args.gpm_idle_seconds)
+    status = 0 if args.gpm_only else run_check(args)
+    if not args.no_gpm and status != 2:
+        status = max(status, run_gpm_check(args))
+    return status
 
 
 if __name__ == "__main__":

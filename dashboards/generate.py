@@ -263,6 +263,37 @@ def workloads() -> dict[str, Any]:
                     custom__cellOptions={"type": "color-background", "mode": "basic"}),
         ]), 24, 6)
 
+    b.row("Tensor-core use (GPM: Hopper and newer, GPUs used by one workload)")
+    gpm_note = (" From NVML GPM, on GPUs (or MIG instances) whose processes all belong to one workload; a shared "
+                "GPU has device series only (devices dashboard).")
+    b.add(timeseries("Tensor-core activity by pod",
+                     [target(f"container_gpu_tensor_active_ratio{{{POD}}}",
+                             "{{namespace}}/{{pod}}/{{container}} gpu {{gpu}}")],
+                     "percentunit", "Fraction of time any tensor-core pipe was active: the matrix math of training "
+                                    "and inference." + gpm_note, maximum=1), 12, 8)
+    b.add(timeseries("SM activity by pod",
+                     [target(f"container_gpu_sm_active_ratio{{{POD}}}",
+                             "{{namespace}}/{{pod}}/{{container}} gpu {{gpu}}")],
+                     "percentunit", "Fraction of time the SMs had work resident, averaged over all SMs. High SM "
+                                    "activity with no tensor activity is a busy GPU doing no matrix math." + gpm_note,
+                     maximum=1), 12, 8)
+    busy = (f"avg_over_time(container_gpu_sm_active_ratio{{{WL}}}[30m]) > 0.5"
+            f" and max_over_time(container_gpu_tensor_active_ratio{{{WL}}}[30m]) < 0.01")
+    b.add(table("Busy without tensor work (last 30 minutes)", [
+        target(f"sort_desc({busy})", ref="A", instant=True, table=True),
+        target(f"max_over_time(container_gpu_tensor_active_ratio{{{WL}}}[30m]) and ({busy})", ref="B", instant=True,
+               table=True),
+        target(f"container_gpu_memory_used_bytes{{{WL}}} and ({busy})", ref="C", instant=True, table=True),
+    ], "Containers alone on a GPU whose SMs were over 50% active on average over 30 minutes while the tensor "
+       "cores stayed idle: a rank stuck in a collective, a busy-wait. Held for 15 more minutes (with FP pipes idle "
+       "too) this fires GPUBusyWithoutTensorWork.",
+        rename={"Value #A": "SM active (30m avg)", "Value #B": "tensor active (30m max)", "Value #C": "memory held"},
+        sort="SM active (30m avg)", overrides=[
+            by_name("SM active (30m avg)", unit="percentunit"),
+            by_name("tensor active (30m max)", unit="percentunit"),
+            by_name("memory held", unit="bytes"),
+        ]), 24, 6)
+
     b.row("Chargeback (selected time range)")
     cb = WL + ', namespace!=""'
     b.add(table("Per namespace", [
@@ -381,6 +412,46 @@ def devices() -> dict[str, Any]:
     b.add(bargauge("Memory used / total",
                    [target(f"gpu_memory_used_bytes{{{DEV}}} / gpu_memory_total_bytes{{{DEV}}}", leg, instant=True)],
                    "percentunit", maximum=1), 12, 8)
+
+    b.row("Activity: SM, tensor cores, memory bandwidth (GPM: Hopper and newer)")
+    gpm_note = (" NVML GPM, averaged between two samples (--gpm-interval); absent on GPUs before Hopper. In MIG mode "
+                "per MIG instance.")
+    b.add(timeseries("Graphics engine active vs utilisation",
+                     [target(f"gpu_graphics_active_ratio{{{DEV}}}", leg + " engine active"),
+                      target(f"gpu_utilization_ratio{{{DEV}}}", leg + " utilisation", ref="B")], "percentunit",
+                     "Utilisation counts time any kernel ran; the engine-active ratio is the GPM counterpart."
+                     + gpm_note, maximum=1), 8, 8)
+    b.add(timeseries("SM active", [target(f"gpu_sm_active_ratio{{{DEV}}}", leg)], "percentunit",
+                     "Fraction of time the SMs had work resident, averaged over all SMs: how much of the GPU the "
+                     "kernels spread over." + gpm_note, maximum=1), 8, 8)
+    b.add(timeseries("SM occupancy", [target(f"gpu_sm_occupancy_ratio{{{DEV}}}", leg)], "percentunit",
+                     "Resident warps as a fraction of the SMs' maximum." + gpm_note, maximum=1), 8, 8)
+    b.add(timeseries("Tensor cores active", [target(f"gpu_tensor_active_ratio{{{DEV}}}", leg)], "percentunit",
+                     "Fraction of time any tensor-core pipe was active." + gpm_note, maximum=1), 8, 8)
+    b.add(timeseries("Tensor pipes by kind",
+                     [target(f"gpu_tensor_hmma_active_ratio{{{DEV}}}", leg + " HMMA (FP16/BF16)"),
+                      target(f"gpu_tensor_imma_active_ratio{{{DEV}}}", leg + " IMMA (INT8)", ref="B"),
+                      target(f"gpu_tensor_dfma_active_ratio{{{DEV}}}", leg + " DFMA (FP64)", ref="C")],
+                     "percentunit", "Half-precision, integer and double-precision tensor-core pipes." + gpm_note,
+                     maximum=1), 8, 8)
+    b.add(timeseries("DRAM bandwidth used", [target(f"gpu_dram_active_ratio{{{DEV}}}", leg)], "percentunit",
+                     "Device-memory bandwidth used as a fraction of the peak." + gpm_note, maximum=1), 8, 8)
+    b.add(timeseries("FP pipes (non-tensor)",
+                     [target(f"gpu_fp16_active_ratio{{{DEV}}}", leg + " FP16"),
+                      target(f"gpu_fp32_active_ratio{{{DEV}}}", leg + " FP32", ref="B"),
+                      target(f"gpu_fp64_active_ratio{{{DEV}}}", leg + " FP64", ref="C")],
+                     "percentunit", "Fraction of time the SMs' FP16, FP32 and FP64 pipes were active." + gpm_note,
+                     maximum=1), 8, 8)
+    b.add(timeseries("PCIe traffic (GPM)",
+                     [target(f"gpu_gpm_pcie_rx_bytes_per_second{{{DEV}}}", leg + " rx"),
+                      target(f"-gpu_gpm_pcie_tx_bytes_per_second{{{DEV}}}", leg + " tx", ref="B")],
+                     "Bps", "Receive up, transmit down; averaged over the GPM window." + gpm_note, minimum=None),
+          8, 8)
+    b.add(timeseries("NVLink traffic",
+                     [target(f"gpu_nvlink_rx_bytes_per_second{{{DEV}}}", leg + " rx"),
+                      target(f"-gpu_nvlink_tx_bytes_per_second{{{DEV}}}", leg + " tx", ref="B")],
+                     "Bps", "All links together; receive up, transmit down. Absent on cards without NVLink."
+                     + gpm_note, minimum=None), 8, 8)
 
     b.row("Power and temperature")
     b.add(timeseries("Power vs limit", [target(f"gpu_power_watts{{{DEV}}}", leg),

@@ -71,6 +71,7 @@ INFO = "info"  # rendered as a gauge named *_info with value 1
 # Where a family's values come from; `render` has one loop per scope.
 DEVICE = "device"
 WORKLOAD = "workload"
+WORKLOAD_GPM = "workload_gpm"  # a device's GPM values, labelled with its only workload
 UNATTRIBUTED = "unattributed"
 PROCESS = "process"
 SELF = "self"
@@ -88,7 +89,8 @@ class MetricSpec:
         labels: label names, in order.
         scope: which rows feed it (DEVICE, WORKLOAD, UNATTRIBUTED, PROCESS, SELF).
         source: attribute of the row that holds the value. For a mapping-valued
-            attribute the last label takes the mapping's keys (e.g. ECC ``type``).
+            attribute the last label takes the mapping's keys (e.g. ECC ``type``);
+            ``gpm.<key>`` is one key of `DeviceSample.gpm`.
         dcgm: the nearest DCGM exporter field and the factor from our unit to its unit,
             for users moving dashboards over ("" where DCGM has none).
         default_enabled: exported unless disabled; False means opt-in.
@@ -132,6 +134,76 @@ def otel_attribute(label: str) -> str:
 D = DEVICE_LABELS
 W = WORKLOAD_LABELS
 
+# NVML GPM metrics (`DeviceSample.gpm`, Hopper and newer): key, family name without the
+# ``gpu_``/``container_gpu_`` prefix, what it measures, and the DCGM profiling field it
+# matches (DCGM's PROF fields are ratios 0-1 and bytes per second too, so the factor is 1).
+GPM_FAMILIES: tuple[tuple[str, str, str, str], ...] = (
+    ("graphics_active", "graphics_active_ratio",
+     "Fraction of time the graphics or compute engine was active (any kernel resident)",
+     "DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
+    ("sm_active", "sm_active_ratio",
+     "Fraction of time the SMs had at least one warp resident, averaged over all SMs: how much of the GPU the "
+     "kernels spread over",
+     "DCGM_FI_PROF_SM_ACTIVE"),
+    ("sm_occupancy", "sm_occupancy_ratio",
+     "Resident warps as a fraction of the SMs' maximum, averaged over time and SMs",
+     "DCGM_FI_PROF_SM_OCCUPANCY"),
+    ("tensor_active", "tensor_active_ratio",
+     "Fraction of time any tensor-core pipe was active: the matrix math of training and inference",
+     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
+    ("tensor_hmma_active", "tensor_hmma_active_ratio",
+     "Fraction of time the half-precision (FP16, BF16) tensor-core pipe was active",
+     "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE"),
+    ("tensor_imma_active", "tensor_imma_active_ratio",
+     "Fraction of time the integer (INT8, INT4) tensor-core pipe was active",
+     "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE"),
+    ("tensor_dfma_active", "tensor_dfma_active_ratio",
+     "Fraction of time the double-precision (FP64) tensor-core pipe was active",
+     "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE"),
+    ("dram_active", "dram_active_ratio",
+     "Device-memory bandwidth used as a fraction of the peak",
+     "DCGM_FI_PROF_DRAM_ACTIVE"),
+    ("fp16_active", "fp16_active_ratio",
+     "Fraction of time the SMs' non-tensor FP16 pipe was active",
+     "DCGM_FI_PROF_PIPE_FP16_ACTIVE"),
+    ("fp32_active", "fp32_active_ratio",
+     "Fraction of time the SMs' non-tensor FP32 pipe was active",
+     "DCGM_FI_PROF_PIPE_FP32_ACTIVE"),
+    ("fp64_active", "fp64_active_ratio",
+     "Fraction of time the SMs' non-tensor FP64 pipe was active",
+     "DCGM_FI_PROF_PIPE_FP64_ACTIVE"),
+    ("pcie_tx_bytes_per_second", "gpm_pcie_tx_bytes_per_second",
+     "PCIe bytes sent by the GPU per second (all traffic, headers included)",
+     "DCGM_FI_PROF_PCIE_TX_BYTES"),
+    ("pcie_rx_bytes_per_second", "gpm_pcie_rx_bytes_per_second",
+     "PCIe bytes received by the GPU per second (all traffic, headers included)",
+     "DCGM_FI_PROF_PCIE_RX_BYTES"),
+    ("nvlink_tx_bytes_per_second", "nvlink_tx_bytes_per_second",
+     "NVLink bytes sent per second, all links together",
+     "DCGM_FI_PROF_NVLINK_TX_BYTES"),
+    ("nvlink_rx_bytes_per_second", "nvlink_rx_bytes_per_second",
+     "NVLink bytes received per second, all links together",
+     "DCGM_FI_PROF_NVLINK_RX_BYTES"),
+)
+_GPM_WINDOW = " (NVML GPM, averaged between two GPM samples; see --gpm-interval)."
+_GPM_NOTE = "NVIDIA Hopper and newer (NVML GPM); absent on older GPUs"
+
+
+def _gpm_specs() -> tuple[MetricSpec, ...]:
+    device = tuple(
+        MetricSpec("gpu_" + name, GAUGE, "ratio" if name.endswith("_ratio") else "bytes_per_second",
+                   text + _GPM_WINDOW, D, DEVICE, "gpm." + key, (dcgm, 1.0), vendors_note=_GPM_NOTE)
+        for key, name, text, dcgm in GPM_FAMILIES
+    )
+    workload = tuple(
+        MetricSpec("container_gpu_" + name, GAUGE, "ratio" if name.endswith("_ratio") else "bytes_per_second",
+                   f"The device's `gpu_{name}`, labelled with the workload on a GPU or MIG instance whose "
+                   "processes all belong to this one workload; absent on a shared GPU.",
+                   W, WORKLOAD_GPM, "gpm." + key, (dcgm, 1.0), vendors_note=_GPM_NOTE)
+        for key, name, text, dcgm in GPM_FAMILIES
+    )
+    return device + workload
+
 METRICS: tuple[MetricSpec, ...] = (
     # ---- device -------------------------------------------------------------------
     MetricSpec("gpu_info", INFO, "", "Facts about a GPU; value is always 1.",
@@ -166,11 +238,11 @@ METRICS: tuple[MetricSpec, ...] = (
                D, DEVICE, "memory_clock_hertz", ("DCGM_FI_DEV_MEM_CLOCK", 1e-6)),
     MetricSpec("gpu_pcie_tx_bytes_total", COUNTER, "bytes",
                "Bytes the GPU sent over PCIe, as the driver counts them (take rate() for throughput).",
-               D, DEVICE, "pcie_tx_bytes_total",
+               D, DEVICE, "pcie_tx_bytes_total", ("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", 1.0 / 1024),
                vendors_note="absent where the driver has no PCIe byte counters (see the per-vendor table)"),
     MetricSpec("gpu_pcie_rx_bytes_total", COUNTER, "bytes",
                "Bytes the GPU received over PCIe, as the driver counts them (take rate() for throughput).",
-               D, DEVICE, "pcie_rx_bytes_total",
+               D, DEVICE, "pcie_rx_bytes_total", ("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", 1.0 / 1024),
                vendors_note="absent where the driver has no PCIe byte counters (see the per-vendor table)"),
     MetricSpec("gpu_fan_speed_ratio", GAUGE, "ratio", "Fan speed as a fraction of its maximum (cards with fans only).",
                D, DEVICE, "fan_speed_ratio", ("DCGM_FI_DEV_FAN_SPEED", 100.0),
@@ -183,6 +255,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("gpu_clock_throttle_active", GAUGE, "", "1 while the named reason is holding the clocks down, else 0.",
                D + ("reason",), DEVICE, "throttle_reasons", ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 1.0),
                vendors_note="NVIDIA only"),
+    # ---- device and workload: GPM activity (Hopper and newer) ----------------------
+    *_gpm_specs(),
     # ---- workload -----------------------------------------------------------------
     MetricSpec("container_gpu_memory_used_bytes", GAUGE, "bytes",
                "Device memory held by the workload's processes on this GPU, in bytes.",
@@ -323,14 +397,47 @@ VENDOR_NOTES: dict[str, tuple[str, str, str]] = {
                                           "split equally among the processes holding the device"),
     "gpu_process_memory_used_bytes": ("as NVML reports", "`vram_mem`", "—"),
     "gpu_process_utilization_ratio": ("NVML per-process SM samples", "GFX engine time over the interval", "—"),
+    **{f"gpu_{name}": (f"GPM `{key}`, Hopper and newer; per MIG instance in MIG mode", "—", "—")
+       for key, name, _, _ in GPM_FAMILIES},
 }
+
+# docs/METRICS.md: what the GPM families are, where they exist and how they are read.
+GPM_DOC: tuple[str, ...] = (
+    "## GPM activity: how much of the GPU the kernels use",
+    "",
+    "`gpu_utilization_ratio` is the fraction of time *any* kernel ran: one tiny kernel keeps it at "
+    "100%. The GPM families say how much of the GPU that work used, from NVML's GPU Performance "
+    "Monitoring (the counters behind DCGM's `DCGM_FI_PROF_*` profiling fields, without DCGM's host "
+    "engine). Checked on an H200 with a bf16 matmul job at a ~60% duty cycle: utilisation 0.65, "
+    "graphics active 0.59, SM active 0.55, SM occupancy 0.08, tensor active 0.53, DRAM 0.11.",
+    "",
+    "- **Which GPUs.** NVIDIA Hopper and newer (H100, H200, H800, GH200, B100, B200, GB200) with a "
+    "driver and an nvidia-ml-py that have GPM. On older GPUs (A100, A10, L4, L40, V100, T4, ...) "
+    "the families are absent, the reason is logged once at start and `l9gpu snapshot` shows it. "
+    "AMD and Gaudi: absent.",
+    "- **Window.** Each value is the average between two GPM samples of the device, taken "
+    "`--gpm-interval` apart (default 5 s; `0` samples every pass, `off` turns GPM off). The first "
+    "value appears one window after start; between samples the last window's values stay.",
+    "- **MIG.** In MIG mode each MIG instance (`gpu_instance` label) has its own values; the parent "
+    "GPU has none.",
+    "- **A metric a device does not report** (NVLink on a card without it) is absent, never 0.",
+    "- **Per workload.** `container_gpu_*` copies of these families exist only on a GPU or MIG "
+    "instance whose processes all belong to one workload: GPM counts the whole device and cannot "
+    "be split by process, so on a shared (time-sliced) GPU only the device series and each pod's "
+    "`container_gpu_utilization_ratio` exist (see docs/ATTRIBUTION.md).",
+    "",
+)
 
 
 def _fmt_scale(scale: float) -> str:
     if scale == 1.0:
         return ""
+    if scale == 1.0 / 1024:
+        return " (÷ 1024, KB)"
     if scale == 1.0 / 2**20:
         return " (÷ 2^20, MiB)"
+    if scale == 1.0 / 1024:
+        return " (÷ 1024, KB/s)"
     return f" (× {scale:g})"
 
 
@@ -349,7 +456,9 @@ def markdown() -> str:
         "",
     ]
     sections = [
-        (DEVICE, "Device"), (WORKLOAD, "Workload"), (UNATTRIBUTED, "Unattributed (per GPU)"),
+        (DEVICE, "Device"), (WORKLOAD, "Workload"),
+        (WORKLOAD_GPM, "Workload: GPM activity on a GPU or MIG instance used by one workload"),
+        (UNATTRIBUTED, "Unattributed (per GPU)"),
         (PROCESS, "Per process (opt-in: `--process-metrics`)"), (SELF, "Agent self-metrics"),
     ]
     for scope, title in sections:
@@ -358,14 +467,16 @@ def markdown() -> str:
         for spec in METRICS:
             if spec.scope != scope:
                 continue
-            base = {DEVICE: D, WORKLOAD: W, PROCESS: PROCESS_LABELS}.get(scope, ())
+            base = {DEVICE: D, WORKLOAD: W, WORKLOAD_GPM: W, PROCESS: PROCESS_LABELS}.get(scope, ())
             extra = spec.labels[len(base):] if base and spec.labels[: len(base)] == base else spec.labels
-            labels = {DEVICE: "device", WORKLOAD: "workload", PROCESS: "workload"}.get(scope, "")
+            labels = {DEVICE: "device", WORKLOAD: "workload", WORKLOAD_GPM: "workload",
+                      PROCESS: "workload"}.get(scope, "")
             label_text = ", ".join(filter(None, [f"*{labels}*" if labels else ""] + [f"`{x}`" for x in extra]))
             dcgm = f"`{spec.dcgm[0]}`{_fmt_scale(spec.dcgm[1])}" if spec.dcgm[0] else ""
             help_text = spec.help + (f" Note: {spec.vendors_note}." if spec.vendors_note else "")
             out.append(f"| `{spec.name}` | {spec.type} | {spec.ucum} | {label_text} | {help_text} | {dcgm} |")
         out.append("")
+    out += list(GPM_DOC)
     out += ["## Per vendor", "", "What each family means on each backend; \u2014 where the vendor cannot provide it "
             "(the series is absent, never 0).", "", "| family | " + " | ".join(VENDORS) + " |",
             "|---|" + "---|" * len(VENDORS)]

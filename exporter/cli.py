@@ -18,16 +18,27 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from exporter import __version__
 from exporter import catalogue as cat
-from exporter.config import argtype, parse_listen, parse_positive_duration
+from exporter.config import argtype, parse_duration, parse_listen, parse_positive_duration
+from exporter.devices.gpm import WARMING_UP
+from exporter.snapshot_json import describe_owner, document_json, snapshot_document
 
 log = logging.getLogger("l9gpu")
 
 ENV_PREFIX = "L9GPU_"
 DEFAULT_LISTEN = "0.0.0.0:9835"
+# `l9gpu snapshot` measures GPM activity over this long (two samples this far apart).
+SNAPSHOT_GPM_WINDOW = 1.0
+
+
+def parse_gpm_interval(text: str) -> float | None:
+    """``--gpm-interval``: a duration (0 = every pass), or ``off`` (None)."""
+    if str(text).strip().lower() == "off":
+        return None
+    return parse_duration(text)
 
 
 class UsageError(Exception):
@@ -56,6 +67,10 @@ def _add_device_args(parser: argparse.ArgumentParser) -> None:
                             "then the hostname)")
     group.add_argument("--interval", default="1s", type=argtype(parse_positive_duration), metavar="DURATION",
                        help="time between collection passes, e.g. 500ms, 2s, 1m (default: 1s)")
+    group.add_argument("--gpm-interval", default="5s", type=argtype(parse_gpm_interval), metavar="DURATION|off",
+                       help="NVIDIA Hopper and newer: time between two GPM samples of a GPU, over which SM, "
+                            "tensor-core and DRAM activity are averaged; 0 samples every pass, off turns GPM "
+                            "off (default: 5s)")
     group.add_argument("--process-metrics", action="store_true",
                        help="also export per-process series (pid, comm) for debugging")
     group.add_argument("--enable-metric", action="append", default=[], metavar="NAME",
@@ -79,13 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_args(serve)
     web = serve.add_argument_group("http")
     web.add_argument("--listen", default=DEFAULT_LISTEN, type=argtype(parse_listen), metavar="HOST:PORT",
-                     help=f"address for /metrics, /healthz, /readyz (default: {DEFAULT_LISTEN})")
+                     help=f"address for /metrics, /healthz, /readyz, the page at / and /api/v1/snapshot "
+                          f"(default: {DEFAULT_LISTEN})")
     web.add_argument("--no-metrics-endpoint", action="store_true",
                      help="serve no /metrics (push-only over OTLP); /healthz and /readyz stay")
     web.add_argument("--web-config", metavar="FILE",
                      help="TLS, client certificates, basic auth and response headers from a web config file in "
                           "Prometheus exporter-toolkit's format (as node_exporter's --web.config.file); re-read "
                           "when it changes. /healthz and /readyz need no credentials (see docs/SECURITY.md)")
+    _add_schema_args(serve)
     _add_bridge_args(serve)
     snap = sub.add_parser("snapshot", help="collect once and print a table (or JSON) for an on-call engineer")
     _add_device_args(snap)
@@ -96,6 +113,48 @@ def build_parser() -> argparse.ArgumentParser:
     for action in (serve, snap):
         _apply_environment(action)
     return parser
+
+
+def _add_schema_args(parser: argparse.ArgumentParser) -> None:
+    from exporter.dcgm import parse_schemas
+
+    group = parser.add_argument_group("metric schema")
+    group.add_argument("--metric-schema", default="l9gpu", type=argtype(parse_schemas), metavar="SCHEMA",
+                       help="names of the exported series: l9gpu, dcgm (NVIDIA dcgm-exporter's DCGM_FI_* names, "
+                            "units and labels, with honest per-pod series), or l9gpu,dcgm for both while migrating "
+                            "(default: l9gpu; see docs/MIGRATING-FROM-DCGM.md)")
+    group.add_argument("--collectors", metavar="FILE",
+                       help="with --metric-schema dcgm: the DCGM fields to serve, from a counters file in "
+                            "dcgm-exporter's CSV format (DCGM field, type, help); fields l9gpu cannot provide are "
+                            "named at start-up and skipped (default: dcgm-exporter's default counters plus the "
+                            "DCGM_FI_PROF_* fields)")
+
+
+def _dcgm_selection(args: argparse.Namespace) -> Any:
+    """The DCGM fields to serve (None when the DCGM schema is off); logs what is skipped."""
+    from exporter import dcgm
+
+    if dcgm.DCGM not in args.metric_schema:
+        if args.collectors:
+            raise UsageError("l9gpu: --collectors needs --metric-schema dcgm (or l9gpu,dcgm)")
+        return None
+    if not args.collectors:
+        selection = dcgm.default_selection()
+        message = dcgm.describe_skipped(selection, "DCGM schema: default counters")
+        if message:
+            log.info("%s", message)
+        return selection
+    try:
+        selection = dcgm.select(dcgm.read_counters(args.collectors))
+    except dcgm.CountersError as exc:
+        raise UsageError(f"l9gpu: --collectors {exc}") from None
+    if not selection.metrics:
+        raise UsageError(f"l9gpu: --collectors {args.collectors}: none of its fields can be served "
+                         "(see docs/MIGRATING-FROM-DCGM.md)")
+    message = dcgm.describe_skipped(selection, f"--collectors {args.collectors}")
+    if message:
+        log.warning("%s", message)
+    return selection
 
 
 def _add_bridge_args(parser: argparse.ArgumentParser) -> None:
@@ -183,7 +242,8 @@ def _open(args: argparse.Namespace) -> tuple[Any, Any]:
         raise UsageError(f"l9gpu: --proc-root {args.proc_root} is not a proc filesystem (no {args.proc_root}/self); "
                          "mount the host's /proc there, or run with hostPID and the default /proc")
     options = {"scenario": args.scenario, "proc_root": args.proc_root, "hl_smi": args.hl_smi,
-               "hl_smi_timeout": args.hl_smi_timeout}
+               "hl_smi_timeout": args.hl_smi_timeout, "gpm": args.gpm_interval is not None,
+               "gpm_interval": args.gpm_interval}
     try:
         backend = open_backend(args.backend, options)
     except BackendUnavailable as exc:
@@ -214,20 +274,32 @@ def _enabled(args: argparse.Namespace) -> frozenset[str]:
     if args.process_metrics:
         enable += [s.name for s in cat.METRICS if s.scope == cat.PROCESS]
     try:
-        return cat.enabled_names(enable, args.disable_metric)
+        names = cat.enabled_names(enable, args.disable_metric)
     except ValueError as exc:
         raise UsageError(f"l9gpu: {exc}") from None
+    if "l9gpu" not in getattr(args, "metric_schema", ("l9gpu",)):
+        # DCGM names only: keep the agent's own health families, which no DCGM name covers
+        names = frozenset(name for name in names if cat.get(name).scope == cat.SELF)
+        if args.process_metrics or args.enable_metric:
+            log.warning("--process-metrics and --enable-metric name l9gpu families, which --metric-schema %s "
+                        "does not export (use l9gpu,dcgm for both)", ",".join(args.metric_schema))
+    return names
 
 
 def build_registry(get_snapshot: Callable[[], Any], enabled: frozenset[str],
-                   extra_labels: tuple[str, ...]) -> Any:
-    """The registry /metrics and the OTLP bridge both read: snapshot + process metrics."""
+                   extra_labels: tuple[str, ...], dcgm_selection: Any = None) -> Any:
+    """The registry /metrics and the OTLP bridge both read: snapshot + process metrics,
+    plus the DCGM schema's families when ``dcgm_selection`` (`exporter.dcgm.Selection`) is given."""
     from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
     from exporter.render import SnapshotCollector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(get_snapshot, enabled, extra_labels))
+    if dcgm_selection is not None:
+        from exporter.dcgm import DcgmCollector
+
+        registry.register(DcgmCollector(get_snapshot, dcgm_selection))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
@@ -241,10 +313,14 @@ def serve(args: argparse.Namespace) -> int:
     from exporter.server import Exposition, make_app
 
     enabled = _enabled(args)
+    dcgm_selection = _dcgm_selection(args)
     watcher = _web_config(args.web_config)
     backend, attributor = _open(args)
+    if dcgm_selection is not None and not {"nvml", "simulated"} & set(backend.name.split(",")):
+        log.warning("the DCGM schema covers NVIDIA GPUs only: the %s backend's GPUs are exported in the l9gpu "
+                    "schema only", backend.name)
     collector, extra_names = _collector(args, backend, attributor)
-    registry = build_registry(lambda: collector.snapshot, enabled, extra_names)
+    registry = build_registry(lambda: collector.snapshot, enabled, extra_names, dcgm_selection)
     exposition = None
     if not args.no_metrics_endpoint:
         # cached bytes may be served for a pass and its rendering, then they are stale
@@ -261,8 +337,12 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         backend.close()
         raise UsageError(f"l9gpu: {exc}") from None
+    from exporter.page import SnapshotPages
+
+    pages = SnapshotPages(lambda: collector.snapshot, args.node_name, args.interval, extra_names,
+                          gpm_status=lambda: gpm_status(backend))
     app = make_app(exposition, lambda: collector.snapshot, collector.alive, args.node_name,
-                   middlewares=[watcher.middleware] if watcher is not None else ())
+                   middlewares=[watcher.middleware] if watcher is not None else (), pages=pages)
     host, port = args.listen
 
     async def run() -> None:
@@ -320,38 +400,52 @@ def _web_config(path: str | None) -> Any:
 
 
 def snapshot(args: argparse.Namespace) -> int:
-    """Collect once and print the node's GPUs and their processes' owners."""
+    """Collect once and print the node's GPUs and their processes' owners.
+
+    Where a GPU has GPM, its activity needs two samples: a second pass follows the
+    first after `SNAPSHOT_GPM_WINDOW` seconds, and the second pass is printed.
+    """
+    if args.gpm_interval is not None:
+        args.gpm_interval = 0.0  # sample on each of the (at most two) passes
     backend, attributor = _open(args)
     timed = [b for b in getattr(backend, "backends", [backend]) if callable(getattr(b, "enable_timings", None))]
     passes: list[tuple[str, dict[str, Any]]] = []
     try:
-        collector, _ = _collector(args, backend, attributor)
+        collector, extra_names = _collector(args, backend, attributor)
         if args.timings:
             for part in timed:
                 part.enable_timings()
         snap = collector.collect_once()
+        gpm_warming = any(status == WARMING_UP for status in gpm_status(backend).values())
         if args.timings:
             # The first pass also reads what is read once or on a slow schedule; a steady
             # pass, one interval later (at most a second), is what every pass costs.
             passes.append(("first pass", _call_timings(timed)))
-            time.sleep(min(args.interval, 1.0))
+        if args.timings or gpm_warming:
+            time.sleep(max(min(args.interval, 1.0) if args.timings else 0.0,
+                           SNAPSHOT_GPM_WINDOW if gpm_warming else 0.0))
             snap = collector.collect_once()
+        if args.timings:
             passes.append(("steady pass", _call_timings(timed)))
+        statuses = gpm_status(backend)
     finally:
         attributor.close()
         backend.close()
     if args.json:
-        doc = snapshot_dict(snap)
+        doc = snapshot_document(snap, extra_names, statuses)
         if args.timings:
             doc["timings"] = {name: {call: {"calls": c, "wall_seconds": w, "cpu_seconds": cpu, "max_wall_seconds": m}
                                      for call, (c, w, cpu, m) in calls.items()} for name, calls in passes}
-        print(json.dumps(doc, indent=2))
+        sys.stdout.write(document_json(doc))
     else:
-        print(format_table(snap))
+        print(format_table(snap, statuses))
         if args.timings:
             print()
             print(format_timings(passes) if timed else
                   f"no per-call timings for the {backend.name} backend (NVIDIA's nvml backend has them)")
+            if any(name.startswith("nvmlGpm") for _, calls in passes for name in calls):
+                print("(nvmlGpm* calls: this snapshot samples GPM on both passes; `l9gpu serve` samples a GPU "
+                      "every --gpm-interval)")
     return 0
 
 
@@ -376,17 +470,31 @@ def format_timings(passes: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def gpm_status(backend: Any) -> dict[tuple[int, str], str]:
+    """GPM status per (GPU index, MIG instance) from the backend(s) that have GPM."""
+    out: dict[tuple[int, str], str] = {}
+    for part in getattr(backend, "backends", [backend]):
+        status = getattr(part, "gpm_status", None)
+        if callable(status):
+            out.update(status())
+    return out
+
+
+def _gpm_line(device: Any, status: str | None) -> str | None:
+    """One line of GPM activity for the table, or why there is none."""
+    gpm = device.gpm
+    if gpm:
+        parts = [f"{label} {gpm[key] * 100:.0f}%" for label, key in (
+            ("graphics", "graphics_active"), ("sm", "sm_active"), ("occupancy", "sm_occupancy"),
+            ("tensor", "tensor_active"), ("dram", "dram_active")) if key in gpm]
+        return "       gpm: " + "  ".join(parts)
+    if status and status.startswith("unsupported: "):
+        return f"       gpm: not available ({status[len('unsupported: '):]})"
+    return None
+
+
 def _owner(row: Any) -> str:
-    w = row.workload
-    if w.kind == "kubernetes":
-        name = f"{w.namespace}/{w.pod}" if w.pod else f"pod {w.pod_uid or '?'}"
-        return f"{name}/{w.container}" if w.container else name
-    if w.kind == "slurm":
-        return f"slurm job {w.slurm_job_id}" + (f" step {w.slurm_step}" if w.slurm_step else "") + (
-            f" ({w.slurm_user})" if w.slurm_user else "")
-    if w.kind in ("systemd", "docker"):
-        return f"{w.kind} {w.unit or w.container_id[:12]}"
-    return w.kind
+    return describe_owner(row.workload)
 
 
 def _gib(value: float | None) -> str:
@@ -400,8 +508,9 @@ def _allocations_by_device(snap: Any) -> dict[str, list[Any]]:
     return by_device
 
 
-def format_table(snap: Any) -> str:
-    """A plain-text table: one line per GPU, then one indented line per process and allocation."""
+def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None) -> str:
+    """A plain-text table: one line per GPU, then its GPM activity (or why it has none) and
+    one indented line per process and allocation."""
     lines = [f"node {snap.node}",
              f"{'GPU':<4} {'MODEL':<28} {'UTIL':>5} {'MEMORY GiB':>14} {'POWER W':>8}  PROCESSES"]
     by_device: dict[str, list[Any]] = {}
@@ -418,6 +527,9 @@ def format_table(snap: Any) -> str:
         power = "-" if d.power_watts is None else f"{d.power_watts:.0f}"
         rows = by_device.get(d.key, [])
         lines.append(f"{gpu:<4} {d.model[:28]:<28} {util:>5} {mem:>14} {power:>8}  {len(rows)}")
+        gpm_line = _gpm_line(d, (gpm or {}).get((d.index, d.gpu_instance)))
+        if gpm_line:
+            lines.append(gpm_line)
         for row in rows:
             sm = "-" if row.sm_utilization is None else f"{row.sm_utilization * 100:.0f}%"
             lines.append(f"       pid {row.pid:<8} {row.comm[:16]:<16} {_gib(row.used_memory_bytes):>6} GiB  "
@@ -425,37 +537,6 @@ def format_table(snap: Any) -> str:
         for alloc in allocations.get(d.key, []):
             lines.append(f"       allocated to {_owner(alloc)} ({alloc.resource_name} {alloc.device_id})")
     return "\n".join(lines)
-
-
-def snapshot_dict(snap: Any) -> dict[str, Any]:
-    """The snapshot as plain JSON-able data (units in the key names)."""
-    by_device: dict[str, list[Any]] = {}
-    for row in snap.processes:
-        by_device.setdefault(row.device_key, []).append(row)
-    allocations = _allocations_by_device(snap)
-    gpus = []
-    for d in snap.devices:
-        gpus.append({
-            "index": d.index, "uuid": d.uuid, "model": d.model, "vendor": d.vendor,
-            "gpu_instance": d.gpu_instance, "up": d.up, "error": d.error,
-            "utilization_ratio": d.utilization, "memory_used_bytes": d.memory_used_bytes,
-            "memory_total_bytes": d.memory_total_bytes, "power_watts": d.power_watts,
-            "temperature_celsius": d.temperature_celsius,
-            "processes": [{
-                "pid": r.pid, "comm": r.comm, "memory_used_bytes": r.used_memory_bytes,
-                "sm_utilization_ratio": r.sm_utilization, "owner": _owner(r), "kind": r.workload.kind,
-                "namespace": r.workload.namespace, "pod": r.workload.pod, "container": r.workload.container,
-                "pod_uid": r.workload.pod_uid, "slurm_job_id": r.workload.slurm_job_id,
-                "container_id": r.workload.container_id, "owner_kind": r.workload.owner_kind,
-                "owner_name": r.workload.owner_name, "slurm_step": r.workload.slurm_step,
-                "slurm_user": r.workload.slurm_user, "unit": r.workload.unit,
-            } for r in by_device.get(d.key, [])],
-            "allocations": [{
-                "namespace": a.workload.namespace, "pod": a.workload.pod, "container": a.workload.container,
-                "pod_uid": a.workload.pod_uid, "resource_name": a.resource_name, "device_id": a.device_id,
-            } for a in allocations.get(d.key, [])],
-        })
-    return {"node": snap.node, "timestamp": snap.timestamp, "gpus": gpus}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -54,6 +54,7 @@ def families(
     """
     devices = {d.key: d for d in snapshot.devices}
     dev_labels = {d.key: device_label_values(snapshot.node, d) for d in snapshot.devices}
+    sole: dict[str, tuple[str, ...]] | None = None
     for spec in cat.METRICS:
         if spec.name not in enabled or spec.name in cat.REGISTERED_ELSEWHERE:
             continue
@@ -67,6 +68,15 @@ def families(
                 value = _number(getattr(usage, spec.source))
                 if value is not None:
                     family.add_metric(usage.labels, value)
+        elif spec.scope == cat.WORKLOAD_GPM:
+            family = _family(spec, spec.labels + extra_labels)
+            if sole is None:
+                sole = sole_workloads(snapshot)
+            key = spec.source[len("gpm."):]
+            for device_key, labels in sole.items():
+                value = devices[device_key].gpm.get(key)
+                if value is not None:
+                    family.add_metric(labels, float(value))
         elif spec.scope == cat.UNATTRIBUTED:
             family = _family(spec, spec.labels)
             for rest in snapshot.unattributed:
@@ -85,6 +95,27 @@ def families(
         yield family
 
 
+def sole_workloads(snapshot: Snapshot) -> dict[str, tuple[str, ...]]:
+    """Device key -> label values of the one workload that uses the device, if there is one.
+
+    A GPU (or MIG instance) counts as used by one workload when every process on it
+    belongs to that workload: exactly one present workload with processes there and no
+    unattributed process. Device-wide values (GPM) can then be labelled with it; on a
+    shared GPU they cannot be split by process, so no workload gets them.
+    """
+    users: dict[str, list[tuple[str, ...]]] = {}
+    for usage in snapshot.workloads:
+        if usage.present and usage.processes > 0:
+            users.setdefault(usage.device_key, []).append(usage.labels)
+    others = {rest.device_key for rest in snapshot.unattributed if rest.processes > 0}
+    devices = {d.key: d for d in snapshot.devices}
+    return {
+        key: labels[0]
+        for key, labels in users.items()
+        if len(labels) == 1 and key not in others and key in devices and devices[key].up
+    }
+
+
 def _device_family(spec: cat.MetricSpec, snapshot: Snapshot,
                    dev_labels: Mapping[str, tuple[str, ...]]) -> Family:
     family = _family(spec, spec.labels)
@@ -100,6 +131,10 @@ def _device_family(spec: cat.MetricSpec, snapshot: Snapshot,
                 family.add_metric(labels, energy)
         elif not device.up:
             continue
+        elif spec.source.startswith("gpm."):
+            gpm_value = device.gpm.get(spec.source[len("gpm."):])
+            if gpm_value is not None:
+                family.add_metric(labels, float(gpm_value))
         else:
             value = getattr(device, spec.source)
             if isinstance(value, Mapping):

@@ -1,4 +1,4 @@
-"""The HTTP side: /metrics, /healthz, /readyz and a landing page, on aiohttp.
+"""The HTTP side: /metrics, /healthz, /readyz, the page at / and its JSON, on aiohttp.
 
 A scrape never touches hardware: it serves bytes rendered from the current snapshot.
 Bytes are rendered once per (snapshot, encoding, gzip) and reused by every scrape of
@@ -26,26 +26,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from exporter import __version__
 from exporter.model import Snapshot
+from exporter.page import SnapshotPages
 
 log = logging.getLogger(__name__)
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-LANDING = """<!doctype html>
-<html><head><title>l9gpu</title></head>
-<body>
-<h1>l9gpu {version}</h1>
-<p>GPU telemetry with per-pod, per-container and per-Slurm-job attribution for node <b>{node}</b>.</p>
-<ul>
-<li><a href="/metrics">/metrics</a> &mdash; Prometheus exposition (text or OpenMetrics)</li>
-<li><a href="/healthz">/healthz</a> &mdash; the process and its collector thread are alive</li>
-<li><a href="/readyz">/readyz</a> &mdash; a first snapshot exists</li>
-</ul>
-</body></html>
-"""
-
 
 _EOF = b"# EOF\n"
 
@@ -241,6 +227,7 @@ def make_app(
     collector_alive: Callable[[], bool],
     node: str,
     middlewares: Sequence[Callable[..., object]] = (),
+    pages: SnapshotPages | None = None,
 ) -> web.Application:
     """Build the aiohttp application.
 
@@ -248,8 +235,9 @@ def make_app(
         exposition: renders /metrics; None runs without a metrics endpoint (push-only).
         get_snapshot: the current snapshot, for /readyz.
         collector_alive: True while the collector thread runs, for /healthz.
-        node: node name shown on the landing page.
+        node: node name shown on the page.
         middlewares: aiohttp middlewares, e.g. the web config's basic auth and headers.
+        pages: serves / and /api/v1/snapshot (default: from ``get_snapshot`` and ``node``).
     """
 
     async def metrics(request: web.Request) -> web.Response:
@@ -271,13 +259,10 @@ def make_app(
             return web.Response(status=503, text="not ready: the first collection pass has not finished\n")
         return web.Response(text="ok\n")
 
-    async def landing(request: web.Request) -> web.Response:
-        return web.Response(text=LANDING.format(version=__version__, node=node), content_type="text/html")
-
     app = web.Application(middlewares=list(middlewares))  # type: ignore[arg-type]
     if exposition is not None:
         app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/", landing)
+    (pages or SnapshotPages(get_snapshot, node)).add_routes(app)
     return app

@@ -23,7 +23,7 @@ names) when their modification times change, checked at most once a second; a fi
 no longer loads is logged and the last good configuration stays in force.
 
 /healthz and /readyz answer without basic auth (kubelet probes cannot send credentials);
-/metrics, the landing page and everything else need it when users are configured.
+/metrics, the page at /, /api/v1/snapshot and everything else need it when users are configured.
 """
 
 from __future__ import annotations

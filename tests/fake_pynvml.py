@@ -411,6 +411,7 @@ class FakeMig:
     processes: list[FakeProcess] = field(default_factory=list)
     name: str = "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
     compute_instance_id: int = 0
+    gpm: FakeGpm = field(default_factory=lambda: FakeGpm())  # see the GPM section below
 
 
 @dataclass
@@ -452,6 +453,7 @@ class FakeGpu:
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)
     errors: dict[str, int] = field(default_factory=dict)
+    gpm: FakeGpm = field(default_factory=lambda: FakeGpm())  # see the GPM section below
 
     @property
     def mig_enabled(self) -> bool:
@@ -486,7 +488,216 @@ _MIG_UNSUPPORTED = frozenset(
 )
 
 
-class FakeNvml:
+# ==== GPM (GPU Performance Monitoring, Hopper and newer) ===================================
+#
+# The real binding: ``nvmlGpmQueryDeviceSupport(handle)`` -> c_nvmlGpmSupport_t
+# (version, isSupportedDevice); ``nvmlGpmSampleAlloc()`` -> an opaque sample pointer;
+# ``nvmlGpmSampleGet(handle, sample)`` and ``nvmlGpmMigSampleGet(parent handle,
+# gpuInstanceId, sample)`` fill it and return it; ``nvmlGpmMetricsGet(c_nvmlGpmMetricsGet_t)``
+# fills ``metrics[i].value`` / ``.nvmlReturn`` for ``numMetrics`` requested ``metricId``s,
+# each the average between ``sample1`` and ``sample2``; ``nvmlGpmSampleFree(sample)``.
+# Activity metrics are percent (0-100), PCIe and NVLink MiB per second.
+#
+# The fake keeps, per GPU (or MIG instance), the current value of each metric and its
+# integral over the fake's GPM clock (``fake.gpm_clock``, default time.monotonic); a
+# sample records the integrals, and MetricsGet divides their difference by the time
+# between the two samples, so a value that changed mid-window averages like the real
+# counters do. Change values with ``fake.set_gpm(gpu, {metric id: value}, gpu_instance=)``
+# (which integrates up to now first). A pre-Hopper GPU (``FakeGpm.supported`` False, or
+# by default a name without H100/H200/H800/GH200/B100/B200) answers
+# ``isSupportedDevice = 0`` and NOT_SUPPORTED to sampling, as the real driver does.
+
+NVML_GPM_METRIC_GRAPHICS_UTIL = 1
+NVML_GPM_METRIC_SM_UTIL = 2
+NVML_GPM_METRIC_SM_OCCUPANCY = 3
+NVML_GPM_METRIC_INTEGER_UTIL = 4
+NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5
+NVML_GPM_METRIC_DFMA_TENSOR_UTIL = 6
+NVML_GPM_METRIC_HMMA_TENSOR_UTIL = 7
+NVML_GPM_METRIC_IMMA_TENSOR_UTIL = 9
+NVML_GPM_METRIC_DRAM_BW_UTIL = 10
+NVML_GPM_METRIC_FP64_UTIL = 11
+NVML_GPM_METRIC_FP32_UTIL = 12
+NVML_GPM_METRIC_FP16_UTIL = 13
+NVML_GPM_METRIC_PCIE_TX_PER_SEC = 20
+NVML_GPM_METRIC_PCIE_RX_PER_SEC = 21
+NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC = 60
+NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC = 61
+NVML_GPM_METRIC_MAX = 477  # the size of c_nvmlGpmMetricsGet_t.metrics in nvidia-ml-py 13
+NVML_GPM_METRICS_GET_VERSION = 1
+NVML_GPM_SUPPORT_VERSION = 1
+
+_HOPPER_OR_NEWER = ("H100", "H200", "H800", "GH200", "B100", "B200", "GB200", "B300")
+
+
+def default_gpm_values() -> dict[int, float]:
+    """A bf16 job at about half load on a card without NVLink (NVLink metrics NOT_SUPPORTED)."""
+    return {
+        NVML_GPM_METRIC_GRAPHICS_UTIL: 58.6, NVML_GPM_METRIC_SM_UTIL: 54.6, NVML_GPM_METRIC_SM_OCCUPANCY: 8.1,
+        NVML_GPM_METRIC_ANY_TENSOR_UTIL: 53.0, NVML_GPM_METRIC_HMMA_TENSOR_UTIL: 53.0,
+        NVML_GPM_METRIC_IMMA_TENSOR_UTIL: 0.0, NVML_GPM_METRIC_DFMA_TENSOR_UTIL: 0.0,
+        NVML_GPM_METRIC_DRAM_BW_UTIL: 11.2, NVML_GPM_METRIC_FP64_UTIL: 0.0, NVML_GPM_METRIC_FP32_UTIL: 2.5,
+        NVML_GPM_METRIC_FP16_UTIL: 0.5, NVML_GPM_METRIC_INTEGER_UTIL: 4.0,
+        NVML_GPM_METRIC_PCIE_TX_PER_SEC: 100.0, NVML_GPM_METRIC_PCIE_RX_PER_SEC: 250.0,
+    }
+
+
+@dataclass
+class FakeGpm:
+    """The GPM counters of one GPU or MIG instance.
+
+    ``values``: metric id -> current value in NVML's unit (percent, MiB/s); a metric
+    not in it answers NOT_SUPPORTED in its entry. ``supported``: None = from the GPU's
+    name (Hopper and newer); a MIG instance follows its parent GPU.
+    """
+
+    values: dict[int, float] = field(default_factory=default_gpm_values)
+    supported: bool | None = None
+    _integrals: dict[int, float] = field(default_factory=dict, repr=False)
+    _since: float | None = field(default=None, repr=False)
+
+    def advance(self, now: float) -> None:
+        """Integrate every metric up to ``now`` (the fake's GPM clock)."""
+        if self._since is not None:
+            dt = max(0.0, now - self._since)
+            for metric, value in self.values.items():
+                self._integrals[metric] = self._integrals.get(metric, 0.0) + value * dt
+        self._since = now
+
+
+class c_nvmlGpmSupport_t(_Struct):
+    _fields_ = ("version", "isSupportedDevice")
+
+
+class c_metricInfo_t(_Struct):
+    _fields_ = ("shortName", "longName", "unit")
+
+
+class c_nvmlGpmMetric_t(_Struct):
+    _fields_ = ("metricId", "nvmlReturn", "value", "metricInfo")
+
+
+class c_nvmlGpmMetricsGet_t(_Struct):
+    """Like the ctypes struct: ``metrics`` is a fixed array of NVML_GPM_METRIC_MAX entries."""
+
+    _fields_ = ("version", "numMetrics", "sample1", "sample2", "metrics")
+
+    def __init__(self, **values: Any):
+        super().__init__(**values)
+        if not self.metrics:
+            self.metrics = [c_nvmlGpmMetric_t(metricInfo=c_metricInfo_t()) for _ in range(NVML_GPM_METRIC_MAX)]
+
+
+class c_nvmlGpmSample_t:
+    """An opaque GPM sample buffer: what it recorded, and whether it was freed."""
+
+    def __init__(self) -> None:
+        self.freed = False
+        self.device: tuple[int, int | None] | None = None  # (gpu index, gpu instance id) sampled
+        self.time: float | None = None
+        self.integrals: dict[int, float] = {}
+
+
+class _FakeGpmFunctions:
+    """The GPM functions of `FakeNvml` (a mixin: it uses the fake's devices and call log)."""
+
+    gpus: list[FakeGpu]
+    gpm_samples: list[c_nvmlGpmSample_t]
+    gpm_clock: Any = staticmethod(time.monotonic)
+
+    def _enter(self, name: str, args: tuple[Any, ...]) -> None:  # pragma: no cover - FakeNvml's
+        raise NotImplementedError
+
+    def _device(self, name: str, handle: Any, *args: Any) -> tuple[FakeGpu, FakeMig | None]:  # pragma: no cover
+        raise NotImplementedError
+
+    @staticmethod
+    def gpm_supported(gpu: FakeGpu) -> bool:
+        if gpu.gpm.supported is not None:
+            return gpu.gpm.supported
+        return any(tag in gpu.name for tag in _HOPPER_OR_NEWER)
+
+    def set_gpm(self, gpu_index: int, values: dict[int, float], gpu_instance: int | None = None) -> None:
+        """Change GPM values from now on (integrating the old ones up to now first)."""
+        counters = self._gpm_counters(self.gpus[gpu_index], gpu_instance)
+        counters.advance(self.gpm_clock())
+        counters.values.update(values)
+
+    def _gpm_counters(self, gpu: FakeGpu, gpu_instance: int | None) -> FakeGpm:
+        if gpu_instance is None:
+            return gpu.gpm
+        for mig in gpu.mig_devices:
+            if mig.gpu_instance_id == gpu_instance:
+                return mig.gpm
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> c_nvmlGpmSupport_t:
+        gpu, _ = self._device("nvmlGpmQueryDeviceSupport", device)
+        return c_nvmlGpmSupport_t(version=NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(self.gpm_supported(gpu)))
+
+    def nvmlGpmSampleAlloc(self) -> c_nvmlGpmSample_t:
+        self._enter("nvmlGpmSampleAlloc", ())
+        sample = c_nvmlGpmSample_t()
+        self.gpm_samples.append(sample)
+        return sample
+
+    def nvmlGpmSampleFree(self, gpmSample: c_nvmlGpmSample_t) -> None:
+        self._enter("nvmlGpmSampleFree", (gpmSample,))
+        if not isinstance(gpmSample, c_nvmlGpmSample_t) or gpmSample.freed:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        gpmSample.freed = True
+
+    def _gpm_take(self, gpu: FakeGpu, gpu_instance: int | None, sample: Any, index: int) -> c_nvmlGpmSample_t:
+        if not isinstance(sample, c_nvmlGpmSample_t) or sample.freed:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if not self.gpm_supported(gpu):
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        counters = self._gpm_counters(gpu, gpu_instance)
+        now = self.gpm_clock()
+        counters.advance(now)
+        sample.device, sample.time, sample.integrals = (index, gpu_instance), now, dict(counters._integrals)
+        return sample
+
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> c_nvmlGpmSample_t:
+        gpu, mig = self._device("nvmlGpmSampleGet", device, gpmSample)
+        if mig is not None or gpu.mig_enabled:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # in MIG mode: per instance only
+        return self._gpm_take(gpu, None, gpmSample, device.index)
+
+    def nvmlGpmMigSampleGet(self, device: Any, gpuInstanceId: int, gpmSample: Any) -> c_nvmlGpmSample_t:
+        gpu, mig = self._device("nvmlGpmMigSampleGet", device, gpuInstanceId, gpmSample)
+        if mig is not None or not gpu.mig_enabled:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # takes the parent GPU's handle
+        return self._gpm_take(gpu, int(gpuInstanceId), gpmSample, device.index)
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        self._enter("nvmlGpmMetricsGet", (metricsGet,))
+        if not isinstance(metricsGet, c_nvmlGpmMetricsGet_t):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if metricsGet.version != NVML_GPM_METRICS_GET_VERSION:
+            raise NVMLError(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        first, second = metricsGet.sample1, metricsGet.sample2
+        for sample in (first, second):
+            if not isinstance(sample, c_nvmlGpmSample_t) or sample.freed or sample.time is None:
+                raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if first.device != second.device or not 0 < metricsGet.numMetrics <= NVML_GPM_METRIC_MAX:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        elapsed = second.time - first.time
+        if elapsed <= 0:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # the fake's clock must move between samples
+        index, gpu_instance = first.device
+        counters = self._gpm_counters(self.gpus[index], gpu_instance)
+        for entry in metricsGet.metrics[: metricsGet.numMetrics]:
+            if entry.metricId in counters.values:
+                delta = second.integrals.get(entry.metricId, 0.0) - first.integrals.get(entry.metricId, 0.0)
+                entry.value, entry.nvmlReturn = delta / elapsed, NVML_SUCCESS
+            else:
+                entry.value, entry.nvmlReturn = 0.0, NVML_ERROR_NOT_SUPPORTED
+        return metricsGet
+
+
+
+class FakeNvml(_FakeGpmFunctions):
     """A stand-in for the ``pynvml`` module: its functions, constants and errors.
 
     Args:
@@ -536,6 +747,7 @@ class FakeNvml:
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.event_sets: list[c_nvmlEventSet_t] = []
         self._events: list[c_nvmlEventData_t] = []
+        self.gpm_samples: list[c_nvmlGpmSample_t] = []  # every GPM sample buffer allocated
 
     # Module attributes: constants, error classes and structs come from this file.
     def __getattribute__(self, name: str) -> Any:
@@ -918,7 +1130,7 @@ def function_names() -> list[str]:
 
 __all__ = [
     "DEFAULT_COST", "FREE", "H200_COSTS", "CallCost", "charge",
-    "FakeGpu", "FakeHandle", "FakeMig", "FakeNvml", "FakeProcess", "FakeUtilSample", "NVMLError",
+    "FakeGpm", "FakeGpu", "FakeHandle", "FakeMig", "FakeNvml", "FakeProcess", "FakeUtilSample", "NVMLError",
     "function_names", "install",
 ]
 

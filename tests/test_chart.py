@@ -268,7 +268,7 @@ CASES: dict[str, dict[str, Any]] = {
     "hostPID false with the host's /proc mounted": _sets("hostPID=false"),
     "backend gaudi": _sets("backend=gaudi"),
     "everything else": _merge(_sets(
-        "backend=nvml\\,amd", "podLabels={team,cost-center}", "cri.enabled=true",
+        "backend=nvml\\,amd", "metricSchema=l9gpu\\,dcgm", "podLabels={team,cost-center}", "cri.enabled=true",
         "cri.socket=/run/k3s/containerd/containerd.sock", "processMetrics=true", "logLevel=debug",
         "logFormat=text", "extraArgs={--workload-grace,10m,--disable-metric,gpu_info}",
         "hostPort=true", "hostNetwork=true", "image.digest=sha256:" + "0" * 64,
@@ -329,6 +329,9 @@ def test_defaults():
     args = serve_args(release)
     assert (args.backend, args.interval, args.listen, args.kubernetes) == ("auto", 1.0, ("0.0.0.0", 9835), "auto")
     assert args.proc_root == "/proc" and args.otlp_endpoint is None and args.web_config is None
+    assert args.metric_schema == ("l9gpu",)
+    assert not any(a.startswith("--metric-schema") for a in release.container["args"])
+    assert serve_args(render(_sets("metricSchema=dcgm"))).metric_schema == ("dcgm",)
     pod = release.pod
     assert pod["hostPID"] is True and pod["serviceAccountName"] == "l9gpu"
     assert "capabilities" not in release.container["securityContext"] or \
@@ -346,6 +349,11 @@ def test_defaults():
     role = release.one("ClusterRole")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     assert "port-forward ds/l9gpu 9835" in release.notes
+    # the page of one node: the pod selector in the hint is the DaemonSet's own
+    selector = release.one("DaemonSet")["spec"]["selector"]["matchLabels"]
+    hint = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+    assert f"-l {hint} --field-selector spec.nodeName=NODE) 9835" in release.notes
+    assert "open http://localhost:9835/" in release.notes
 
 
 def test_otlp_over_http_with_headers_secret_and_ca(releases):
@@ -431,6 +439,7 @@ def test_everything_else(releases):
     release = releases["everything else"]
     args = serve_args(release)
     assert args.backend == "nvml,amd" and args.pod_label == ["team", "cost-center"]
+    assert args.metric_schema == ("l9gpu", "dcgm")
     assert args.kubernetes == "off" and args.process_metrics and args.log_level == "debug"
     assert args.workload_grace == 600.0 and args.disable_metric == ["gpu_info"]
     assert args.cri_socket == release.mounts()["cri-socket"]["mountPath"] == "/run/k3s/containerd/containerd.sock"
@@ -477,6 +486,7 @@ def _schema_error(*expressions: str, values: dict[str, Any] | None = None) -> st
     ("port=65536", "maximum: got 65,536, want 65,535"),
     ("port=metrics", "got string, want integer"),
     ("backend=nvidia", "'nvidia' does not match pattern"),
+    ("metricSchema=dcgm-exporter", "'dcgm-exporter' does not match pattern"),
     ("backend=auto\\,gaudi", "'auto,gaudi' does not match pattern"),
     ("otlp.protocol=http", "value must be one of 'grpc', 'http/protobuf'"),
     ("kubernetesApi=maybe", "value must be one of"),

@@ -101,3 +101,25 @@ def test_health_endpoints(demo):
     assert demo.get("/healthz")[0] == 200
     assert demo.get("/readyz")[0] == 200
     assert b"/metrics" in demo.get("/")[2]
+
+
+def test_gpm_activity_per_gpu_and_for_the_one_workload_on_it(demo):
+    deadline = time.monotonic() + 20
+    m = demo.samples()
+    while "gpu_sm_active_ratio" not in m and time.monotonic() < deadline:  # needs a second pass
+        time.sleep(0.1)
+        m = demo.samples()
+    trainer = dict(namespace="ml-research", pod="llm-finetune-worker-0", container="trainer")
+    assert pick(m, "gpu_tensor_active_ratio", gpu="2") == [pytest.approx(0.85 * 0.92)]
+    assert pick(m, "container_gpu_tensor_active_ratio", gpu="2", **trainer) == [pytest.approx(0.85 * 0.92)]
+    # the rank stuck in a collective on GPU 5: SMs busy, tensor cores idle
+    assert pick(m, "container_gpu_sm_active_ratio", gpu="5", **trainer) == [pytest.approx(0.93 * 0.92)]
+    assert pick(m, "container_gpu_tensor_active_ratio", gpu="5", **trainer) == [0.0]
+    # GPU 6 is time-sliced, GPU 1 also runs a host tool: device series only
+    assert len(pick(m, "gpu_tensor_active_ratio", gpu="6")) == 1
+    assert pick(m, "container_gpu_tensor_active_ratio", gpu="6") == []
+    assert pick(m, "container_gpu_tensor_active_ratio", gpu="1") == []
+    assert len(pick(m, "container_gpu_tensor_active_ratio", gpu="0", pod="vllm-llama3-70b-6d8b94df7-q5z82")) == 1
+    # GPU 7 is reserved and idle: zero activity, and no workload uses it
+    assert pick(m, "gpu_sm_active_ratio", gpu="7") == [0.0]
+    assert pick(m, "container_gpu_sm_active_ratio", gpu="7") == []

@@ -93,3 +93,19 @@ def test_unreadable_or_invalid_scenario_is_a_clear_backend_error(tmp_path):
 def test_unknown_backend_lists_the_choices():
     with pytest.raises(BackendUnavailable, match="unknown backend 'cuda'; choose auto or one of"):
         open_backend("cuda", {})
+
+
+def test_gpm_follows_the_load_and_a_process_without_math_leaves_the_tensor_cores_idle():
+    clock = [0.0]
+    backend = SimulatedBackend(clock=lambda: clock[0])
+    backend.open()
+    assert all(dict(d.gpm) == {} for d in backend.sample(clock[0]))  # one sample: no window yet
+    clock[0] += 1.0
+    by_index = {d.index: d for d in backend.sample(clock[0])}
+    trainer, stuck, idle = by_index[2].gpm, by_index[5].gpm, by_index[7].gpm
+    assert trainer["tensor_active"] == pytest.approx(0.85 * 0.92)
+    assert stuck["sm_active"] == trainer["sm_active"] == pytest.approx(0.93 * 0.92)
+    assert stuck["tensor_active"] == 0.0 and stuck["fp32_active"] == 0.0
+    assert idle["sm_active"] == 0.0 and idle["tensor_active"] == 0.0
+    with pytest.raises(ScenarioError, match=r"processes\[0\]\.tensor: a ratio 0-1"):
+        parse_scenario({"gpus": {"count": 1}, "processes": [{"gpus": [0], "memory_gib": 1, "tensor": 2}]})

@@ -78,6 +78,10 @@ docs/PERFORMANCE.md), so a pass asks only for what it needs:
 `NvmlBackend.enable_timings` makes every call record its wall and CPU time, which
 ``l9gpu snapshot --timings`` prints.
 
+GPM. On Hopper and newer GPUs, `exporter.devices.gpm.GpmReader` adds SM, tensor-core,
+DRAM, FP-pipe, PCIe and NVLink activity (``DeviceSample.gpm``) from NVML's GPM samples,
+per GPU, or per MIG instance in MIG mode (the parent then has none).
+
 XIDs. At ``open()`` an NVML event set is registered for critical XID events on every
 device that supports them; each pass drains it without waiting and counts events per
 device and XID code, cumulatively since the agent started.
@@ -99,6 +103,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.devices.base import BackendUnavailable
+from exporter.devices.gpm import DEFAULT_INTERVAL_SECONDS, GpmReader
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
 
 log = logging.getLogger(__name__)
@@ -402,13 +407,19 @@ class NvmlBackend:
             ``nvidia-ml-py`` package) in `open`. Tests pass a fake.
         energy_counter_period: seconds between reads of the energy counter (power is
             integrated in between); 0 reads it every pass.
+        gpm: read GPM metrics (SM, tensor-core, DRAM activity) where the GPU has them.
+        gpm_interval: seconds between two GPM samples of a device (see `gpm`).
     """
 
     name = "nvml"
 
-    def __init__(self, nvml: Any = None, energy_counter_period: float = ENERGY_COUNTER_PERIOD):
+    def __init__(self, nvml: Any = None, energy_counter_period: float = ENERGY_COUNTER_PERIOD,
+                 gpm: bool = True, gpm_interval: float = DEFAULT_INTERVAL_SECONDS):
         self._module = nvml
         self._energy_period = energy_counter_period
+        self._gpm_enabled = gpm
+        self._gpm_interval = gpm_interval
+        self._gpm: GpmReader | None = None
         self._nvml: _Nvml | None = None
         self._count = 0
         self._handles: dict[int, Any] = {}
@@ -455,6 +466,8 @@ class NvmlBackend:
         except OSError as exc:
             raise BackendUnavailable(f"cannot load the NVIDIA management library: {exc}") from exc
         self._initialized = True
+        if self._gpm_enabled:
+            self._gpm = GpmReader(nvml, self._gpm_interval, NA)
         try:
             self._count = int(nvml.module.nvmlDeviceGetCount())
         except nvml.error as exc:
@@ -495,6 +508,8 @@ class NvmlBackend:
         nvml = self._nvml
         if nvml is None:
             return
+        if self._gpm is not None:
+            self._gpm.close()
         if self._event_set is not None:
             try:
                 nvml.call("nvmlEventSetFree", self._event_set)
@@ -510,7 +525,16 @@ class NvmlBackend:
 
     def errors(self) -> Mapping[str, int]:
         """Problems survived since start, by reason (``gpu_lost``, ``device_error``, ...)."""
-        return dict(self._errors)
+        errors = Counter(self._errors)
+        if self._gpm is not None:
+            errors.update(self._gpm.errors)
+        return dict(errors)
+
+    def gpm_status(self) -> dict[tuple[int, str], str]:
+        """GPM per (GPU index, MIG instance or ""): active, warming up, or why it is unsupported."""
+        if self._gpm is None:
+            return {}
+        return self._gpm.status()
 
     def enable_timings(self) -> None:
         """Record the wall and CPU time of every NVML call from now on (see `timings`)."""
@@ -541,11 +565,15 @@ class NvmlBackend:
         """
         nvml = self._require()
         self._drain_xid_events(nvml)
+        if self._gpm is not None:
+            self._gpm.begin_pass(now)
         samples: list[DeviceSample] = []
         for index in range(self._count):
             try:
                 samples.extend(self._sample_gpu(nvml, index, now))
             except _DeviceDown as down:
+                if self._gpm is not None:
+                    self._gpm.forget(index)
                 self._errors[down.reason] += 1
                 self._handles.pop(index, None)  # get a fresh handle next pass
                 static = self._static.get(index, {})
@@ -564,6 +592,8 @@ class NvmlBackend:
                         xid_errors=frozen_mapping(self._xid_counts.get(index)),
                     )
                 )
+        if self._gpm is not None:
+            self._gpm.end_pass()
         return samples
 
     def _require(self) -> _Nvml:
@@ -692,6 +722,8 @@ class NvmlBackend:
                                      lambda: frozen_mapping(self._ecc(nvml, handle))),
             "throttle_reasons": frozen_mapping(decode_throttle_reasons(throttle) if throttle is not NA else None),
             "xid_errors": frozen_mapping(self._xid_counts.get(index)),
+            # GPM of the whole GPU; in MIG mode each instance has its own (below).
+            "gpm": self._read_gpm(nvml, handle, index) if not mig_enabled else frozen_mapping(),
         }
         processes: tuple[ProcessSample, ...] = ()
         if not mig_enabled:
@@ -963,6 +995,7 @@ class NvmlBackend:
                 log.debug("MIG device %d/%d not readable: %s", index, slot, exc)
                 continue
             utilization = self._opt(nvml, "nvmlDeviceGetUtilizationRates", mig)
+            gpm = frozen_mapping() if instance is NA else self._read_gpm(nvml, handle, index, int(instance))
             samples.append(
                 DeviceSample(
                     index=index,
@@ -979,11 +1012,22 @@ class NvmlBackend:
                     ),
                     memory_used_bytes=_int_or_none(getattr(memory, "used", None)) if memory is not NA else None,
                     memory_total_bytes=_int_or_none(getattr(memory, "total", None)) if memory is not NA else None,
+                    gpm=gpm,
                     # NVML has no per-process utilisation on MIG devices.
                     processes=self._processes(nvml, index, mig, per_process_util=False, now=now),
                 )
             )
         return samples
+
+    def _read_gpm(self, nvml: _Nvml, handle: Any, index: int, gpu_instance: int | None = None) -> Any:
+        """GPM values (see `exporter.devices.gpm`); a lost GPU stops the device."""
+        gpm = self._gpm
+        if gpm is None:
+            return frozen_mapping()
+        try:
+            return gpm.read(handle, index, gpu_instance)
+        except nvml.error as exc:
+            raise self._down(nvml, exc) from exc
 
     # ---- XID events -------------------------------------------------------------
 

@@ -20,6 +20,8 @@ Scenario format (see ``exporter/scenarios/default.yaml``)::
         pid: 41001
         memory_gib: 72.5      # or memory: {start_gib, growth_gib_per_hour, max_gib}
         utilization: 0.5      # or utilization: {wave: {min, max, period}}
+        tensor: 1.0           # optional, 0-1: how much of a bf16 job's tensor-core and FP work its
+                              # kernels do (GPM); 0 for a process that keeps the SMs busy doing no math
         workload: {...}       # free-form, read by attribution
     allocations:              # pods given GPUs by the device plugin that run nothing there
       - gpus: [7]
@@ -79,6 +81,7 @@ class ProcessSpec:
     memory: Callable[[float], float]
     utilization: Callable[[float], float]
     workload: Mapping[str, Any] = field(default_factory=frozen_mapping)
+    tensor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -189,13 +192,16 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         workload = proc.get("workload") or {}
         if not isinstance(workload, Mapping):
             raise ScenarioError(f"{where}.workload: expected a mapping")
+        tensor = _number(f"{where}.tensor", proc.get("tensor", 1.0))
+        if tensor > 1.0:
+            raise ScenarioError(f"{where}.tensor: a ratio 0-1, got {proc['tensor']!r}")
         for offset, index in enumerate(on):
             pid = base_pid + offset
             if pid in seen:
                 raise ScenarioError(f"{where}: PID {pid} is used twice")
             seen.add(pid)
             processes.append(ProcessSpec(pid, index, str(proc.get("name", "python")), memory, utilization,
-                                         frozen_mapping(workload)))
+                                         frozen_mapping(workload), tensor))
         next_pid = max(next_pid, base_pid + len(on)) + 100
     for gpu in gpus:
         peak_memory = sum(p.memory(1e9) for p in processes if p.gpu == gpu.index) + gpu.reserved_bytes
@@ -281,6 +287,8 @@ class SimulatedBackend:
             shares = [min(1.0, max(0.0, p.utilization(t))) for p in procs]
             memories = [int(p.memory(t)) for p in procs]
             busy = min(1.0, sum(shares))
+            # how much math the busy time does, weighted by each process's SM share
+            math_share = sum(s * p.tensor for p, s in zip(procs, shares)) / sum(shares) if sum(shares) else 1.0
             power = gpu.idle_watts + (gpu.max_watts - gpu.idle_watts) * busy
             self._energy[gpu.index] += power * dt
             pcie_tx, pcie_rx = 1.2e8 * busy, 2.5e8 * busy
@@ -309,7 +317,7 @@ class SimulatedBackend:
                     memory_clock_hertz=2619e6,
                     pcie_tx_bytes_total=int(counters[0]),
                     pcie_rx_bytes_total=int(counters[1]),
-                    gpm=(_gpm_values(busy, pcie_tx, pcie_rx) if dt > 0 else frozen_mapping()),
+                    gpm=(_gpm_values(busy, pcie_tx, pcie_rx, math_share) if dt > 0 else frozen_mapping()),
                     ecc_errors=frozen_mapping({"corrected": 0, "uncorrected": 0}),
                     throttle_reasons=frozen_mapping({
                         "gpu_idle": busy == 0,
@@ -328,25 +336,28 @@ class SimulatedBackend:
         return samples
 
 
-def _gpm_values(busy: float, pcie_tx: float, pcie_rx: float) -> Mapping[str, float]:
+def _gpm_values(busy: float, pcie_tx: float, pcie_rx: float, math_share: float = 1.0) -> Mapping[str, float]:
     """GPM metrics of a simulated H100 whose SMs are busy ``busy`` (0-1) of the time.
 
     Like NVML's GPM, the values average over the time between two samples, so none
     exist on the first pass. The shapes follow a bf16 training or inference job: the
     graphics engine is active whenever a kernel runs, SMs slightly less, tensor pipes
-    (HMMA) about nine tenths of SM time, DRAM bandwidth a fifth.
+    (HMMA) about nine tenths of SM time, DRAM bandwidth a fifth. ``math_share`` (0-1)
+    scales the tensor, FP and most of the DRAM activity: 0 is a kernel that keeps the
+    SMs busy doing no math (a spin-wait, a hung collective).
     """
+    work = busy * math_share
     return frozen_mapping({
         "graphics_active": round(busy, 4),
         "sm_active": round(0.93 * busy, 4),
         "sm_occupancy": round(0.14 * busy, 4),
-        "tensor_active": round(0.85 * busy, 4),
-        "tensor_hmma_active": round(0.85 * busy, 4),
+        "tensor_active": round(0.85 * work, 4),
+        "tensor_hmma_active": round(0.85 * work, 4),
         "tensor_imma_active": 0.0,
         "tensor_dfma_active": 0.0,
-        "dram_active": round(0.2 * busy, 4),
-        "fp16_active": round(0.05 * busy, 4),
-        "fp32_active": round(0.08 * busy, 4),
+        "dram_active": round(0.02 * busy + 0.18 * work, 4),
+        "fp16_active": round(0.05 * work, 4),
+        "fp32_active": round(0.08 * work, 4),
         "fp64_active": 0.0,
         "pcie_tx_bytes_per_second": pcie_tx,
         "pcie_rx_bytes_per_second": pcie_rx,

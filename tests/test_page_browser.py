@@ -1,0 +1,239 @@
+"""The agent's page in a real browser (Debian's chromium, headless) on the simulated node.
+
+The agent runs as a subprocess on the demo scenario; chromium loads ``/`` from it. The
+screenshots are kept under pytest's temporary directory (printed with ``-s``), to look at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import urllib.request
+from html.parser import HTMLParser
+
+import bcrypt
+import pytest
+import yaml
+from agent import REPO, AgentProcess, run_cli
+from browser import DevTools, dump_dom, need_chromium, png_size_and_colours, screenshot
+
+SCENARIO = yaml.safe_load((REPO / "exporter" / "scenarios" / "default.yaml").read_text())
+PODS = sorted({p["workload"]["pod"] for p in SCENARIO["processes"] if "pod" in p["workload"]}
+              | {a["workload"]["pod"] for a in SCENARIO.get("allocations", [])})
+AGENT_ARGS = ["--backend", "simulated", "--interval", "250ms", "--pod-label", "team"]
+
+
+class Dom(HTMLParser):
+    """The parts of the page the tests look at: GPU sections, table rows, the attention list."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.gpus: dict[str, str] = {}  # section id -> its text
+        self.rows: list[tuple[str, dict[str, str | None], str]] = []  # (section id, tr attrs, text)
+        self.attention: list[str] = []
+        self.main: dict[str, str | None] = {}
+        self._stack: list[tuple[str, dict[str, str | None]]] = []
+        self._texts: list[list[str]] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("meta", "link", "br", "input", "img"):
+            return
+        self._stack.append((tag, dict(attrs)))
+        self._texts.append([])
+        if tag == "main":
+            self.main = dict(attrs)
+
+    def handle_endtag(self, tag):
+        while self._stack:
+            open_tag, attrs = self._stack.pop()
+            text = " ".join("".join(self._texts.pop()).split())
+            if self._texts:  # inline elements run on, block ones are apart
+                self._texts[-1].append(text if open_tag in ("span", "b", "i", "a") else f" {text} ")
+            section = next((a.get("id") for t, a in reversed(self._stack) if t == "section"), None)
+            if open_tag == "section" and "gpu" in (attrs.get("class") or ""):
+                self.gpus[attrs.get("id") or ""] = text
+            elif open_tag == "tr":
+                self.rows.append((section or "", attrs, text))
+            elif open_tag == "li" and any(t == "ul" and a.get("class") == "attention" for t, a in self._stack):
+                self.attention.append(text)
+            if open_tag == tag:
+                break
+
+    def handle_data(self, data):
+        if self._texts:
+            self._texts[-1].append(data)
+
+
+def _seq(agent: AgentProcess) -> int:
+    status, _, body = agent.get("/api/v1/snapshot")
+    return json.loads(body)["seq"] if status == 200 else 0
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    need_chromium()
+    proc = AgentProcess(AGENT_ARGS, log_path=tmp_path_factory.mktemp("agent") / "agent.log")
+    proc.start()
+    while _seq(proc) < 5:  # a few passes: the zombie idle for three, GPM activity known
+        time.sleep(0.05)
+    yield proc
+    proc.stop()
+
+
+def test_dom_holds_every_pod_and_flags_the_zombie(agent, tmp_path):
+    result = dump_dom(agent.url + "/", tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    dom = Dom(result.stdout)
+    assert sorted(dom.gpus) == [f"gpu-{i}" for i in range(8)]
+    for pod in PODS:
+        assert any(pod in text for _, _, text in dom.rows), f"{pod} is not on the page"
+    assert any(s == "gpu-6" and "Slurm job 4242 step 0 (bob)" in t for s, _, t in dom.rows)
+    assert any(s == "gpu-1" and "unattributed: 1 process" in t and "nvtop-probe" in t for s, _, t in dom.rows)
+    zombies = [(s, t) for s, a, t in dom.rows if a.get("data-flag") == "zombie"]
+    assert len(zombies) == 1
+    section, text = zombies[0]
+    assert section == "gpu-6" and "data-science/jupyter-alice-0/notebook" in text
+    assert "zombie" in text and "70.0 GiB" in text and " 0% " in f" {text} "
+    unused = [(s, t) for s, a, t in dom.rows if a.get("data-flag") == "allocated-unused"]
+    assert len(unused) == 1 and unused[0][0] == "gpu-7" and "idle-reservation-0" in unused[0][1]
+    assert [t.split(":")[0] for t in dom.attention] == ["zombie", "allocated, unused"]
+    assert "jupyter-alice-0" in dom.attention[0] and "GPU 6" in dom.attention[0] and "70.0 GiB" in dom.attention[0]
+    assert "idle-reservation-0" in dom.attention[1] and "GPU 7" in dom.attention[1]
+    assert "NVIDIA H100 80GB HBM3" in dom.gpus["gpu-0"] and "/ 80.0 GiB" in dom.gpus["gpu-0"]
+    assert "power" in dom.gpus["gpu-0"] and "°C" in dom.gpus["gpu-0"]
+
+
+@pytest.mark.parametrize("name,width,height", [("laptop", 1440, 1300), ("phone", 390, 2600)])
+def test_screenshot_at_laptop_and_phone_widths(agent, tmp_path, name, width, height):
+    path = screenshot(agent.url + "/", tmp_path / f"page-{name}.png", width, height)
+    print(f"screenshot: {path}")
+    got_width, got_height, distinct_rows = png_size_and_colours(path)
+    assert (got_width, got_height) == (width, height)
+    assert distinct_rows > 100, "the screenshot is (nearly) blank"
+
+
+def _stop_agent_later(agent: AgentProcess) -> None:
+    agent.stop()
+
+
+def test_page_refreshes_in_place_fits_a_phone_and_says_when_the_agent_is_gone(tmp_path):
+    need_chromium()
+    agent = AgentProcess(AGENT_ARGS, log_path=tmp_path / "agent.log")
+    agent.start()
+
+    async def body():
+        async with DevTools(tmp_path) as browser:
+            await browser.open(agent.url + "/")
+            first = int(await browser.evaluate("document.querySelector('main').dataset.seq"))
+            await browser.evaluate("window.loadedOnce = true")
+            # The script swaps in newer snapshots without reloading the page.
+            await browser.wait_for(f"Number(document.querySelector('main').dataset.seq) >= {first + 2}")
+            assert await browser.evaluate("window.loadedOnce") is True
+            assert await browser.evaluate("document.getElementById('live').className") == "ok"
+            zombie = await browser.wait_for("document.querySelector('tr.zombie')?.textContent")
+            assert "jupyter-alice-0" in zombie
+            # Readable on a phone: nothing wider than the screen.
+            await browser.call("Emulation.setDeviceMetricsOverride", width=390, height=844, deviceScaleFactor=2,
+                               mobile=True)
+            await browser.wait_for("window.innerWidth === 390")
+            assert await browser.evaluate("document.documentElement.scrollWidth") <= 390
+            assert await browser.evaluate(
+                "getComputedStyle(document.querySelector('thead')).display") == "none"  # rows stack instead
+            # The agent goes away: the page keeps its data and says so.
+            await asyncio.get_running_loop().run_in_executor(None, _stop_agent_later, agent)
+            await browser.wait_for("document.getElementById('live').className === 'bad'")
+            assert "agent unreachable" in await browser.evaluate("document.getElementById('live').textContent")
+            assert "jupyter-alice-0" in await browser.evaluate("document.querySelector('main').textContent")
+
+    try:
+        asyncio.run(body())
+    finally:
+        agent.stop()
+
+
+def _comparable(doc: dict) -> dict:
+    """What a pass of the same node shows whoever reads it, and when: identities and steady values."""
+    gpus = []
+    for g in doc["gpus"]:
+        gpus.append({
+            "gpu": (g["index"], g["uuid"], g["model"], g["memory_total_bytes"], g["power_limit_watts"], g["up"]),
+            "processes": sorted((p["pid"], p["comm"], p["owner"], p["pod_uid"]) for p in g["processes"]),
+            "allocations": sorted((a["pod"], a["container"], a["device_id"]) for a in g["allocations"]),
+            "workloads": sorted((w["owner"], w["pod_uid"], tuple(w["pids"]), w["allocated"], w["zombie"],
+                                 w["allocated_unused"], json.dumps(w["pod_labels"])) for w in g["workloads"]),
+            "unattributed": g["unattributed"]["processes"],
+        })
+    return {"node": doc["node"], "gpus": gpus}
+
+
+def _shape(value):
+    """The keys of every object, recursively (lists by their first element)."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items() if k != "gpm"}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    return None
+
+
+def test_api_serves_the_json_snapshot_json_prints_on_the_same_node(agent):
+    status, headers, body = agent.get("/api/v1/snapshot")
+    assert status == 200 and headers["Content-Type"] == "application/json; charset=utf-8"
+    served = json.loads(body)
+    printed = run_cli(["snapshot", *AGENT_ARGS, "--json"])
+    assert printed.returncode == 0, printed.stderr
+    cli = json.loads(printed.stdout)
+    assert printed.stdout == json.dumps(cli, indent=2) + "\n"  # indented for people, compact for programs
+    assert body.decode() == json.dumps(served, separators=(",", ":")) + "\n"
+    assert _shape(served) == _shape(cli)
+    assert _comparable(served) == _comparable(cli)
+    assert served["seq"] >= 3 and cli["seq"] == 1
+    zombie = [w for g in served["gpus"] for w in g["workloads"] if w["zombie"]]
+    assert [(w["pod"], w["memory_used_bytes"]) for w in zombie] == [("jupyter-alice-0", 70 * 2**30)]
+    assert zombie[0]["idle_seconds"] > 0  # the running agent's idle timer has been counting
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_page_and_api_need_the_web_config_credentials(tmp_path):
+    need_chromium()
+    config = tmp_path / "web.yml"
+    config.write_text(yaml.safe_dump({"basic_auth_users": {
+        "oncall": bcrypt.hashpw(b"night shift", bcrypt.gensalt(5)).decode()}}))
+    agent = AgentProcess([*AGENT_ARGS, "--web-config", str(config)], log_path=tmp_path / "agent.log")
+    agent.start()
+    try:
+        for path in ("/", "/api/v1/snapshot", "/metrics"):
+            status, headers, _ = agent.get(path)
+            assert status == 401 and headers["WWW-Authenticate"].startswith("Basic"), path
+            assert agent.get(path, _basic("oncall", "wrong"))[0] == 401
+            assert agent.get(path, _basic("oncall", "night shift"))[0] == 200
+        assert agent.get("/healthz")[0] == 200
+        refused = dump_dom(agent.url + "/", tmp_path)
+        assert "jupyter-alice-0" not in refused.stdout
+        allowed = dump_dom(f"http://oncall:night%20shift@127.0.0.1:{agent.port}/", tmp_path)
+        assert all(pod in allowed.stdout for pod in PODS), allowed.stderr[-2000:]
+
+        async def refresh_with_credentials():  # the page's own refreshes carry the credentials too
+            async with DevTools(tmp_path) as browser:
+                await browser.answer_password_prompts("oncall", "night shift")
+                await browser.open(agent.url + "/")
+                first = int(await browser.evaluate("document.querySelector('main').dataset.seq"))
+                await browser.wait_for(f"Number(document.querySelector('main').dataset.seq) >= {first + 2}")
+                assert await browser.evaluate("document.getElementById('live').className") == "ok"
+                assert browser.prompts == 1  # asked once, when the page opened; refreshes reuse the answer
+
+        asyncio.run(refresh_with_credentials())
+    finally:
+        agent.stop()
+
+
+def test_no_external_assets(agent):
+    with urllib.request.urlopen(agent.url + "/", timeout=5) as resp:
+        page = resp.read().decode()
+    assert "src=" not in page and "<link" not in page and "@import" not in page and "url(" not in page
+    assert len(page.encode()) < 64 * 1024
