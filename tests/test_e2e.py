@@ -104,11 +104,11 @@ def test_health_endpoints(demo):
 
 
 def test_gpm_activity_per_gpu_and_for_the_one_workload_on_it(demo):
-    deadline = time.monotonic() + 20
-    m = demo.samples()
-    while "gpu_sm_active_ratio" not in m and time.monotonic() < deadline:  # needs a second pass
-        time.sleep(0.1)
-        m = demo.samples()
+    def with_gpm():  # type: ignore[no-untyped-def]
+        samples = demo.samples()
+        return samples if "gpu_sm_active_ratio" in samples else None
+
+    m = wait_until(with_gpm, what="GPM activity (it needs a second pass)")
     trainer = dict(namespace="ml-research", pod="llm-finetune-worker-0", container="trainer")
     assert pick(m, "gpu_tensor_active_ratio", gpu="2") == [pytest.approx(0.85 * 0.92)]
     assert pick(m, "container_gpu_tensor_active_ratio", gpu="2", **trainer) == [pytest.approx(0.85 * 0.92)]
