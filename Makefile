@@ -1,13 +1,14 @@
 # l9gpu: two commands set everything up on a fresh machine.
 #   make demo   run the agent on the built-in simulated node (8 x H100, pods, a zombie)
 #   make test   install what the tests need (Debian's prometheus included) and run them
+#   make test-stress   the same suite while CPU hogs keep the machine busy
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 LISTEN ?= 0.0.0.0:9835
 PORT := $(lastword $(subst :, ,$(LISTEN)))
 
-.PHONY: demo test venv deps-test system-deps lint bench docs chart clean
+.PHONY: demo test test-stress venv deps-test system-deps lint bench docs chart clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +34,26 @@ deps-test: $(PY)
 
 test: system-deps deps-test
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# The whole suite on a busy machine: STRESS_CPUS CPU hogs (Debian stress-ng, installed
+# here when missing; needs root or sudo) run beside pytest, as other jobs do on a shared
+# CI runner. Fails when pytest fails (printing its status); the hogs are stopped however
+# pytest ends, also when the target is interrupted or terminated (pytest runs in the
+# background so that the shell can act on the signal at once), and their own --timeout
+# stops them should the shell itself be killed.
+STRESS_CPUS ?= 2
+test-stress: system-deps deps-test
+	@if ! command -v stress-ng >/dev/null; then \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq stress-ng >/dev/null; \
+	fi
+	@stress-ng --cpu $(STRESS_CPUS) --timeout 3h --quiet & hogs=$$!; \
+	trap 'kill $$hogs 2>/dev/null; wait $$hogs 2>/dev/null' EXIT; \
+	trap 'kill $$tests 2>/dev/null; wait $$tests 2>/dev/null; exit 130' INT TERM; \
+	echo "test-stress: $(STRESS_CPUS) CPU hog(s) running (stress-ng pid $$hogs)"; \
+	$(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS) & tests=$$!; \
+	wait $$tests; status=$$?; \
+	echo "test-stress: pytest exited with $$status; stopping the hogs"; exit $$status
 
 lint: deps-test
 	$(PY) -m ruff check exporter bridge tests benchmarks

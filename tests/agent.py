@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import PATIENCE
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,21 +65,22 @@ class AgentProcess:
     def url(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}"
 
-    def start(self, wait_ready: bool = True, timeout: float = 20.0) -> None:
+    def start(self, wait_ready: bool = True, timeout: float = PATIENCE) -> None:
         cmd = [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{self.port}", *self.args]
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
         if wait_ready:
             self.wait_ready(timeout)
 
-    def wait_ready(self, timeout: float = 20.0) -> None:
+    def wait_ready(self, timeout: float = PATIENCE) -> None:
+        """Poll /readyz until it answers 200 (the agent has published a snapshot)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 request = urllib.request.Request(self.url + "/readyz", headers=self.headers)
-                with urllib.request.urlopen(request, timeout=1, context=self.ssl_context) as resp:
+                with urllib.request.urlopen(request, timeout=5, context=self.ssl_context) as resp:
                     if resp.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, OSError):
@@ -89,7 +91,7 @@ class AgentProcess:
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
         request = urllib.request.Request(self.url + path, headers={**self.headers, **(headers or {})})
         try:
-            with urllib.request.urlopen(request, timeout=5, context=self.ssl_context) as resp:
+            with urllib.request.urlopen(request, timeout=PATIENCE / 2, context=self.ssl_context) as resp:
                 return resp.status, dict(resp.headers), resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, dict(exc.headers), exc.read()
@@ -108,7 +110,7 @@ class AgentProcess:
         except OSError:
             return ""
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 5.0) -> int | None:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
@@ -123,7 +125,7 @@ class AgentProcess:
 
 
 def run_cli(args: Iterable[str], env: dict[str, str] | None = None,
-            timeout: float = 30.0) -> subprocess.CompletedProcess:
+            timeout: float = PATIENCE) -> subprocess.CompletedProcess:
     """Run `python -m exporter ARGS` to completion."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")

@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from waiting import PATIENCE
 
 #: Flags for a quiet, self-contained headless run: no sandbox (tests run as root), no GPU,
 #: no first-run UI, and nothing that calls out to the network on its own.
@@ -188,7 +189,7 @@ class DevTools:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
 
-    async def wait_for(self, expression: str, timeout: float = 30.0) -> Any:
+    async def wait_for(self, expression: str, timeout: float = PATIENCE) -> Any:
         """Poll ``expression`` until it is truthy; its value (fails after ``timeout`` seconds)."""
         deadline = time.monotonic() + timeout
         while True:

@@ -72,7 +72,7 @@ class Cgroups:
         for child in self.children:
             if child.poll() is None:
                 child.send_signal(signal.SIGKILL)
-            child.wait(5)
+            child.wait(30)
         for path in sorted(self.dirs, key=lambda p: len(p.parts), reverse=True):
             try:
                 for pid in (path / "cgroup.procs").read_text().split():

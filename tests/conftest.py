@@ -12,6 +12,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent import AgentProcess  # noqa: E402
 
+try:  # property tests: no per-example time limit, no "too slow" failure on a busy machine
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile("l9gpu", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("l9gpu")
+except ImportError:  # hypothesis comes with the test extra; without it those tests skip
+    pass
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -6,8 +6,12 @@ It speaks what the real server speaks on ``GET /api/v1/pods``: a ``PodList`` wit
 honouring ``fieldSelector=spec.nodeName=<node>`` and ``timeoutSeconds``. Tests drive it:
 ``add``/``modify``/``delete`` pods, ``expire()`` (the next resumed watch gets an ERROR
 event with code 410 Gone, as after etcd compaction), ``drop_watches()`` (open streams
-are cut mid-stream), and ``stop()``/``start()`` (the server is down: connection refused,
-then back on the same port).
+are cut mid-stream), ``stop()``/``start()`` (the server is down: every open connection,
+idle keep-alive ones included, is closed and new ones are refused, then it is back on the
+same port), and ``stall()``/``resume()`` (the server hangs: it keeps accepting
+connections but sends nothing more on any of them, as behind a partition or a stuck
+proxy, until it resumes; ``stall(streams=False)`` holds only new requests, so open
+watches still end on time and the next one gets no answer).
 """
 
 from __future__ import annotations
@@ -47,6 +51,32 @@ def make_pod(name: str, namespace: str, uid: str, node: str, containers: dict[st
 
 
 class _QuietServer(ThreadingHTTPServer):
+    """Keeps track of its open connections, so that stopping it closes them all."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.connections: set[socket.socket] = set()
+        self.connections_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.connections_lock:
+            self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.connections_lock:
+            self.connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        with self.connections_lock:
+            connections = list(self.connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         return None  # clients cut off by stop() or drop_watches() are expected
 
@@ -61,6 +91,9 @@ class FakeApiServer:
         self._events: list[tuple[int, str, dict[str, Any]]] = []
         self._expired_before = 0
         self._generation = 0  # bumps to cut open watch streams
+        self._stalled = False  # set: answer nothing (see stall())
+        self._holding = False  # set: answer no new request (see stall(streams=False))
+        self.held = 0  # requests that arrived while stalled
         self.requests: list[tuple[str, dict[str, str]]] = []  # ("list"|"watch", query)
         self.port = 0
         self._server: ThreadingHTTPServer | None = None
@@ -81,12 +114,46 @@ class FakeApiServer:
         self._thread.start()
 
     def stop(self) -> None:
-        """Take the server down: close the listener and cut every open stream."""
-        self.drop_watches()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        """Take the server down: close the listener, then every open connection.
+
+        The listener goes first, so no client can slip in a new request in between, and
+        every accepted connection (a watch stream, an idle keep-alive one, one not yet
+        read) is shut down: the client sees the server gone at once, as when the real
+        one's process dies.
+        """
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        with self._cond:
+            self._stalled = self._holding = False
+            self._generation += 1
+            self._cond.notify_all()
+        if server is not None:
+            server.close_connections()
+
+    def stall(self, streams: bool = True) -> None:
+        """Hang: keep every connection open and accept new ones, but send nothing more.
+
+        With ``streams=False`` open watch streams go on (and end on time); only new
+        requests get no answer.
+        """
+        with self._cond:
+            self._holding = True
+            self._stalled = streams
+            self._cond.notify_all()
+
+    def resume(self) -> None:
+        """Answer again after `stall` (held requests are answered, streams go on)."""
+        with self._cond:
+            self._stalled = self._holding = False
+            self._cond.notify_all()
+
+    def _wait_while_stalled(self, new_request: bool = False) -> None:
+        """Block (under ``_cond``) while stalled; returns early when stopped."""
+        generation = self._generation
+        while (self._stalled or (new_request and self._holding)) and self._generation == generation:
+            self._cond.wait(0.2)
 
     def _bump(self, kind: str, pod: dict[str, Any]) -> None:
         self._rv += 1
@@ -139,6 +206,10 @@ class FakeApiServer:
                 return None
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                with api._cond:
+                    if api._stalled or api._holding:
+                        api.held += 1
+                    api._wait_while_stalled(new_request=True)
                 url = urlparse(self.path)
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
                 if url.path != "/api/v1/pods":
@@ -187,6 +258,7 @@ class FakeApiServer:
                         return
                     cursor = since
                     while True:
+                        api._wait_while_stalled()
                         pending = [(rv, kind, pod) for rv, kind, pod in api._events if rv > cursor]
                         for rv, kind, pod in pending:
                             cursor = rv

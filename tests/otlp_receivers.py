@@ -75,7 +75,7 @@ class _Recorder:
         with self.lock:
             self.requests.clear()
 
-    def wait_for(self, count: int, timeout: float = 10.0) -> list[Received]:
+    def wait_for(self, count: int, timeout: float = 60.0) -> list[Received]:
         """Wait until at least ``count`` requests arrived; return them all."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -182,7 +182,7 @@ class HttpReceiver(_Recorder):
         self._loop = loop
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
-        assert ready.wait(5), "HTTP receiver did not start"
+        assert ready.wait(60), "HTTP receiver did not start"
         return self
 
     def stop(self) -> None:
@@ -190,9 +190,9 @@ class HttpReceiver(_Recorder):
             return
         loop, runner = self._loop, self._runner
         if runner is not None:
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         assert self._thread is not None
-        self._thread.join(5)
+        self._thread.join(30)
         loop.close()
         self._loop = self._thread = self._runner = None

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import free_port
+from waiting import PATIENCE
 
 
 class PrometheusServer:
@@ -55,7 +56,7 @@ class PrometheusServer:
         """The API's whole answer, errors included (a 400 carries a JSON body)."""
         url = self.base + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
         try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
+            with urllib.request.urlopen(url, timeout=PATIENCE / 2) as resp:
                 return json.load(resp)
         except urllib.error.HTTPError as exc:
             return json.loads(exc.read())
@@ -66,8 +67,9 @@ class PrometheusServer:
         assert doc["status"] == "success", doc
         return doc["data"]["result"]
 
-    def wait_for(self, expr: str, timeout: float = 30.0) -> list[dict[str, Any]]:
-        """Poll until ``expr`` returns data."""
+    def wait_for(self, expr: str, timeout: float = 2 * PATIENCE) -> list[dict[str, Any]]:
+        """Poll until ``expr`` returns data (Prometheus starts, scrapes every second, then
+        evaluates: on a busy machine that can take a while, so the default is generous)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
@@ -86,7 +88,7 @@ class PrometheusServer:
             return
         self.proc.terminate()
         try:
-            self.proc.wait(10)
+            self.proc.wait(PATIENCE / 2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self._log.close()

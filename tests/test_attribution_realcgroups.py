@@ -24,9 +24,9 @@ from cgroup_helpers import Cgroups, cgroup2_unwritable, container_id, kubeconfig
 from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from waiting import wait_until, within  # noqa: E402
 
 from exporter.attribution import build_attributor  # noqa: E402
-from exporter.attribution.kubernetes import wait_for  # noqa: E402
 from exporter.collector import Collector  # noqa: E402
 from exporter.derive import label_schema  # noqa: E402
 from exporter.render import SnapshotCollector  # noqa: E402
@@ -143,22 +143,23 @@ def test_pods_and_slurm_in_real_cgroups(tmp_path: Path, cgroups: Cgroups, apiser
         lists = apiserver.count("list")
         apiserver.drop_watches()
         apiserver.expire()
-        assert wait_for(lambda: apiserver.count("list") > lists, 5), "no relist after 410 Gone"
-        assert wait_for(lambda: apiserver.count("watch") >= 3, 5)
+        wait_until(lambda: apiserver.count("list") > lists, what="a relist after 410 Gone")
+        wait_until(lambda: apiserver.count("watch") >= 3, what="the watch resumed")
         apiserver.add(make_pod("ocr-worker-0", "docs", uid_c, NODE, {"ocr": cid_c}, labels={"team": "docs"}))
-        assert wait_for(lambda: attributor.index.get(uid_c) is not None, 1.0)  # one interval
+        wait_until(lambda: attributor.index.get(uid_c) is not None, what="pod C from the watch")
         m = run_pass(1, {a.pid: 10, b.pid: 30, c.pid: 50}, {0: 100.0})
         assert _value(m, "container_gpu_memory_used_bytes", pod="ocr-worker-0", container="ocr", namespace="docs",
                       label_team="docs") == 3 * GiB
 
         # API server down: names stay, the kubernetes collector reports the failure.
         apiserver.stop()
-        assert wait_for(lambda: not attributor.pod_source.healthy(), 5)
+        wait_until(lambda: not attributor.pod_source.healthy(), within(attributor.pod_source.outage_bound),
+                   "the watch unhealthy once the API server is down")
         m = run_pass(1, {a.pid: 10, b.pid: 30, c.pid: 50}, {0: 100.0})
         assert _value(m, "l9gpu_collector_success", collector="kubernetes") == 0.0
         assert _value(m, "container_gpu_memory_used_bytes", pod="embedder-7c9f5-abcde") == 1 * GiB
         apiserver.start()
-        assert wait_for(lambda: attributor.pod_source.healthy(), 10)
+        wait_until(lambda: attributor.pod_source.healthy(), what="the watch healthy again")
         m = run_pass(1, {a.pid: 10, b.pid: 30, c.pid: 50}, {0: 100.0})
         assert _value(m, "l9gpu_collector_success", collector="kubernetes") == 1.0
 

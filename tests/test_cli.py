@@ -63,12 +63,14 @@ def test_flags_come_from_the_environment(agent_factory):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signals_shut_down_cleanly_within_one_second(tmp_path, sig):
-    agent = AgentProcess(["--backend", "simulated", "--interval", "200ms"], log_path=tmp_path / "a.log")
+def test_signals_shut_down_cleanly_without_waiting_for_the_next_pass(tmp_path, sig):
+    # With a 30 s interval the collector sleeps between passes: shutdown must not wait
+    # that out (it takes well under a second on an idle machine).
+    agent = AgentProcess(["--backend", "simulated", "--interval", "30s"], log_path=tmp_path / "a.log")
     agent.start()
     started = time.monotonic()
     code = agent.stop(sig)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 15.0
     assert code == 0, agent.log()
     assert "Traceback" not in agent.log()
 

@@ -228,7 +228,7 @@ def prometheus_with_data(tmp_path_factory):
     server = PrometheusServer(binary, tmp, [f"127.0.0.1:{agent.port}"], [RULES, prices]).start()
     query = server.query_document
     try:
-        server.wait_for("count_over_time(gpu_up[1m]) >= 10", timeout=20)
+        server.wait_for("count_over_time(gpu_up[1m]) >= 10")
         yield query
     finally:
         server.stop()

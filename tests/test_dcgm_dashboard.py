@@ -42,7 +42,7 @@ def prometheus(tmp_path_factory):
     agent.start()
     server = PrometheusServer(binary, tmp, [f"127.0.0.1:{agent.port}"]).start()
     try:
-        server.wait_for('count_over_time(DCGM_FI_DEV_GPU_TEMP{gpu="0"}[1m]) >= 8', timeout=40)
+        server.wait_for('count_over_time(DCGM_FI_DEV_GPU_TEMP{gpu="0"}[1m]) >= 8')
         yield server
     finally:
         server.stop()

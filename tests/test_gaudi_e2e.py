@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 from cgroup_helpers import burstable_scope, cgroup2_unwritable, cgroup_tree, container_id, kubeconfig, pod_uid
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import PATIENCE
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_HL_SMI = str(Path(__file__).parent / "fakes" / "hl-smi")
@@ -90,7 +91,7 @@ def _values(samples, name: str, **labels: str) -> list[float]:  # type: ignore[n
     return [v for lab, v in samples.get(name, []) if all(lab.get(k) == want for k, want in labels.items())]
 
 
-def _wait_for(url: str, check, timeout: float = 20.0):  # type: ignore[no-untyped-def]
+def _wait_for(url: str, check, timeout: float = PATIENCE):  # type: ignore[no-untyped-def]
     """Scrape until ``check(samples)`` holds; return the samples."""
     deadline = time.monotonic() + timeout
     last: object = None
@@ -140,7 +141,7 @@ def test_serve_gaudi_end_to_end(tmp_path, accel_nodes, agent):
                _holder("/dev/accel/accel1", "/dev/accel/accel_controlD0")]
     monitor = _holder("/dev/accel/accel_controlD1")  # a monitoring tool: not a GPU process
     try:
-        url = agent("--backend", "gaudi", "--hl-smi", FAKE_HL_SMI, "--hl-smi-timeout", "1s",
+        url = agent("--backend", "gaudi", "--hl-smi", FAKE_HL_SMI, "--hl-smi-timeout", "3s",
                     "--proc-root", "/proc", "--interval", "200ms", "--node-name", "gaudi-node-1",
                     "--process-metrics",
                     env={"FAKE_HL_SMI_OUTPUT_FILE": str(output), "FAKE_HL_SMI_SLEEP_FILE": str(sleep_file)})
@@ -173,13 +174,12 @@ def test_serve_gaudi_end_to_end(tmp_path, accel_nodes, agent):
         output.write_text(HEALTHY)
         sleep_file.write_text("30")
         samples = _wait_for(url, lambda s: (_values(s, "l9gpu_backend_errors_total", backend="gaudi", reason="timeout")
-                                            or [0])[0] >= 1, timeout=30)
-        samples = _wait_for(url, lambda s: _values(s, "l9gpu_collector_success", collector="gaudi") == [0.0],
-                            timeout=30)
+                                            or [0])[0] >= 1)
+        samples = _wait_for(url, lambda s: _values(s, "l9gpu_collector_success", collector="gaudi") == [0.0])
         assert _values(samples, "gpu_up", gpu="0") == [0.0]
         sleep_file.write_text("0")
         _wait_for(url, lambda s: _values(s, "gpu_up", gpu="0") == [1.0]
-                  and _values(s, "l9gpu_collector_success", collector="gaudi") == [1.0], timeout=30)
+                  and _values(s, "l9gpu_collector_success", collector="gaudi") == [1.0])
     finally:
         for proc in [*holders, monitor]:
             proc.kill()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -10,8 +11,9 @@ pytest.importorskip("kubernetes", reason="the kubernetes client is not installed
 
 from kubernetes import client  # noqa: E402
 from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
+from waiting import wait_until, within  # noqa: E402
 
-from exporter.attribution.kubernetes import PodIndex, PodWatcher, pod_meta, resolve_owner, wait_for  # noqa: E402
+from exporter.attribution.kubernetes import PodIndex, PodWatcher, pod_meta, resolve_owner  # noqa: E402
 
 C1, C2, C3 = "a" * 64, "b" * 64, "c" * 64
 
@@ -57,7 +59,7 @@ def test_pod_meta_survives_malformed_objects(bad: object) -> None:
 def _watcher(server: FakeApiServer, index: PodIndex, node: str = "node-a") -> PodWatcher:
     cfg = client.Configuration()
     cfg.host = server.url
-    return PodWatcher(client.ApiClient(cfg), node, index, watch_seconds=5, backoff=(0.05, 0.2), request_timeout=2)
+    return PodWatcher(client.ApiClient(cfg), node, index, watch_seconds=5, backoff=(0.05, 0.2))
 
 
 def test_list_then_watch_only_this_nodes_pods(apiserver: FakeApiServer) -> None:
@@ -67,14 +69,14 @@ def test_list_then_watch_only_this_nodes_pods(apiserver: FakeApiServer) -> None:
     watcher = _watcher(apiserver, index)
     watcher.start()
     try:
-        assert wait_for(lambda: index.get("uid-1") is not None, 5)
+        wait_until(lambda: index.get("uid-1") is not None, what="the listed pod in the index")
         assert index.get("uid-2") is None
         assert apiserver.requests[0][1]["fieldSelector"] == "spec.nodeName=node-a"
         apiserver.add(make_pod("new", "ns", "uid-3", "node-a", {"c": C3}, owner=("StatefulSet", "db")))
-        assert wait_for(lambda: index.get("uid-3") is not None, 5)
+        wait_until(lambda: index.get("uid-3") is not None, what="the watched ADDED pod in the index")
         assert index.by_container(C3).name == "new" and index.get("uid-3").owner_kind == "StatefulSet"
         apiserver.delete("uid-1")
-        assert wait_for(lambda: index.get("uid-1") is None, 5)
+        wait_until(lambda: index.get("uid-1") is None, what="the DELETED pod gone from the index")
         assert watcher.healthy()
         # The watch resumed from the list's resourceVersion, not from scratch.
         watch_queries = [q for k, q in apiserver.requests if k == "watch"]
@@ -89,18 +91,19 @@ def test_410_gone_relists_and_a_dropped_stream_resumes(apiserver: FakeApiServer,
     watcher = _watcher(apiserver, index)
     watcher.start()
     try:
-        assert wait_for(lambda: index.get("uid-a") is not None and apiserver.count("watch") >= 1, 5)
+        wait_until(lambda: index.get("uid-a") is not None and apiserver.count("watch") >= 1, what="list, then a watch")
         lists = apiserver.count("list")
         # Dropped connection: resume the watch from the last version, no relist.
         apiserver.drop_watches()
         apiserver.add(make_pod("b", "ns", "uid-b", "node-a", {"c": C2}))
-        assert wait_for(lambda: index.get("uid-b") is not None, 5)
+        wait_until(lambda: index.get("uid-b") is not None, what="the pod added after the drop")
         assert apiserver.count("list") == lists
         # History compacted: the resumed watch gets 410 Gone and the watcher lists again.
         with caplog.at_level(logging.INFO, logger="exporter.attribution.kubernetes"):
             apiserver.expire()
             apiserver.add(make_pod("c", "ns", "uid-c", "node-a", {"c": C3}))
-            assert wait_for(lambda: index.get("uid-c") is not None and apiserver.count("list") > lists, 5)
+            wait_until(lambda: index.get("uid-c") is not None and apiserver.count("list") > lists,
+                       what="a relist after 410 Gone")
         assert "410 Gone" in caplog.text
         assert {index.get(u).name for u in ("uid-a", "uid-b", "uid-c")} == {"a", "b", "c"}
     finally:
@@ -113,13 +116,40 @@ def test_server_down_keeps_names_and_recovers(apiserver: FakeApiServer) -> None:
     watcher = _watcher(apiserver, index)
     watcher.start()
     try:
-        assert wait_for(lambda: index.get("uid-a") is not None and watcher.healthy(), 5)
+        wait_until(lambda: index.get("uid-a") is not None and watcher.healthy(), what="a healthy watch")
         apiserver.stop()
-        assert wait_for(lambda: not watcher.healthy(), 5)
+        wait_until(lambda: not watcher.healthy(), within(watcher.outage_bound), "unhealthy once the server is down")
         assert index.get("uid-a").name == "a"  # what was known stays known
         apiserver.add(make_pod("b", "ns", "uid-b", "node-a", {"c": C2}))  # happens while down
         apiserver.start()
-        assert wait_for(lambda: watcher.healthy() and index.get("uid-b") is not None, 10)
+        wait_until(lambda: watcher.healthy() and index.get("uid-b") is not None,
+                   within(watcher.outage_bound + watcher.backoff[1]), "healthy again, with the pod added meanwhile")
+    finally:
+        watcher.stop()
+
+
+def test_a_server_that_stops_answering_is_noticed_within_the_bound(apiserver: FakeApiServer) -> None:
+    """The open watch ends on time, the next request gets no answer: the HTTP client
+    would wait out its read timeout several times over (it retries a request that got no
+    answer), yet the watcher reports unhealthy within its bound of the last answer."""
+    index = PodIndex()
+    cfg = client.Configuration()
+    cfg.host = apiserver.url
+    watcher = PodWatcher(client.ApiClient(cfg), "node-a", index, watch_seconds=1, stall_seconds=3,
+                         backoff=(0.05, 0.2))
+    watcher.start()
+    try:
+        wait_until(lambda: watcher.healthy() and apiserver.count("watch") >= 2, what="a healthy watch")
+        apiserver.stall(streams=False)
+        stalled = time.monotonic()
+        wait_until(lambda: not watcher.healthy(), within(watcher.outage_bound), "unhealthy while held")
+        # The bound counts from the last answer, at most one watch (1 s) before the stall;
+        # 5 s of slack for a busy machine, still far below the 4 x 4 s the client's retries take.
+        assert time.monotonic() - stalled < watcher.watch_seconds + watcher.outage_bound + 5.0
+        wait_until(lambda: apiserver.held >= 1, what="the request held")
+        assert not watcher.healthy()
+        apiserver.resume()
+        wait_until(watcher.healthy, what="healthy once the server answers")
     finally:
         watcher.stop()
 
@@ -147,7 +177,7 @@ def test_forbidden_is_reported_with_the_rbac_hint(caplog) -> None:
     try:
         with caplog.at_level(logging.WARNING, logger="exporter.attribution.kubernetes"):
             watcher.start()
-            assert wait_for(lambda: "get, list and watch on pods" in caplog.text, 5)
+            wait_until(lambda: "get, list and watch on pods" in caplog.text, what="the RBAC hint in the log")
         assert not watcher.healthy()
         assert "Traceback" not in caplog.text
     finally:

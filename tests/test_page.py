@@ -8,6 +8,7 @@ import json
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
+from waiting import wait_until
 
 from exporter import catalogue as cat
 from exporter.collector import Collector
@@ -206,8 +207,7 @@ def test_the_collector_thread_never_renders_the_page():
     collector.interval = 0.01
     try:
         collector.start()
-        while collector.snapshot is None or collector.snapshot.seq < 5:
-            collector._stop.wait(0.01)
+        wait_until(lambda: collector.snapshot is not None and collector.snapshot.seq >= 5, what="five passes")
     finally:
         collector.stop()
         collector.attributor.close()

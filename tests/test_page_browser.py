@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import time
 import urllib.request
 from html.parser import HTMLParser
 
@@ -18,6 +17,7 @@ import pytest
 import yaml
 from agent import REPO, AgentProcess, run_cli
 from browser import DevTools, dump_dom, need_chromium, png_size_and_colours, screenshot
+from waiting import wait_until
 
 SCENARIO = yaml.safe_load((REPO / "exporter" / "scenarios" / "default.yaml").read_text())
 PODS = sorted({p["workload"]["pod"] for p in SCENARIO["processes"] if "pod" in p["workload"]}
@@ -77,8 +77,8 @@ def agent(tmp_path_factory):
     need_chromium()
     proc = AgentProcess(AGENT_ARGS, log_path=tmp_path_factory.mktemp("agent") / "agent.log")
     proc.start()
-    while _seq(proc) < 5:  # a few passes: the zombie idle for three, GPM activity known
-        time.sleep(0.05)
+    # a few passes: the zombie idle for three, GPM activity known
+    wait_until(lambda: _seq(proc) >= 5, what="five passes")
     yield proc
     proc.stop()
 

@@ -36,9 +36,11 @@ def test_prometheus_scrapes_the_agent_and_queries_back(prometheus):
     assert total[0]["metric"]["model"] == "NVIDIA H100 80GB HBM3"
     assert total[0]["metric"]["node"] == "sim-node-01"
     assert prometheus("count(gpu_up == 1)")[0]["value"][1] == "8"
-    # the counter rises between scrapes: rate() sees the idle GPU's 72 W (scrapes and
-    # passes are not aligned, so allow for a quarter-second of jitter over the window)
-    prometheus('count_over_time(gpu_energy_joules_total{gpu="7"}[8s]) >= 7')
-    raw = prometheus('gpu_energy_joules_total{gpu="7"}[8s]')[0]["values"]
+    # the counter rises between scrapes: rate() sees the idle GPU's 72 W. Scrapes and
+    # passes are not aligned, and on a busy machine a pass can lag its interval, so each
+    # end of the window may be off by a pass or two: a 16 s window keeps that within 25%
+    # (a unit slip, W for kW or J for mJ, is off by a factor of 1000).
+    prometheus('count_over_time(gpu_energy_joules_total{gpu="7"}[16s]) >= 12')
+    raw = prometheus('gpu_energy_joules_total{gpu="7"}[16s]')[0]["values"]
     (t0, v0), (t1, v1) = raw[0], raw[-1]
-    assert (float(v1) - float(v0)) / (t1 - t0) == pytest.approx(72.0, rel=0.1)
+    assert (float(v1) - float(v0)) / (t1 - t0) == pytest.approx(72.0, rel=0.25)

@@ -22,6 +22,7 @@ import pytest
 import yaml
 from agent import AgentProcess, run_cli
 from conftest import need_tool
+from waiting import PATIENCE, wait_until
 
 bcrypt = pytest.importorskip("bcrypt", reason="basic auth checks bcrypt hashes")
 x509 = pytest.importorskip("cryptography.x509", reason="the tests make their certificates with cryptography")
@@ -293,12 +294,15 @@ def test_authenticator_checks_bcrypt_and_caches_successes():
         assert not await auth.check(users, "Basic !!!not-base64")
         assert not await auth.check(users, "Basic " + base64.b64encode(b"no-colon").decode())
         assert not await auth.check(users, header("alice", "x" * 100))  # bcrypt reads 72 bytes at most
-        # bob's hash has cost 12 (hundreds of ms): the second check must come from the cache
+        # bob's hash has cost 12 (hundreds of ms): later checks must come from the cache,
+        # so twenty of them take less time than the one that ran bcrypt (on any machine)
+        started = time.perf_counter()
         assert await auth.check(users, header("bob", "pw"))
+        uncached = time.perf_counter() - started
         started = time.perf_counter()
         for _ in range(20):
             assert await auth.check(users, header("bob", "pw"))
-        assert time.perf_counter() - started < 0.1
+        assert time.perf_counter() - started < uncached
         # a new hash for bob invalidates the cached success
         assert not await auth.check({**users, "bob": htpasswd_hash("other")}, header("bob", "pw"))
 
@@ -388,11 +392,10 @@ def test_basic_auth_headers_and_probe_exemption(tmp_path, pki, agents):
     for probe in ("/healthz", "/readyz"):
         status, headers, _ = agent.get(probe)
         assert status == 200 and headers["X-Frame-Options"] == "deny"
-    # repeated scrapes with the same credentials are served from the cache: fast
-    started = time.perf_counter()
+    # repeated scrapes with the same credentials keep working (the bcrypt cache itself is
+    # timed against an uncached check in test_authenticator_checks_bcrypt_and_caches_successes)
     for _ in range(10):
         assert agent.get("/metrics", basic("alice", "correct horse"))[0] == 200
-    assert time.perf_counter() - started < 2.0
 
 
 def test_users_reload_when_the_file_changes(tmp_path, pki, agents):
@@ -403,17 +406,11 @@ def test_users_reload_when_the_file_changes(tmp_path, pki, agents):
     agents.append(agent)
     assert agent.get("/metrics", basic("carol", "c"))[0] == 401
     write_config(config, {"tls_server_config": tls, "basic_auth_users": {"carol": htpasswd_hash("c")}})
-    deadline = time.monotonic() + 10
-    while agent.get("/metrics", basic("carol", "c"))[0] != 200:
-        assert time.monotonic() < deadline, agent.log()
-        time.sleep(0.2)
+    wait_until(lambda: agent.get("/metrics", basic("carol", "c"))[0] == 200, what="the new user accepted")
     assert agent.get("/metrics", basic("alice", "a"))[0] == 401
     # a broken edit is logged and the last good file stays in force
     config.write_text("basic_auth_users: {carol: plaintext}\n")
-    deadline = time.monotonic() + 10
-    while "web config not reloaded" not in agent.log():
-        assert time.monotonic() < deadline, agent.log()
-        time.sleep(0.2)
+    wait_until(lambda: "web config not reloaded" in agent.log(), what="the broken edit logged")
     assert "basic_auth_users.carol: not a bcrypt hash" in agent.log()
     assert agent.get("/metrics", basic("carol", "c"))[0] == 200
 
@@ -505,14 +502,13 @@ def test_a_rotated_certificate_is_served_without_a_restart(tmp_path, pki, agents
     _fails_tls(agent, new_ctx)
     (tmp_path / "server.key").write_bytes(renewed.server_key.read_bytes())
     (tmp_path / "server.crt").write_bytes(renewed.server_cert.read_bytes())
-    deadline = time.monotonic() + 10
-    while True:
+    def renewed_certificate_served() -> bool:
         try:
-            with urllib.request.urlopen(agent.url + "/healthz", timeout=5, context=new_ctx) as resp:
-                assert resp.status == 200
-                break
+            with urllib.request.urlopen(agent.url + "/healthz", timeout=PATIENCE / 2, context=new_ctx) as resp:
+                return resp.status == 200
         except (urllib.error.URLError, ssl.SSLError, ConnectionError):
-            assert time.monotonic() < deadline, agent.log()
-            time.sleep(0.2)
+            return False
+
+    wait_until(renewed_certificate_served, what="the renewed certificate served")
     _fails_tls(agent, client_context(pki))  # the old CA no longer matches
 

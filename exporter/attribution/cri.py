@@ -26,7 +26,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from exporter.attribution.kubernetes import PodIndex, PodMeta
-from exporter.attribution.unixgrpc import SocketLister
+from exporter.attribution.unixgrpc import STARTUP_TIMEOUT, SocketLister
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,8 @@ class CriPodSource(SocketLister):
 def build(socket: str, index: PodIndex, detected: bool = False, **kwargs: Any) -> CriPodSource | None:
     """A `CriPodSource` that has asked the runtime once (so the first pass has names).
 
+    That first call, before any pass, has a longer deadline (`STARTUP_TIMEOUT`).
+
     Returns None when ``grpcio``/``protobuf`` is not installed (with one warning), or when
     an auto-``detected`` socket serves no CRI (Docker's containerd has its CRI plugin off:
     UNIMPLEMENTED), which is no fault of the node. A socket given by path that fails is
@@ -159,7 +161,7 @@ def build(socket: str, index: PodIndex, detected: bool = False, **kwargs: Any) -
                     "(pip install 'l9gpu[k8s]')", exc.name or "grpcio")
         return None
     source.quiet = detected
-    source.refresh()
+    source.refresh(timeout=max(source.timeout, STARTUP_TIMEOUT))
     source.quiet = False
     if detected and source.last_code == "UNIMPLEMENTED":
         log.info("%s serves no CRI RuntimeService: pod names from the container runtime are off", source.socket)

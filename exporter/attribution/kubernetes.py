@@ -9,6 +9,18 @@ in its own daemon thread, resuming from the last resourceVersion it saw, relisti
 collector thread reads; while the API server is unreachable the index keeps what it
 knew, and processes of pods it has never seen keep their pod UID until names arrive.
 
+How soon an outage is noticed is bounded (`PodWatcher.outage_bound`): each watch asks
+the server to end it after ``watch_seconds`` (so a healthy stream is never silent for
+longer, bookmarks or not), and the stream's read timeout is ``watch_seconds +
+stall_seconds``. A server that is gone (connection refused or reset) is noticed at the
+next read, at once; one that keeps the connection open and sends nothing (a hung
+server, a proxy or a network partition that drops the stream silently) is noticed when
+the read timeout expires. TCP keepalive would only catch the second case's dead peer,
+not a live one that stops sending, so the read timeout is the mechanism. And whatever
+the watch thread waits on (the HTTP client retrying a request that got no answer, a
+slow name lookup), `PodWatcher.healthy` also turns False once nothing has been heard
+from the server for that long: the bound holds however the thread is held up.
+
 The ``kubernetes`` package is imported only when the watch starts.
 """
 
@@ -26,6 +38,13 @@ from typing import Any, Callable, Iterable, Mapping
 log = logging.getLogger(__name__)
 
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+# Server-side timeout of one watch request, and how much longer its stream may stay
+# silent before the agent calls it stuck: together the longest an outage goes unnoticed
+# (docs/ATTRIBUTION.md, "How soon an outage shows"). One watch a minute per node is cheap
+# (the API server serves it from its watch cache).
+WATCH_SECONDS = 60
+STALL_SECONDS = 30.0
 
 _CRONJOB_JOB = re.compile(r"^(.+)-(\d{8,})$")  # <cronjob>-<scheduled time in minutes>
 _GENERATED_SUFFIX = re.compile(r"^(.+)-([a-z0-9]{5,10})$")
@@ -265,15 +284,22 @@ class PodWatcher:
         node: the node name (``spec.nodeName``).
         index: the index to fill.
         watch_seconds: server-side timeout of one watch request; the watch then resumes.
+            A healthy server ends the stream by then, so it is the longest a healthy
+            stream stays silent.
+        stall_seconds: how much longer than ``watch_seconds`` the stream may stay
+            silent before it counts as stuck (the read timeout is the sum).
         backoff: (first, max) seconds to wait after an error, doubling in between.
+        request_timeout: connect timeout of every request, and read timeout of a list.
         sleep: waits on errors (injectable for tests); returns True when stopping.
+        clock: monotonic seconds (injectable for tests).
     """
 
     name = "kubernetes"
 
-    def __init__(self, api_client: Any, node: str, index: PodIndex, watch_seconds: int = 300,
+    def __init__(self, api_client: Any, node: str, index: PodIndex, watch_seconds: int = WATCH_SECONDS,
                  backoff: tuple[float, float] = (1.0, 30.0), request_timeout: float = 10.0,
-                 sleep: Callable[[float], bool] | None = None):
+                 sleep: Callable[[float], bool] | None = None, stall_seconds: float = STALL_SECONDS,
+                 clock: Callable[[], float] = time.monotonic):
         from kubernetes import client
 
         self.api = client.CoreV1Api(api_client)
@@ -281,10 +307,13 @@ class PodWatcher:
         self.node = node
         self.index = index
         self.watch_seconds = watch_seconds
+        self.stall_seconds = stall_seconds
         self.backoff = backoff
         self.request_timeout = request_timeout
         self.resource_version: str | None = None
         self._healthy = False
+        self._clock = clock
+        self._heard = clock()  # when the server last answered: a response, an event, a watch's end
         self._stop = threading.Event()
         self._sleep = sleep or self._stop.wait
         self._thread: threading.Thread | None = None
@@ -292,14 +321,34 @@ class PodWatcher:
         self._failures = 0
         self.relists = 0
         self.events = 0
+        self.errors = 0  # failed lists and watches (stuck streams included), since start
 
     @property
     def selector(self) -> str:
         return f"spec.nodeName={self.node}"
 
     def healthy(self) -> bool:
-        """True while the last list or watch request worked."""
-        return self._healthy
+        """True while the last list or watch request worked and the server was heard lately.
+
+        "Lately": within ``watch_seconds + stall_seconds``, the longest a healthy server
+        stays silent, whatever the watch thread is waiting on meanwhile.
+        """
+        return self._healthy and self._clock() - self._heard <= self.watch_seconds + self.stall_seconds
+
+    def _answered(self) -> None:
+        """The server answered: healthy, and heard now."""
+        self._heard = self._clock()
+        self._healthy = True
+
+    @property
+    def outage_bound(self) -> float:
+        """Seconds within which `healthy` turns False once the API server is gone or stuck.
+
+        ``watch_seconds + stall_seconds`` after the server last answered (`healthy` says
+        so even while the watch thread still waits on a request); a refused or reset
+        connection turns it False at once.
+        """
+        return self.watch_seconds + self.stall_seconds
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="l9gpu-pod-watch", daemon=True)
@@ -327,6 +376,7 @@ class PodWatcher:
         self.index.replace(pods)
         self.resource_version = _str(_dict(_dict(body).get("metadata")).get("resourceVersion")) or None
         self.relists += 1
+        self._answered()  # (before the watch thread starts, too)
         log.debug("listed %d pod(s) on node %s at resourceVersion %s", len(pods), self.node, self.resource_version)
 
     def watch_once(self) -> None:
@@ -336,13 +386,22 @@ class PodWatcher:
         self._watch = watch.Watch()
         kwargs: dict[str, Any] = dict(field_selector=self.selector, timeout_seconds=self.watch_seconds,
                                       allow_watch_bookmarks=True,
-                                      _request_timeout=(self.request_timeout, self.watch_seconds + 30))
+                                      _request_timeout=(self.request_timeout,
+                                                        self.watch_seconds + self.stall_seconds))
         if self.resource_version:
             kwargs["resource_version"] = self.resource_version
         # A wrapper without a return-type docstring: the watch then yields the raw JSON
         # events, so a pod the client's models would reject cannot stall the watch.
         def list_pods(**kw: Any) -> Any:
-            return self.api.list_pod_for_all_namespaces(**kw)
+            response = self.api.list_pod_for_all_namespaces(**kw)
+            # The server answered the watch (the client raised on an error status): healthy
+            # from here, not from the moment the request was sent, so a server that accepts
+            # connections and never answers stays unhealthy.
+            if self._failures:
+                log.info("pod watch for node %s works again", self.node)
+            self._answered()
+            self._failures = 0  # a new outage is a first failure again (logged as a warning)
+            return response
 
         for event in self._watch.stream(list_pods, **kwargs):
             if self._stop.is_set():
@@ -353,6 +412,7 @@ class PodWatcher:
         kind = event.get("type")
         raw = _dict(event.get("raw_object"))
         version = _str(_dict(raw.get("metadata")).get("resourceVersion"))
+        self._heard = self._clock()
         if kind == "BOOKMARK":
             self.resource_version = version or self.resource_version
             return
@@ -367,7 +427,7 @@ class PodWatcher:
         if version:
             self.resource_version = version
         self.events += 1
-        self._healthy = True
+        self._answered()
         self._failures = 0
 
     def _run(self) -> None:
@@ -377,8 +437,8 @@ class PodWatcher:
             try:
                 if self.resource_version is None:
                     self.list_pods()
-                self._healthy = True
                 self.watch_once()
+                self._heard = self._clock()  # the server ended the watch (on time, or closed it)
                 self._failures = 0
                 continue  # the watch timed out or the server closed it: resume
             except ApiException as exc:
@@ -395,6 +455,7 @@ class PodWatcher:
             if self._stop.is_set():
                 return
             self._healthy = False
+            self.errors += 1
             delay = min(self.backoff[1], self.backoff[0] * 2 ** self._failures)
             self._failures += 1
             (log.warning if self._failures == 1 else log.debug)(

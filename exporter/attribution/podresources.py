@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from exporter.attribution.kubernetes import PodIndex
-from exporter.attribution.unixgrpc import SocketLister, socket_path
+from exporter.attribution.unixgrpc import STARTUP_TIMEOUT, SocketLister, socket_path
 from exporter.model import AllocationRow, DeviceSample, Workload
 
 log = logging.getLogger(__name__)
@@ -234,6 +234,8 @@ def resolve_socket(value: str, exists: Callable[[str], bool] = os.path.exists) -
 def build(socket: str, **kwargs: Any) -> PodResourcesSource | None:
     """A started `PodResourcesSource` that has listed once (so the first pass has allocations).
 
+    That first call, before any pass, has a longer deadline (`STARTUP_TIMEOUT`).
+
     Returns None, with one warning, when ``grpcio``/``protobuf`` is not installed. A socket
     that fails is kept, reported unhealthy and asked again on the cadence.
     """
@@ -243,6 +245,6 @@ def build(socket: str, **kwargs: Any) -> PodResourcesSource | None:
         log.warning("GPU allocations from the kubelet are off: %s is not installed (pip install 'l9gpu[k8s]')",
                     exc.name or "grpcio")
         return None
-    source.refresh()
+    source.refresh(timeout=max(source.timeout, STARTUP_TIMEOUT))
     source.start()
     return source

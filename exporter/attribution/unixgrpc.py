@@ -4,6 +4,10 @@ The kubelet's pod-resources socket and the container runtime's CRI socket are bo
 asked the same way: one List call with a short deadline, on a slow cadence in a daemon
 thread (and on demand), never raising into the collector, and reporting its health.
 `SocketLister` does that; each source subclasses it and says what a listing means.
+
+Because every call has a deadline, a socket that is gone (refused, removed) or a server
+that accepts the call and never answers is noticed by the next background call at the
+latest: within `SocketLister.outage_bound` seconds.
 """
 
 from __future__ import annotations
@@ -17,6 +21,11 @@ log = logging.getLogger(__name__)
 # The kubelet allows responses up to 16 MiB on both sockets; a node with many containers
 # needs more than gRPC's 4 MiB default.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+# Deadline of the first call, made once at startup before any collection pass: no pass
+# waits on it, and a node that is busy booting its pods should not start the agent with
+# an empty listing for want of a few hundred milliseconds.
+STARTUP_TIMEOUT = 5.0
 
 
 def socket_path(value: str) -> str:
@@ -75,6 +84,15 @@ class SocketLister:
         """True while the last call worked."""
         return self._healthy
 
+    @property
+    def outage_bound(self) -> float:
+        """Seconds within which `healthy` turns False once the socket is gone or hangs.
+
+        A call that was under way when the server went (at most ``timeout``), the wait
+        until the next background call (``interval``), and that call's deadline.
+        """
+        return self.interval + 2 * self.timeout
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
         self._thread.start()
@@ -85,18 +103,22 @@ class SocketLister:
             self._thread.join(timeout)
         self._channel.close()
 
-    def refresh(self) -> bool:
+    def refresh(self, timeout: float | None = None) -> bool:
         """Call once and hand the answer to `listed`; never raises, waits about ``timeout`` at most.
+
+        Args:
+            timeout: this call's deadline, seconds (default: the source's ``timeout``).
 
         Returns what `listed` returns, or False when the call failed or another listing
         was already running (it fills in the same data).
         """
-        if not self._lock.acquire(timeout=self.timeout):
+        deadline = self.timeout if timeout is None else timeout
+        if not self._lock.acquire(timeout=deadline):
             return False
         try:
             self.before_call()
             try:
-                response = self._call(self._request, timeout=self.timeout)
+                response = self._call(self._request, timeout=deadline)
                 result = self.listed(response)
             except self._grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
