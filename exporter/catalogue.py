@@ -249,7 +249,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("gpu_fan_speed_ratio", GAUGE, "ratio", "Fan speed as a fraction of its maximum (cards with fans only).",
                D, DEVICE, "fan_speed_ratio", ("DCGM_FI_DEV_FAN_SPEED", 100.0),
                vendors_note="absent on passively cooled data-centre cards"),
-    MetricSpec("gpu_ecc_errors_total", COUNTER, "", "ECC errors since the driver loaded, by type (corrected, uncorrected).",
+    MetricSpec("gpu_ecc_errors_total", COUNTER, "", "ECC errors over the board's lifetime, by type (corrected, uncorrected).",
                D + ("type",), DEVICE, "ecc_errors", ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", 1.0)),
     MetricSpec("gpu_xid_errors_total", COUNTER, "", "XID error events seen since the agent started, by XID code.",
                D + ("xid",), DEVICE, "xid_errors", ("DCGM_FI_DEV_XID_ERRORS", 1.0),
@@ -376,7 +376,7 @@ VENDOR_NOTES: dict[str, tuple[str, str, str]] = {
     "gpu_pcie_rx_bytes_total": ("field value `PCIE_COUNT_RX_BYTES` (driver counter); absent where the field "
                                 "is NOT_SUPPORTED, as for tx", "—", "—"),
     "gpu_fan_speed_ratio": ("fan speed (cards with fans)", "—", "—"),
-    "gpu_ecc_errors_total": ("volatile ECC counts", "RAS total correctable/uncorrectable counts", "—"),
+    "gpu_ecc_errors_total": ("aggregate ECC counts (kept across driver reloads, read every 10 s)", "RAS total correctable/uncorrectable counts", "—"),
     "gpu_xid_errors_total": ("XID events", "—", "—"),
     "gpu_clock_throttle_active": ("clock event reasons", "—", "—"),
     "container_gpu_memory_used_bytes": ("per-process used memory", "per-process VRAM (`vram_mem`)",
