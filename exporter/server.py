@@ -108,8 +108,8 @@ class ScrapeForecast:
         """True when a client of ``variant`` is expected to scrape before ``now + horizon``.
 
         A client seen once (period unknown) is not expected: its next scrape renders by
-        itself, and from the third on they are foreseen. A scrape overdue by more than
-        ``horizon`` is no longer expected.
+        itself, and from the third on they are foreseen. A scrape overdue by more than a
+        quarter of ``horizon`` is no longer expected.
         """
         with self._lock:
             for key, client in list(self._clients.items()):
@@ -123,11 +123,13 @@ class ScrapeForecast:
                     continue
                 if key[1:] != variant:
                     continue
-                # Its next scrape, unless that is overdue by more than the horizon: a client
-                # that missed its time (stopped, or irregular) is not rendered for on every
-                # pass; its next scrape renders by itself and tells its period anew.
+                # Its next scrape, if due before the next pass (or late by a quarter of the
+                # horizon): one pass renders for it (two when it falls right at a pass
+                # boundary). A client that missed its time
+                # (stopped, or irregular) is not rendered for on every pass; its next
+                # scrape renders by itself and tells its period anew.
                 expected = client.last + period
-                if now - horizon <= expected <= now + horizon:
+                if now - horizon / 4 <= expected <= now + horizon:
                     return True
             return False
 
@@ -215,7 +217,9 @@ class Exposition:
         now = self._clock()
         with self._lock:
             wanted = list(self._wanted)
-        horizon = 1.25 * self._interval  # until the next pass, plus slack for its jitter
+        # Until the next pass, and a tenth more: a scrape due right at a pass boundary may
+        # arrive while that pass runs, so the pass before renders for it too.
+        horizon = 1.1 * self._interval
         for accept, want_gzip in wanted:
             if self.forecast.due((accept, want_gzip), now, horizon):
                 self.render(accept or None, want_gzip, background=True)
