@@ -257,24 +257,27 @@ def _serial(url: str, requests: int, headers: dict[str, str]) -> list[float]:
     return times
 
 
-def bench_scrapes(path: Path, requests: int,
-                  concurrent_seconds: float) -> tuple[dict[str, list[float]], int, int, int]:
+def start_simulated_agent(path: Path) -> tuple[subprocess.Popen, int]:
+    """`l9gpu serve` on the scenario at a 1 s interval, once /readyz answers: (process, port)."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve", "--backend", "simulated", "--scenario",
                              str(path), "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--log-level", "warning"],
                             env=env, cwd=REPO)
+    try:
+        _wait_ready(port, proc)
+    except BaseException:
+        proc.terminate()
+        proc.wait(10)
+        raise
+    return proc, port
+
+
+def bench_scrapes(path: Path, requests: int,
+                  concurrent_seconds: float) -> tuple[dict[str, list[float]], int, int, int]:
+    proc, port = start_simulated_agent(path)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
         size = len(urllib.request.urlopen(url).read())
         gz_size = len(urllib.request.urlopen(urllib.request.Request(url, headers=GZIP)).read())
         results = {

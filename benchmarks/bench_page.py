@@ -19,15 +19,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gzip
-import os
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from bench_agent import CONTAINERS, GPUS, PROCESSES, REPO, fmt, free_port, scenario
+from bench_agent import CONTAINERS, GPUS, PROCESSES, fmt, scenario, start_simulated_agent
 
 GZIP = {"Accept-Encoding": "gzip"}
 
@@ -92,22 +88,9 @@ async def _measure(measured: str, background: str | None, seconds: float) -> lis
 
 
 def bench_http(path: Path, seconds: float) -> dict[str, list[float]]:
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve", "--backend", "simulated", "--scenario",
-                             str(path), "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--log-level", "warning"],
-                            env=env, cwd=REPO)
+    proc, port = start_simulated_agent(path)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/readyz", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
         metrics, page = base + "/metrics", base + "/"
         return {
             "/metrics alone": asyncio.run(_measure(metrics, None, seconds)),

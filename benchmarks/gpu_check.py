@@ -85,6 +85,21 @@ def _emit(event: str, **values: Any) -> None:
     print(json.dumps({"event": event, **values}), flush=True)
 
 
+def multiply_for(seconds: float, a: Any, b: Any, c: Any) -> int:
+    """Multiply ``a`` by ``b`` into ``c`` (torch tensors) back to back for ``seconds``;
+    returns how many multiplications ran."""
+    import torch  # type: ignore[import-not-found,unused-ignore]
+
+    end = time.monotonic() + seconds
+    multiplies = 0
+    while time.monotonic() < end:
+        for _ in range(8):
+            torch.matmul(a, b, out=c)
+        torch.cuda.synchronize()
+        multiplies += 8
+    return multiplies
+
+
 def run_workload(gib: float, busy_seconds: float, idle_seconds: float, nvml_index: int) -> int:
     """The child: allocate, compute, idle; report each step as a JSON line on stdout."""
     import pynvml  # type: ignore[import-untyped,unused-ignore]
@@ -118,13 +133,7 @@ def run_workload(gib: float, busy_seconds: float, idle_seconds: float, nvml_inde
         torch_uuid=torch_uuid,
         device_name=props.name,
     )
-    end = time.monotonic() + busy_seconds
-    multiplies = 0
-    while time.monotonic() < end:
-        for _ in range(8):
-            torch.matmul(a, b, out=c)
-        torch.cuda.synchronize()
-        multiplies += 8
+    multiplies = multiply_for(busy_seconds, a, b, c)
     _emit(
         "idle",
         multiplies=multiplies,
@@ -738,13 +747,7 @@ def run_bf16_workload(busy_seconds: float, idle_seconds: float) -> int:
     torch.matmul(a, b, out=c)
     torch.cuda.synchronize()
     _emit("busy", pid=os.getpid())
-    end = time.monotonic() + busy_seconds
-    multiplies = 0
-    while time.monotonic() < end:
-        for _ in range(8):
-            torch.matmul(a, b, out=c)
-        torch.cuda.synchronize()
-        multiplies += 8
+    multiplies = multiply_for(busy_seconds, a, b, c)
     _emit("idle", multiplies=multiplies, tflops=round(2 * n**3 * multiplies / busy_seconds / 1e12, 1))
     time.sleep(idle_seconds)
     _emit("done")
