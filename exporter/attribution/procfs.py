@@ -186,9 +186,10 @@ class ProcCache:
         self.procfs = procfs
         self._entries: dict[int, ProcInfo] = {}
         self.reads = 0  # full reads so far (cache misses), for tests and benchmarks
-        # On a real procfs, an open /proc/<pid>/stat stays bound to that process: reading it
-        # again costs one pread (no path lookup), and fails once the process is gone, even
-        # if its PID was given to another. Fixture trees (plain files) are read by path.
+        # On a real procfs, an open /proc/<pid>/comm stays bound to that process: reading it
+        # again costs one small pread (no path lookup, no stat to format), and fails once
+        # the process is gone, even if its PID was given to another. Fixture trees (plain
+        # files, which outlive nothing) are read by path every pass.
         self._real_procfs = os.path.islink(os.path.join(procfs.root, "self"))
         self._fds: dict[int, int] = {}
         self._max_open = _max_open_stat_files()
@@ -223,29 +224,38 @@ class ProcCache:
         return result
 
     def _start_time(self, pid: int, fds: dict[int, int], kept: dict[int, int]) -> int | None:
-        """Start time from the process's open stat file (opened on first sight)."""
+        """The start time of the process that has ``pid`` now, None when there is none.
+
+        A process seen before is checked with one small read of its kept-open ``comm``:
+        that file stays bound to the process it was opened for, so the read succeeds while
+        that very process lives and fails (ESRCH) once it is gone, even if its PID now
+        belongs to another. Then its known start time is returned, with no ``stat`` to
+        format and parse. A new PID (or one whose process went) is read by path, with the
+        ``comm`` file opened first, so the file can only be bound to this process or to
+        one that ends before the read (which the next pass notices).
+        """
         fd = fds.get(pid)
         if fd is not None:
+            cached = self._entries.get(pid)
             try:
-                data = os.pread(fd, 4096, 0)
+                alive = bool(os.pread(fd, 64, 0))
             except OSError:  # ESRCH: that process is gone (its PID may live on in another)
-                data = b""
-            if data:
+                alive = False
+            if alive and cached is not None:
                 kept[pid] = fd
-                return parse_start_time(data.decode("utf-8", "replace"))
+                return cached.start_time
         if len(kept) >= self._max_open:
             return self.procfs.start_time(pid)
         try:
-            fd = os.open(f"{self.procfs.root}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(f"{self.procfs.root}/{pid}/comm", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return None
-        try:
-            data = os.pread(fd, 4096, 0)
-        except OSError:
+        start = self.procfs.start_time(pid)
+        if start is None:
             os.close(fd)
             return None
         kept[pid] = fd
-        return parse_start_time(data.decode("utf-8", "replace"))
+        return start
 
     def close(self) -> None:
         """Close the stat files kept open."""
