@@ -156,6 +156,17 @@ class FetchStats:
     raw_steps: int = 0
 
 
+async def _all(*awaitables: Any) -> list[Any]:
+    """The results of ``awaitables`` run together; the first failure is raised once all
+    have finished, so no failed query is left for asyncio to report at shutdown (a TLS or
+    auth error fails every query at once, and the user gets one line, not tracebacks)."""
+    results = await asyncio.gather(*awaitables, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
 async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, stats: FetchStats
                    ) -> dict[SeriesKey, list[float]]:
     """Per series, the increase of ``family`` in each step of ``grid``."""
@@ -176,7 +187,7 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
     if tail_ms:
         value_q.append(prom.query(f"last_over_time({sel}[{_dur(tail_ms)}])", t[-1]))
         reset_q.append(prom.query(fell(tail_ms, step_ms if n else tail_ms), t[-1]))
-    answers = await asyncio.gather(*value_q, *reset_q)
+    answers = await _all(*value_q, *reset_q)
     values_ans, resets_ans = answers[:len(value_q)], answers[len(value_q):]
     # step ends as the API writes them (seconds, float or int; equal values hash alike)
     index = {b / 1000: k for k, b in enumerate(bounds)}
@@ -227,7 +238,7 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
             window = bounds[k] - bounds[k - 1]
             fetches.append((k, keys, prom.query(f"{family}{{{inner}}}[{_dur(window)}]", bounds[k] / 1000)))
     stats.raw_steps += len(flagged)
-    results = await asyncio.gather(*(f for _, _, f in fetches))
+    results = await _all(*(f for _, _, f in fetches))
     for (k, keys, _), answer in zip(fetches, results):
         for series in answer:
             key = series_key(series["metric"])
@@ -248,7 +259,7 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
     grid = Grid(start_ms, end_ms, step_ms)
     stats = FetchStats()
     keys = list(COUNTERS)
-    results = await asyncio.gather(*(_counter(prom, COUNTERS[k][0], grid, selector, stats) for k in keys))
+    results = await _all(*(_counter(prom, COUNTERS[k][0], grid, selector, stats) for k in keys))
     rows: dict[SeriesKey, SeriesTotals] = {}
     for name, per_series in zip(keys, results):
         for key, steps in per_series.items():
