@@ -6,7 +6,9 @@ tree in real cgroup layouts, the pods in the index, the kubelet's allocations jo
 * 8 GPUs x 16 processes (16 containers) and 8 GPUs x 256 processes (64 containers);
 * read through the NVML backend on the tests' NVML fake, once answering for free and once
   charging every call what it cost on a real H200 (``fake_pynvml.H200_COSTS``: CPU burnt
-  with the GIL released, blocking calls sleep) - the figures a real driver gives.
+  with the GIL released, blocking calls sleep) - the figures a real driver gives;
+* cached processes checked as on a real /proc (``fake_nvml_agent.install``); the
+  simulated node's row checks them by path, as its fixture tree requires.
 
 For each it reports:
 
@@ -108,7 +110,10 @@ def bench_nvml_pass(path: Path, h200_costs: bool, passes: int) -> tuple[list[flo
 
     from exporter.cli import _collector, _open, build_parser
 
+    from exporter.attribution import procfs
+
     saved = sys.modules.get("pynvml")
+    plain_init = procfs.ProcCache.__init__
     fake_nvml_agent.install(str(path), h200_costs)
     try:
         args = build_parser().parse_args(["snapshot", "--backend", "nvml", "--kubernetes", "off"])
@@ -126,6 +131,7 @@ def bench_nvml_pass(path: Path, h200_costs: bool, passes: int) -> tuple[list[flo
         attributor.close()
         backend.close()
     finally:
+        procfs.ProcCache.__init__ = plain_init  # type: ignore[method-assign]
         if saved is None:
             sys.modules.pop("pynvml", None)
         else:

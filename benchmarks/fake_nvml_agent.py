@@ -3,7 +3,9 @@
 The node comes from a scenario file (the simulated backend's format): its GPUs become
 fake NVIDIA GPUs, its processes fake NVML processes with their memory and SM share, and
 its pods, cgroups and kubelet allocations go through the real attribution code exactly as
-in the demo. With ``--h200-costs`` every NVML call costs what it cost on a real H200
+in the demo, except that cached processes are checked as on a real /proc (a ``pread`` of
+each one's kept-open ``comm``; ``--proc-checks-by-path`` for the fixture-tree way). With
+``--h200-costs`` every NVML call costs what it cost on a real H200
 (`fake_pynvml.H200_COSTS`: CPU burnt with the GIL released, blocking calls sleep), so the
 agent's CPU and pass times are what a user pays on a real driver.
 
@@ -45,14 +47,28 @@ def fake_node(scenario: Any, h200_costs: bool) -> Any:
     return fake
 
 
-def install(scenario_path: str, h200_costs: bool) -> None:
-    """Make ``import pynvml`` give the fake node and attribution see the scenario's pods."""
+def install(scenario_path: str, h200_costs: bool, real_proc_checks: bool = True) -> None:
+    """Make ``import pynvml`` give the fake node and attribution see the scenario's pods.
+
+    ``real_proc_checks``: check cached processes as the agent does on a real /proc (one
+    ``pread`` of each process's kept-open ``comm``) rather than by path, as it must on a
+    fixture tree whose files could be replaced; the benchmark's tree never changes.
+    """
     from exporter import attribution
+    from exporter.attribution import procfs
     from exporter.devices.simulated import load_scenario
 
     scenario = load_scenario(scenario_path)
     sys.modules["pynvml"] = fake_node(scenario, h200_costs)
     attribution._simulated_scenario = lambda backend: scenario  # type: ignore[attr-defined]
+    if real_proc_checks:
+        plain_init = procfs.ProcCache.__init__
+
+        def init(self: procfs.ProcCache, procfs_: procfs.ProcFS) -> None:
+            plain_init(self, procfs_)
+            self._real_procfs = True
+
+        procfs.ProcCache.__init__ = init  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,8 +78,11 @@ def main(argv: list[str] | None = None) -> int:
                                      usage="%(prog)s SCENARIO [--h200-costs] -- L9GPU_ARGS...")
     parser.add_argument("scenario")
     parser.add_argument("--h200-costs", action="store_true", help="charge every NVML call its H200 cost")
+    parser.add_argument("--proc-checks-by-path", action="store_true",
+                        help="check cached processes by path every pass (as on a fixture tree) instead of as on "
+                             "a real /proc")
     opts = parser.parse_args(own)
-    install(opts.scenario, opts.h200_costs)
+    install(opts.scenario, opts.h200_costs, real_proc_checks=not opts.proc_checks_by_path)
     from exporter.cli import main as l9gpu_main
 
     return l9gpu_main(rest + ["--backend", "nvml"])
