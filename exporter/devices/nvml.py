@@ -179,6 +179,9 @@ _THROTTLE_FUNCTIONS = (
     "nvmlDeviceGetCurrentClocksThrottleReasons",
 )
 
+# (call, device) pairs remembered as NOT_SUPPORTED at most.
+_MAX_UNSUPPORTED = 4096
+
 # Events drained per pass at most, so that a storm of events cannot stall a pass.
 _MAX_EVENTS_PER_PASS = 10_000
 
@@ -286,6 +289,10 @@ class _Nvml:
 
     def remember_unsupported(self, name: str, *args: Any) -> None:
         """Never make this call on this device again (until `forget`)."""
+        if len(self._unsupported) >= _MAX_UNSUPPORTED:
+            # Handles are stable pointers, so this holds a few entries per device; should a
+            # driver hand out new ones, asking again once in a while is the worst case.
+            self._unsupported.clear()
         self._unsupported_names.add(name)
         self._unsupported.add(self._key(name, args))
 
