@@ -46,6 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from processes import cpu_seconds, free_port  # noqa: E402
+
 GPUS, CONTAINERS, PROCESSES = 8, 64, 256
 PROMETHEUS = {"Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
               "Accept-Encoding": "gzip"}
@@ -108,9 +110,8 @@ def bench_nvml_pass(path: Path, h200_costs: bool, passes: int) -> tuple[list[flo
     """Wall and CPU time of warm passes through the NVML backend on the fake node."""
     import fake_nvml_agent
 
-    from exporter.cli import _collector, _open, build_parser
-
     from exporter.attribution import procfs
+    from exporter.cli import _collector, _open, build_parser
 
     saved = sys.modules.get("pynvml")
     plain_init = procfs.ProcCache.__init__
@@ -139,10 +140,11 @@ def bench_nvml_pass(path: Path, h200_costs: bool, passes: int) -> tuple[list[flo
     return walls, cpus, len(snap.processes)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (all its threads), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _agent_cpu_seconds(proc: subprocess.Popen) -> float:
+    seconds = cpu_seconds(proc.pid)
+    if seconds is None:
+        raise RuntimeError(f"the agent exited with status {proc.poll()}")
+    return seconds
 
 
 def _wait_ready(port: int, proc: subprocess.Popen) -> None:
@@ -201,7 +203,7 @@ def bench_serve_cpu(path: Path, h200_costs: bool | None, seconds: float,
         while True:
             now = time.monotonic()
             if start_cpu is None and now >= start:
-                start_cpu, start = _cpu_seconds(proc.pid), now
+                start_cpu, start = _agent_cpu_seconds(proc), now
                 pass_ms.clear()
             if start_cpu is not None and now - start >= seconds:
                 break
@@ -209,7 +211,7 @@ def bench_serve_cpu(path: Path, h200_costs: bool | None, seconds: float,
                 scrape()
                 next_scrape += scrape_every
             time.sleep(0.05)
-        cpu = _cpu_seconds(proc.pid) - start_cpu
+        cpu = _agent_cpu_seconds(proc) - start_cpu
         elapsed = time.monotonic() - start
         return cpu / elapsed * 1e3, len(pass_ms), statistics.median(pass_ms) if pass_ms else float("nan")
     finally:
@@ -217,12 +219,24 @@ def bench_serve_cpu(path: Path, h200_costs: bool | None, seconds: float,
         proc.wait(10)
 
 
-def free_port() -> int:
-    import socket
+async def request_back_to_back(url: str, clients: int, seconds: float, headers: dict[str, str],
+                               times: list[float]) -> None:
+    """``clients`` clients send GET ``url`` back to back for ``seconds``; each request's
+    latency is appended to ``times``."""
+    import aiohttp
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    async def client(session: aiohttp.ClientSession) -> None:
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            async with session.get(url, headers=headers) as resp:
+                await resp.read()
+                assert resp.status == 200, resp.status
+            times.append(time.perf_counter() - start)
+
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        await asyncio.gather(*(client(session) for _ in range(clients)))
 
 
 async def _concurrent(url: str, clients: int, seconds: float, headers: dict[str, str]) -> list[float]:
@@ -231,22 +245,8 @@ async def _concurrent(url: str, clients: int, seconds: float, headers: dict[str,
     Several seconds, so the requests meet several collection passes (a pass and the
     pre-rendering after it are what a request can queue behind), not a lucky 0.1 s.
     """
-    import aiohttp
-
     times: list[float] = []
-
-    async def client(session: aiohttp.ClientSession) -> None:
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            start = time.perf_counter()
-            async with session.get(url, headers=headers) as resp:
-                await resp.read()
-                assert resp.status == 200
-            times.append(time.perf_counter() - start)
-
-    connector = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
-        await asyncio.gather(*(client(session) for _ in range(clients)))
+    await request_back_to_back(url, clients, seconds, headers, times)
     return times
 
 

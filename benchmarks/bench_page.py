@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_agent import CONTAINERS, GPUS, PROCESSES, fmt, scenario, start_simulated_agent
+from bench_agent import CONTAINERS, GPUS, PROCESSES, fmt, request_back_to_back, scenario, start_simulated_agent
 
 GZIP = {"Accept-Encoding": "gzip"}
 
@@ -60,29 +60,13 @@ def bench_render(path: Path, renders: int) -> tuple[dict[str, list[float]], int,
     return times, len(body), len(gzip.compress(body, 5)), len(text.encode())
 
 
-async def _clients(url: str, clients: int, seconds: float, headers: dict[str, str], times: list[float]) -> None:
-    import aiohttp
-
-    async def client(session: aiohttp.ClientSession) -> None:
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            start = time.perf_counter()
-            async with session.get(url, headers=headers) as resp:
-                await resp.read()
-                assert resp.status == 200, resp.status
-            times.append(time.perf_counter() - start)
-
-    async with aiohttp.ClientSession(auto_decompress=False) as session:
-        await asyncio.gather(*(client(session) for _ in range(clients)))
-
-
 async def _measure(measured: str, background: str | None, seconds: float) -> list[float]:
     """Latency of one client on ``measured`` while 5 clients request ``background`` back to back."""
     times: list[float] = []
     others: list[float] = []
-    jobs = [_clients(measured, 1, seconds, GZIP, times)]
+    jobs = [request_back_to_back(measured, 1, seconds, GZIP, times)]
     if background is not None:
-        jobs.append(_clients(background, 5, seconds, GZIP, others))
+        jobs.append(request_back_to_back(background, 5, seconds, GZIP, others))
     await asyncio.gather(*jobs)
     return times
 

@@ -50,7 +50,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,6 +62,10 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+
+from processes import cpu_seconds, free_port  # noqa: E402
+
 GiB = 2**30
 
 # Thresholds. NVML samples per-process utilisation every ~1/6 s and the agent averages
@@ -151,12 +154,6 @@ def run_workload(gib: float, busy_seconds: float, idle_seconds: float, nvml_inde
 # ---- the agent -----------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
@@ -218,15 +215,6 @@ class Agent:
 
 
 # ---- cost: per NVML call, per pass, and beside nvitop-exporter ------------------------------
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process so far (all its threads), seconds."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure_call_costs(device: int, repeats: int = 30) -> list[dict[str, Any]]:
@@ -616,8 +604,8 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"workload pid {child.pid}: {args.gib} GiB, {args.busy_seconds:.0f} s busy, "
               f"{args.idle_seconds:.0f} s idle")
         window_start = time.monotonic()
-        cpu_start = {"l9gpu": _cpu_seconds(agent.proc.pid),
-                     "nvitop-exporter": _cpu_seconds(peer.proc.pid) if peer.proc is not None else None}
+        cpu_start = {"l9gpu": cpu_seconds(agent.proc.pid),
+                     "nvitop-exporter": cpu_seconds(peer.proc.pid) if peer.proc is not None else None}
         event_queue: queue.Queue[tuple[float, dict[str, Any]]] = queue.Queue()
         threading.Thread(target=_read_events, args=(child.stdout, event_queue), daemon=True).start()
         stderr_lines: list[str] = []
@@ -657,7 +645,7 @@ def run_check(args: argparse.Namespace) -> int:
             time.sleep(max(0.0, next_scrape - time.monotonic()))
         window = time.monotonic() - window_start
         for name, pid in (("l9gpu", agent.proc.pid), ("nvitop-exporter", peer.proc.pid if peer.proc else None)):
-            before, after = cpu_start.get(name), _cpu_seconds(pid) if pid else None
+            before, after = cpu_start.get(name), cpu_seconds(pid) if pid else None
             if before is not None and after is not None:
                 cost.setdefault("cpu_ms_per_second", {})[name] = _round((after - before) / window * 1e3, 2)
         try:
