@@ -40,6 +40,12 @@ def pick(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **la
     return [v for lab, v in samples.get(name, []) if all(lab.get(k) == want for k, want in labels.items())]
 
 
+def ambient_setting(name: str) -> bool:
+    """An environment variable of the machine that would configure the agent under test
+    (``L9GPU_*``, ``OTEL_*``, ``NODE_NAME``): tests must not pick these up."""
+    return name.startswith(("L9GPU_", "OTEL_")) or name == "NODE_NAME"
+
+
 class AgentProcess:
     """`python -m exporter serve ...` with stdout/stderr to a log file.
 

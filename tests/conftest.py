@@ -55,8 +55,10 @@ def agent_factory(tmp_path):
 @pytest.fixture(autouse=True)
 def _no_ambient_l9gpu_env(monkeypatch):
     """Tests must not pick up L9GPU_* or OTEL_* settings from the machine."""
+    from agent import ambient_setting
+
     for name in list(os.environ):
-        if name.startswith(("L9GPU_", "OTEL_")) or name == "NODE_NAME":
+        if ambient_setting(name):
             monkeypatch.delenv(name, raising=False)
 
 

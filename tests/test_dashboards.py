@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import pytest
 import yaml
-from agent import AgentProcess
+from agent import AgentProcess, ambient_setting
 from conftest import need_tool
 from promserver import PrometheusServer
 
@@ -221,7 +221,7 @@ def prometheus_with_data(tmp_path_factory):
     agent = AgentProcess(["--backend", "simulated", "--interval", "250ms", "--pod-label", "team"],
                          log_path=tmp / "agent.log")
     # module-scoped, so the per-test guard against ambient L9GPU_*/OTEL_* settings does not apply yet
-    agent.env = {k: v for k, v in agent.env.items() if not k.startswith(("L9GPU_", "OTEL_")) and k != "NODE_NAME"}
+    agent.env = {k: v for k, v in agent.env.items() if not ambient_setting(k)}
     agent.start()
     prices = tmp / "prices.rules.yaml"
     prices.write_text(prices_rules())

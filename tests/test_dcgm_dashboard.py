@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from agent import AgentProcess
+from agent import AgentProcess, ambient_setting
 from conftest import need_tool
 from promserver import PrometheusServer
 
@@ -38,7 +38,7 @@ def prometheus(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dcgm-dashboard")
     agent = AgentProcess(["--backend", "simulated", "--interval", "250ms", "--metric-schema", "l9gpu,dcgm"],
                          log_path=tmp / "agent.log")
-    agent.env = {k: v for k, v in agent.env.items() if not k.startswith(("L9GPU_", "OTEL_")) and k != "NODE_NAME"}
+    agent.env = {k: v for k, v in agent.env.items() if not ambient_setting(k)}
     agent.start()
     server = PrometheusServer(binary, tmp, [f"127.0.0.1:{agent.port}"]).start()
     try:
