@@ -98,7 +98,7 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -438,7 +438,7 @@ class NvmlBackend:
         self._last_seen: dict[int, int] = {}
         self._errors: Counter[str] = Counter()
         self._initialized = False
-        self._next_read: dict[tuple[int, str], float] = {}  # (gpu, what) -> when to re-read
+        self._next_read: dict[tuple[int, Hashable], float] = {}  # (gpu, what) -> when to re-read
         self._slow_values: dict[tuple[Any, ...], Any] = {}
         self._energy: dict[int, _EnergyEstimate] = {}
         self._fields_unsupported: dict[int, set[int]] = defaultdict(set)
@@ -664,7 +664,7 @@ class NvmlBackend:
         self._static[index] = static
         return static
 
-    def _due(self, index: int, what: str, now: float, period: float) -> bool:
+    def _due(self, index: int, what: Hashable, now: float, period: float) -> bool:
         """True when ``what`` of GPU ``index`` is to be read in this pass.
 
         The first pass reads everything; after it, the re-reads of GPU i are first due
@@ -871,8 +871,7 @@ class NvmlBackend:
         found: dict[int, tuple[int | None, str]] = {}
         graphics_key = (index, "graphics", _handle_key(handle))
         kinds = [("compute", _COMPUTE_PROCESS_FUNCTIONS)]
-        if self._slow_values.get(graphics_key) or self._due(index, f"graphics {graphics_key[2]}", now,
-                                                             GRAPHICS_PERIOD):
+        if self._slow_values.get(graphics_key) or self._due(index, graphics_key[1:], now, GRAPHICS_PERIOD):
             kinds.append(("graphics", _GRAPHICS_PROCESS_FUNCTIONS))
         for kind, functions in kinds:
             infos = self._guard(nvml, lambda fns=functions: nvml.first(fns, handle))
