@@ -9,6 +9,7 @@ figures are in benchmarks/bench_agent.py and docs/PERFORMANCE.md.
 from __future__ import annotations
 
 import collections
+import math
 
 import pytest
 from fake_pynvml import (
@@ -164,7 +165,7 @@ class _EnergyWorld:
     def load_watts(t: float) -> float:
         # bursts of a training step every 7 s, an inference wave, and idle stretches
         burst = 690.0 if (t % 7.0) < 2.5 else 0.0
-        wave = 120.0 * (1 + __import__("math").sin(t / 3.0))
+        wave = 120.0 * (1 + math.sin(t / 3.0))
         return 75.0 + burst + wave
 
     def advance_to(self, t_end: float) -> None:
@@ -241,8 +242,7 @@ def test_no_power_reading_means_the_counter_every_pass():
 
 
 def _busy_node(gpus: int, processes: int, fake_kwargs: dict) -> FakeNvml:
-    fake = FakeNvml([h200(processes, base_pid=10_000 * (i + 1)) for i in range(gpus)], **fake_kwargs)
-    return fake
+    return FakeNvml([h200(processes, base_pid=10_000 * (i + 1)) for i in range(gpus)], **fake_kwargs)
 
 
 def _add_samples(fake: FakeNvml, t: int) -> None:
