@@ -125,9 +125,9 @@ class ScrapeForecast:
                     continue
                 # Its next scrape, if due before the next pass (or late by a quarter of the
                 # horizon): one pass renders for it (two when it falls right at a pass
-                # boundary). A client that missed its time
-                # (stopped, or irregular) is not rendered for on every pass; its next
-                # scrape renders by itself and tells its period anew.
+                # boundary). A client that missed its time (stopped, or irregular) is not
+                # rendered for on every pass; its next scrape renders by itself and tells
+                # its period anew.
                 expected = client.last + period
                 if now - horizon / 4 <= expected <= now + horizon:
                     return True
@@ -173,7 +173,6 @@ class Exposition:
         # variants scrapers asked for: (Accept header, gzip)
         self._wanted: dict[tuple[str, bool], None] = {}
         self.forecast = ScrapeForecast()
-        self.renders = 0  # bodies rendered so far (for the benchmarks and tests)
 
     def render(self, accept: str | None, want_gzip: bool, background: bool = False,
                client: str | None = None) -> tuple[bytes, str]:
@@ -202,7 +201,6 @@ class Exposition:
         if hit is None or now - hit.rendered_at > self._max_age or (background and hit.seq != seq):
             body = _encode_in_steps(encoder, self.registry) if background else encoder(self.registry)
             hit = _Rendered(seq, now, body)
-            self.renders += 1
         if want_gzip and hit.zipped is None:
             hit = replace(hit, zipped=gzip.compress(hit.body, compresslevel=5))
         with self._lock:

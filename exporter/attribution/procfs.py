@@ -161,9 +161,9 @@ class ProcFS:
         return parse_environ(data)
 
 
-def _max_open_stat_files() -> int:
-    """Stat files kept open at most: a quarter of the descriptor limit, 2048 at most
-    (GPU processes rarely number more than a few hundred on a node)."""
+def _max_kept_open() -> int:
+    """Proc files kept open at most (one per GPU process): a quarter of the descriptor
+    limit, 2048 at most (GPU processes rarely number more than a few hundred on a node)."""
     try:
         import resource
 
@@ -192,7 +192,7 @@ class ProcCache:
         # files, which outlive nothing) are read by path every pass.
         self._real_procfs = os.path.islink(os.path.join(procfs.root, "self"))
         self._fds: dict[int, int] = {}
-        self._max_open = _max_open_stat_files()
+        self._max_open = _max_kept_open()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -258,7 +258,7 @@ class ProcCache:
         return start
 
     def close(self) -> None:
-        """Close the stat files kept open."""
+        """Close the proc files kept open."""
         for fd in self._fds.values():
             os.close(fd)
         self._fds = {}
