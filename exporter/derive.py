@@ -213,6 +213,7 @@ def step(
     unattributed_count = 0
     seen: set[tuple[str, tuple[str, ...]]] = set()
     label_cache: dict[int, tuple[str, ...]] = {}
+    owners_get = owners.get
     allocated_to: dict[str, list[Workload]] = {}
     for row in allocations or ():
         if row.workload.attributed:
@@ -235,25 +236,41 @@ def step(
         parts, nobody = split_energy(delta, shares)
         holders_only = bool(procs) and reports_nothing(shares)
         dev_labels = device_label_values(node, device)
+        # Processes by owner object first (a container's processes share one object),
+        # so labels are built and hashed once per owner, not once per process.
+        by_owner: dict[int, tuple[Workload, list[int]]] = {}
+        for i, proc in enumerate(procs):
+            owner = owners_get(proc.pid, UNKNOWN)
+            entry = by_owner.get(id(owner))
+            if entry is None:
+                entry = by_owner[id(owner)] = (owner, [])
+            entry[1].append(i)
         groups: dict[tuple[str, ...], list[int]] = {}
         # Groups that are named Kubernetes containers: only those can be matched to an
         # allocation (pod-resources names pods; a pod known by UID only cannot be told).
         pods: set[tuple[str, ...]] = set()
-        rest_memory: int | None = 0
-        rest_count, rest_energy = 0, nobody
-        for i, proc in enumerate(procs):
-            owner = owners.get(proc.pid, UNKNOWN)
-            if owner.attributed:
-                labels = _labels(label_cache, labeller, owner)
-                groups.setdefault(dev_labels + labels, []).append(i)
-                if owner.kind == "kubernetes" and owner.pod:
-                    pods.add(dev_labels + labels)
-            else:
-                rest_count += 1
-                rest_memory = (rest_memory or 0) + (proc.used_memory_bytes or 0)
-                rest_energy += parts[i]
+        rest: list[int] = []
+        for owner, members in by_owner.values():
+            if not owner.attributed:
+                rest.extend(members)
+                continue
+            labels = dev_labels + _labels(label_cache, labeller, owner)
+            group = groups.get(labels)
+            if group is None:
+                groups[labels] = members
+            else:  # equal labels from two owner objects: one group, in process order
+                group.extend(members)
+                group.sort()
+            if owner.kind == "kubernetes" and owner.pod:
+                pods.add(labels)
+        rest.sort()
+        rest_count = len(rest)
+        rest_memory: int | None = sum(procs[i].used_memory_bytes or 0 for i in rest)
+        rest_energy = nobody
+        for i in rest:
+            rest_energy += parts[i]
         unattributed_count += rest_count
-        if rest_count and all(procs[i].used_memory_bytes is None for i in range(len(procs))):
+        if rest_count and all(p.used_memory_bytes is None for p in procs):
             rest_memory = None  # the device reports no per-process memory at all
         unattributed_energy[key] = unattributed_energy.get(key, 0.0) + rest_energy
         unattributed.append(Unattributed(key, rest_memory, rest_count, unattributed_energy[key]))
@@ -265,16 +282,24 @@ def step(
             wkey = (key, labels)
             allocated = (labels in allocated_labels) if allocations is not None and labels in pods else None
             seen.add(wkey)
-            known: list[int] = [m for m in (procs[i].used_memory_bytes for i in members) if m is not None]
-            memory = sum(known) if known else None  # None: the device reports no per-process memory
+            memory: int | None = None  # stays None when the device reports no per-process memory
+            util_sum: float | None = None
+            energy = 0.0
+            energy_known = holders_only
+            for i in members:
+                proc = procs[i]
+                used, sm = proc.used_memory_bytes, proc.sm_utilization
+                if used is not None:
+                    memory = used if memory is None else memory + used
+                if sm is not None:
+                    util_sum = sm if util_sum is None else util_sum + sm
+                # An energy share needs an SM share or memory; without either the device's
+                # energy went to the unattributed bucket (split_energy), not to this workload.
+                energy_known = energy_known or used is not None or sm is not None
+                energy += parts[i]
             # Holding the GPU: memory on it, or (where memory is unknown) a process on it.
             held = memory > 0 if memory is not None else True
-            utils: list[float] = [u for u in (procs[i].sm_utilization for i in members) if u is not None]
-            util = min(1.0, sum(utils)) if utils else None
-            # An energy share needs an SM share or memory; without either the device's
-            # energy went to the unattributed bucket (split_energy), not to this workload.
-            energy_known = holders_only or any(
-                procs[i].sm_utilization is not None or procs[i].used_memory_bytes is not None for i in members)
+            util = None if util_sum is None else min(1.0, util_sum)
             old = counters.get(wkey, WorkloadCounters())
             idle_since = old.idle_since
             if (held or allocated) and util == 0.0:
@@ -284,7 +309,7 @@ def step(
             new = WorkloadCounters(
                 usage_seconds=old.usage_seconds if util is None else (old.usage_seconds or 0.0) + util * dt,
                 allocation_seconds=old.allocation_seconds + (dt if held or allocated else 0.0),
-                energy_joules=(old.energy_joules or 0.0) + sum(parts[i] for i in members) if energy_known
+                energy_joules=(old.energy_joules or 0.0) + energy if energy_known
                 else old.energy_joules,
                 idle_since=idle_since,
                 last_seen=now,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from exporter.attribution.kubernetes import PodIndex, StaticPodSource
 from exporter.attribution.procfs import ProcCache, ProcFS, parse_environ, parse_start_time, parse_uid
@@ -76,6 +78,89 @@ def test_cache_rereads_a_reused_pid_and_forgets_gone_ones(tmp_path: Path) -> Non
     assert len(cache) == 1  # 101 was not asked for: forgotten
     (tmp_path / "100" / "stat").unlink()
     assert cache.lookup([100]) == {100: None} and len(cache) == 0
+
+
+def _kept_open(kind: str) -> int:
+    """How many of this process's descriptors are pidfds ("pidfd") or proc comm files ("comm")."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        count += target == "anon_inode:[pidfd]" if kind == "pidfd" else target.endswith("/comm")
+    return count
+
+
+def _child_with_pid(pid: int) -> subprocess.Popen | None:
+    """A child that gets ``pid`` again (through /proc/sys/kernel/ns_last_pid), or None."""
+    for _ in range(20):
+        try:
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        except OSError:
+            return None
+        child = subprocess.Popen(["sleep", "600"])
+        if child.pid == pid:
+            return child
+        child.kill()
+        child.wait()
+    return None
+
+
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "kept-open-comm"])
+def test_cache_on_the_real_proc_tells_exits_and_reused_pids_apart(pidfds: bool) -> None:
+    """On the agent's own /proc a warm pass checks cached processes without reading their
+    files (pidfds, or the comm files of another namespace's procfs): an exit is noticed,
+    a zombie keeps its owner, and a PID given to a new process is read anew."""
+    class SameTick(ProcFS):
+        """/proc with start times coarsened to 1000 s: a new process that takes a PID
+        starts "in the same clock tick" as the one that had it, as it can on a real node."""
+
+        def start_time(self, pid: int) -> int | None:
+            start = super().start_time(pid)
+            return None if start is None else start // 100_000
+
+    children = [subprocess.Popen(["sleep", "600"]) for _ in range(3)]
+    cache = ProcCache(SameTick("/proc"), pidfds=pidfds)
+    kind = "pidfd" if pidfds else "comm"
+    before = _kept_open(kind)
+    reused: subprocess.Popen | None = None
+    try:
+        pids = [c.pid for c in children]
+        first = cache.lookup(pids)
+        assert all(first[p] is not None and first[p].comm == "sleep" for p in pids)
+        assert cache.reads == 3 and _kept_open(kind) == before + 3
+        assert cache.lookup(pids) == first and cache.reads == 3  # warm: nothing read again
+
+        zombie, gone, alive = children
+        zombie.kill()  # exited, not yet reaped: still the same process, same start time
+        wait_until(lambda: Path(f"/proc/{zombie.pid}/stat").read_text().split(") ")[1][0] == "Z",
+                   what="the child a zombie")
+        assert cache.lookup(pids)[zombie.pid] == first[zombie.pid] and cache.reads == 3
+        zombie.wait()  # reaped: gone
+        assert cache.lookup(pids)[zombie.pid] is None and len(cache) == 2
+        assert _kept_open(kind) == before + 2  # the gone process's descriptor is closed
+
+        # A cached process exits and its PID is given to a new one before the next pass:
+        # read anew, never the old entry.
+        old = first[gone.pid]
+        gone.kill()
+        gone.wait()
+        reused = _child_with_pid(old.pid)
+        if reused is None:
+            pytest.skip("could not get the same PID again (ns_last_pid not writable or PID taken)")
+        again = cache.lookup([old.pid, alive.pid])
+        # read anew although it started "in the same clock tick" (the same start time)
+        assert again[old.pid] is not None and again[old.pid] is not old and cache.reads == 4
+        assert again[old.pid].start_time == old.start_time
+        assert again[alive.pid] == first[alive.pid]
+        assert _kept_open(kind) == before + 2
+    finally:
+        cache.close()
+        for child in children + ([reused] if reused else []):
+            child.kill()
+            child.wait()
+    assert _kept_open(kind) == before
 
 
 def test_join_with_pod_metadata_and_names_filling_in_later(tmp_path: Path) -> None:

@@ -4,14 +4,16 @@ Per PID: the start time (field 22 of ``stat``, clock ticks since boot, which tog
 with the PID identifies one process for its whole life), ``comm``, the real uid
 (``status``), the parsed ``cgroup`` file, and for Slurm steps an allow-listed subset of
 ``environ``. `ProcCache` keeps these per (pid, start time), so a cycle costs one small
-``stat`` read per known PID, a reused PID never inherits an old owner, and entries of
-PIDs that are gone are dropped.
+``stat`` read per known PID (on the agent's own procfs: no read at all, see
+`ProcessExits`), a reused PID never inherits an old owner, and entries of PIDs that are
+gone are dropped.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -175,14 +177,85 @@ def _max_kept_open() -> int:
     return max(0, min(2048, soft // 4))
 
 
+def _own_pid_namespace(root: str) -> bool:
+    """True when ``root`` is the procfs of the agent's own PID namespace (``/proc``, or the
+    host's with hostPID), so that a PID read there names the process ``pidfd_open`` opens."""
+    try:
+        return os.readlink(os.path.join(root, "self")) == str(os.getpid())
+    except OSError:
+        return False
+
+
+class ProcessExits:
+    """Which watched processes have exited, for all of them in one system call.
+
+    Each watched process gets a pidfd (``pidfd_open``, Linux 5.3+): it is bound to that
+    process, not to its PID, and becomes readable once the process exits, even if the PID
+    has since been given to another. All pidfds sit in one epoll set, so a pass learns
+    which of hundreds of GPU processes ended with one ``epoll_wait``, instead of reading a
+    file per process.
+    """
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._count = 0
+
+    @classmethod
+    def open(cls) -> ProcessExits | None:
+        """A watcher, or None where the kernel (or Python) has no pidfds."""
+        pidfd_open = getattr(os, "pidfd_open", None)
+        if pidfd_open is None:
+            return None
+        try:
+            os.close(pidfd_open(os.getpid()))
+            return cls()
+        except OSError:  # ENOSYS before Linux 5.3, or refused by a seccomp profile
+            return None
+
+    def watch(self, pid: int) -> int | None:
+        """Watch the process that has ``pid`` now; its pidfd, None when there is none."""
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # ESRCH: no such process
+            return None
+        self._epoll.register(fd, select.EPOLLIN)
+        self._count += 1
+        return fd
+
+    def exited(self) -> set[int]:
+        """The pidfds whose process has exited (a zombie counts as exited)."""
+        if not self._count:
+            return set()
+        return {fd for fd, _ in self._epoll.poll(0, self._count + 1)}
+
+    @staticmethod
+    def has_exited(fd: int) -> bool:
+        """Whether the process of one pidfd has exited (a zombie counts as exited)."""
+        return bool(select.select([fd], [], [], 0)[0])
+
+    def unwatch(self, fd: int) -> None:
+        try:
+            self._epoll.unregister(fd)
+        except OSError:
+            pass
+        self._count -= 1
+        os.close(fd)
+
+    def close(self) -> None:
+        self._epoll.close()
+        self._count = 0
+
+
 class ProcCache:
     """`ProcInfo` per (pid, start time), refreshed once per cycle.
 
     Args:
         procfs: the reader.
+        pidfds: on the agent's own procfs, watch processes through pidfds (`ProcessExits`);
+            False keeps the ``comm`` files open instead, as on another PID namespace's.
     """
 
-    def __init__(self, procfs: ProcFS):
+    def __init__(self, procfs: ProcFS, pidfds: bool = True):
         self.procfs = procfs
         self._entries: dict[int, ProcInfo] = {}
         self.reads = 0  # full reads so far (cache misses), for tests and benchmarks
@@ -191,6 +264,9 @@ class ProcCache:
         # the process is gone, even if its PID was given to another. Fixture trees (plain
         # files, which outlive nothing) are read by path every pass.
         self._real_procfs = os.path.islink(os.path.join(procfs.root, "self"))
+        # On the agent's own procfs, cheaper still: a pidfd per process, all checked at once.
+        self._exits = (ProcessExits.open()
+                       if pidfds and self._real_procfs and _own_pid_namespace(procfs.root) else None)
         self._fds: dict[int, int] = {}
         self._max_open = _max_kept_open()
 
@@ -203,65 +279,100 @@ class ProcCache:
         fresh: dict[int, ProcInfo] = {}
         fds = self._fds
         kept: dict[int, int] = {}
+        exited = self._exits.exited() if self._exits is not None else set()
         for pid in pids:
-            start = self._start_time(pid, fds, kept) if self._real_procfs else self.procfs.start_time(pid)
+            if self._real_procfs:
+                start, replaced = self._start_time(pid, fds, kept, exited)
+            else:
+                start, replaced = self.procfs.start_time(pid), False
             if start is None:
                 result[pid] = None
                 continue
             cached = self._entries.get(pid)
-            if cached is None or cached.start_time != start:
-                # New PID or a reused one (different start time): read everything again.
+            if cached is None or cached.start_time != start or replaced:
+                # New PID or a reused one (different start time, or a new process in the
+                # same clock tick): read everything again.
                 cached = self.procfs.read(pid, start)
                 self.reads += 1
             result[pid] = cached
             if cached is not None:
                 fresh[pid] = cached
         self._entries = fresh
-        for pid, fd in fds.items():  # processes no longer asked about
+        for pid, fd in fds.items():  # processes gone or no longer asked about
             if kept.get(pid) != fd:
-                os.close(fd)
+                self._release(fd)
         self._fds = kept
         return result
 
-    def _start_time(self, pid: int, fds: dict[int, int], kept: dict[int, int]) -> int | None:
-        """The start time of the process that has ``pid`` now, None when there is none.
+    def _start_time(self, pid: int, fds: dict[int, int], kept: dict[int, int],
+                    exited: set[int]) -> tuple[int | None, bool]:
+        """(start time of the process that has ``pid`` now or None when there is none,
+        whether it replaced the process cached for that PID).
 
-        A process seen before is checked with one small read of its kept-open ``comm``:
-        that file stays bound to the process it was opened for, so the read succeeds while
-        that very process lives and fails (ESRCH) once it is gone, even if its PID now
-        belongs to another. Then its known start time is returned, with no ``stat`` to
-        format and parse. A new PID (or one whose process went) is read by path, with the
-        ``comm`` file opened first, so the file can only be bound to this process or to
-        one that ends before the read (which the next pass notices).
+        A process seen before is checked without reading its ``stat``. On the agent's own
+        procfs its pidfd tells whether it exited (``exited``: one ``epoll_wait`` for all);
+        on another real procfs (the host's, mounted without hostPID) one small read of its
+        kept-open ``comm`` does: that file stays bound to the process it was opened for, so
+        the read fails (ESRCH) once it is reaped. Either way the check is about that very
+        process, even if its PID now belongs to another, and its known start time is
+        returned while it lives. A new PID (or one whose process went) is read by path,
+        with the pidfd or ``comm`` file opened first, so it can only be bound to this
+        process or to one that ends before the read (which the next pass notices). A
+        process that took the PID of a cached one is reported as a replacement, since it
+        may have started in the same clock tick (same start time).
         """
         fd = fds.get(pid)
+        gone = False
         if fd is not None:
             cached = self._entries.get(pid)
-            try:
-                alive = bool(os.pread(fd, 64, 0))
-            except OSError:  # ESRCH: that process is gone (its PID may live on in another)
-                alive = False
+            if self._exits is not None:
+                alive = fd not in exited
+            else:
+                try:
+                    alive = bool(os.pread(fd, 64, 0))
+                except OSError:  # ESRCH: that process is gone (its PID may live on in another)
+                    alive = False
             if alive and cached is not None:
                 kept[pid] = fd
-                return cached.start_time
+                return cached.start_time, False
+            gone = not alive
         if len(kept) >= self._max_open:
-            return self.procfs.start_time(pid)
-        try:
-            fd = os.open(f"{self.procfs.root}/{pid}/comm", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
+            return self.procfs.start_time(pid), False
+        if self._exits is not None:
+            new_fd = self._exits.watch(pid)
+            if new_fd is None:
+                return None, False
+            fd = new_fd
+            # The cached process exited; a zombie is still that process (and its pidfd is
+            # readable at once), a live process under its PID is another one.
+            replaced = gone and not self._exits.has_exited(fd)
+        else:
+            try:
+                fd = os.open(f"{self.procfs.root}/{pid}/comm", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None, False
+            replaced = gone  # a zombie's comm still reads: a failed read means reaped
         start = self.procfs.start_time(pid)
         if start is None:
-            os.close(fd)
-            return None
+            self._release(fd)
+            return None, False
         kept[pid] = fd
-        return start
+        return start, replaced
+
+    def _release(self, fd: int) -> None:
+        if self._exits is not None:
+            self._exits.unwatch(fd)
+        else:
+            os.close(fd)
 
     def close(self) -> None:
-        """Close the proc files kept open."""
+        """Close the pidfds and proc files kept open."""
         for fd in self._fds.values():
-            os.close(fd)
+            self._release(fd)
         self._fds = {}
+        if self._exits is not None:
+            self._exits.close()
+            self._exits = None
 
     def comm(self, pid: int) -> str:
         entry = self._entries.get(pid)
