@@ -53,8 +53,13 @@ PROMETHEUS = {"Accept": "application/openmetrics-text;version=1.0.0,text/plain;v
               "Accept-Encoding": "gzip"}
 
 
-def scenario(path: Path, containers: int = CONTAINERS, processes_total: int = PROCESSES) -> Path:
-    """Write a benchmark node's scenario file (8 GPUs, containers spread over them)."""
+def scenario(path: Path, containers: int = CONTAINERS, processes_total: int = PROCESSES,
+             pids: list[int] | None = None) -> Path:
+    """Write a benchmark node's scenario file (8 GPUs, containers spread over them).
+
+    ``pids``: the processes' PIDs (live processes, so that the agent can watch them as on
+    a real node; see `live_processes`); made-up ones by default.
+    """
     per_container = processes_total // containers
     processes = []
     for c in range(containers):
@@ -63,7 +68,7 @@ def scenario(path: Path, containers: int = CONTAINERS, processes_total: int = PR
             processes.append({
                 "name": f"worker{p}",
                 "gpus": [gpu],
-                "pid": 100000 + c * 10 + p,
+                "pid": pids[len(processes)] if pids else 100000 + c * 10 + p,
                 "memory_gib": 2,
                 "utilization": {"wave": {"min": 0.0, "max": 0.03 * 64 / containers, "period": f"{20 + c}s"}},
                 "workload": {"namespace": f"team-{c % 8}", "pod": f"job-{c}-abcde", "container": "main",
@@ -73,6 +78,12 @@ def scenario(path: Path, containers: int = CONTAINERS, processes_total: int = PR
            "processes": processes}
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def live_processes(count: int) -> list[subprocess.Popen]:
+    """``count`` sleeping processes: the GPU processes of a benchmark node, real enough for
+    the agent to watch their exits through pidfds as it does on a real node."""
+    return [subprocess.Popen(["sleep", "3600"]) for _ in range(count)]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -312,10 +323,13 @@ def main() -> int:
     parser.add_argument("--no-nvml", action="store_true", help="only the simulated node")
     opts = parser.parse_args()
     rows = []
+    children = live_processes(16 + PROCESSES)
+    pids = [c.pid for c in children]
     with tempfile.TemporaryDirectory() as tmp:
         nodes = {
-            "8 GPUs x 16 processes": scenario(Path(tmp) / "n16.yaml", containers=16, processes_total=16),
-            "8 GPUs x 256 processes": scenario(Path(tmp) / "n256.yaml"),
+            "8 GPUs x 16 processes": scenario(Path(tmp) / "n16.yaml", containers=16, processes_total=16,
+                                              pids=pids[:16]),
+            "8 GPUs x 256 processes": scenario(Path(tmp) / "n256.yaml", pids=pids[16:]),
         }
         for label, path in nodes.items():
             for costs in (() if opts.no_nvml else (False, True)):
@@ -344,6 +358,9 @@ def main() -> int:
     for name, times in scrapes.items():
         print(f"{'/metrics, ' + name:<45}{fmt(times)}")
     print(f"{'agent RSS':<45}{rss_kib / 1024:.1f} MiB")
+    for child in children:
+        child.kill()
+        child.wait()
     return 0
 
 

@@ -3,8 +3,10 @@
 The node comes from a scenario file (the simulated backend's format): its GPUs become
 fake NVIDIA GPUs, its processes fake NVML processes with their memory and SM share, and
 its pods, cgroups and kubelet allocations go through the real attribution code exactly as
-in the demo, except that cached processes are checked as on a real /proc (a ``pread`` of
-each one's kept-open ``comm``; ``--proc-checks-by-path`` for the fixture-tree way). With
+in the demo, except that cached processes are checked as on a real node: where the
+scenario's PIDs are live processes (bench_agent gives it sleeping ones) through pidfds, as
+the agent does on its own /proc, otherwise with a ``pread`` of each one's kept-open
+``comm`` (``--proc-checks-by-path`` for the fixture-tree way). With
 ``--h200-costs`` every NVML call costs what it cost on a real H200
 (`fake_pynvml.H200_COSTS`: CPU burnt with the GIL released, blocking calls sleep), so the
 agent's CPU and pass times are what a user pays on a real driver.
@@ -50,10 +52,13 @@ def fake_node(scenario: Any, h200_costs: bool) -> Any:
 def install(scenario_path: str, h200_costs: bool, real_proc_checks: bool = True) -> None:
     """Make ``import pynvml`` give the fake node and attribution see the scenario's pods.
 
-    ``real_proc_checks``: check cached processes as the agent does on a real /proc (one
-    ``pread`` of each process's kept-open ``comm``) rather than by path, as it must on a
-    fixture tree whose files could be replaced; the benchmark's tree never changes.
+    ``real_proc_checks``: check cached processes as the agent does on a real /proc rather
+    than by path, as it must on a fixture tree whose files could be replaced (the
+    benchmark's tree never changes): through pidfds when every PID of the scenario is a
+    live process, else with one ``pread`` of each process's kept-open ``comm``.
     """
+    import os
+
     from exporter import attribution
     from exporter.attribution import procfs
     from exporter.devices.simulated import load_scenario
@@ -64,9 +69,13 @@ def install(scenario_path: str, h200_costs: bool, real_proc_checks: bool = True)
     if real_proc_checks:
         plain_init = procfs.ProcCache.__init__
 
-        def init(self: procfs.ProcCache, procfs_: procfs.ProcFS) -> None:
-            plain_init(self, procfs_)
+        live = all(os.path.isdir(f"/proc/{p.pid}") for p in scenario.processes)
+
+        def init(self: procfs.ProcCache, procfs_: procfs.ProcFS, pidfds: bool = True) -> None:
+            plain_init(self, procfs_, pidfds)
             self._real_procfs = True
+            if pidfds and live and self._exits is None:
+                self._exits = procfs.ProcessExits.open()
 
         procfs.ProcCache.__init__ = init  # type: ignore[method-assign]
 

@@ -749,12 +749,15 @@ class FakeNvml(_FakeGpmFunctions):
         self._events: list[c_nvmlEventData_t] = []
         self.gpm_samples: list[c_nvmlGpmSample_t] = []  # every GPM sample buffer allocated
 
-    # Module attributes: constants, error classes and structs come from this file.
-    def __getattribute__(self, name: str) -> Any:
-        if not name.startswith("_") and name in object.__getattribute__(self, "__dict__").get("missing", ()):
-            raise AttributeError(f"module 'pynvml' has no attribute {name!r}")
-        return object.__getattribute__(self, name)
+    def __new__(cls, *args: Any, **kwargs: Any) -> FakeNvml:
+        # Only a fake with missing functions pays for hiding them on every attribute
+        # access; a real module's attributes cost a dict lookup.
+        missing = kwargs.get("missing", args[2] if len(args) > 2 else ())
+        if cls is FakeNvml and missing:
+            cls = _FakeNvmlWithMissing
+        return super().__new__(cls)
 
+    # Module attributes: constants, error classes and structs come from this file.
     def __getattr__(self, name: str) -> Any:
         module = sys.modules[__name__]
         missing = object.__getattribute__(self, "__dict__").get("missing", ())
@@ -1021,7 +1024,11 @@ class FakeNvml(_FakeGpmFunctions):
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[c_nvmlProcessUtilizationSample_t]:
         """Samples newer than ``timeStamp`` (µs); NOT_FOUND when there are none, like NVML."""
         gpu, _ = self._device("nvmlDeviceGetProcessUtilization", handle, timeStamp)
-        newer = self._live_samples(gpu) or [s for s in gpu.util_samples if s.timestamp > timeStamp]
+        if gpu.live_sm:
+            stamp = int(time.time() * 1e6)
+            return [c_nvmlProcessUtilizationSample_t(pid=pid, timeStamp=stamp, smUtil=sm)
+                    for pid, sm in gpu.live_sm.items()]
+        newer = [s for s in gpu.util_samples if s.timestamp > timeStamp]
         if not newer:
             raise NVMLError(NVML_ERROR_NOT_FOUND)
         return [
@@ -1030,20 +1037,17 @@ class FakeNvml(_FakeGpmFunctions):
             for s in newer
         ]
 
-    @staticmethod
-    def _live_samples(gpu: FakeGpu) -> list[FakeUtilSample]:
-        if not gpu.live_sm:
-            return []
-        stamp = int(time.time() * 1e6)
-        return [FakeUtilSample(pid=pid, timestamp=stamp, sm=sm) for pid, sm in gpu.live_sm.items()]
-
     def nvmlDeviceGetProcessesUtilizationInfo(self, handle: Any, timeStamp: int) -> list[
             c_nvmlProcessUtilizationInfo_v1_t]:
         """Like pynvml's: the samples newer than ``timeStamp`` (µs) as a list of
         ``c_nvmlProcessUtilizationInfo_v1_t``; NVMLError(SUCCESS) when there are none
         (the binding raises the sizing call's SUCCESS), NOT_FOUND as NVML answers it."""
         gpu, _ = self._device("nvmlDeviceGetProcessesUtilizationInfo", handle, timeStamp)
-        newer = self._live_samples(gpu) or [s for s in gpu.util_samples if s.timestamp > timeStamp]
+        if gpu.live_sm:  # sampled now: one sample per process
+            stamp = int(time.time() * 1e6)
+            return [c_nvmlProcessUtilizationInfo_v1_t(timeStamp=stamp, pid=pid, smUtil=sm)
+                    for pid, sm in gpu.live_sm.items()]
+        newer = [s for s in gpu.util_samples if s.timestamp > timeStamp]
         if not newer:
             raise NVMLError(NVML_ERROR_NOT_FOUND)
         return [
@@ -1134,3 +1138,11 @@ __all__ = [
     "function_names", "install",
 ]
 
+
+class _FakeNvmlWithMissing(FakeNvml):
+    """A `FakeNvml` whose ``missing`` functions are hidden, as in an old nvidia-ml-py."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if not name.startswith("_") and name in object.__getattribute__(self, "__dict__").get("missing", ()):
+            raise AttributeError(f"module 'pynvml' has no attribute {name!r}")
+        return object.__getattribute__(self, name)

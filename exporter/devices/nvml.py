@@ -880,17 +880,21 @@ class NvmlBackend:
             if infos is NA or infos is None:
                 continue
             for info in infos:
-                pid = int(getattr(info, "pid", 0) or 0)
+                try:  # the binding's process objects always have both
+                    pid, memory = info.pid, info.usedGpuMemory
+                except AttributeError:
+                    pid, memory = getattr(info, "pid", 0), getattr(info, "usedGpuMemory", None)
+                pid = int(pid or 0)
                 if pid <= 0:
                     continue
-                memory = _process_memory(getattr(info, "usedGpuMemory", None))
-                if pid in found:
-                    known_memory, known_kind = found[pid]
+                memory = _process_memory(memory)
+                known = found.get(pid)
+                if known is None:
+                    found[pid] = (memory, kind)
+                elif known[0] is None:
                     # Compute and graphics contexts of one process share its memory
                     # figure; keep the first kind and a figure if either has one.
-                    found[pid] = (known_memory if known_memory is not None else memory, known_kind)
-                else:
-                    found[pid] = (memory, kind)
+                    found[pid] = (memory, known[1])
         if not found:
             # No process, nothing to ask the driver's per-process samples about (they
             # cost milliseconds). The last-seen timestamp stays, so the next pass with
@@ -961,15 +965,24 @@ class NvmlBackend:
         sums: dict[int, list[float]] = {}
         newest = last_seen
         for sample in samples:
-            stamp = int(getattr(sample, "timeStamp", 0) or 0)
-            newest = max(newest, stamp)
+            try:  # the binding's samples always have these (ctypes structs)
+                stamp, pid, sm, mem = sample.timeStamp, sample.pid, sample.smUtil, sample.memUtil
+            except AttributeError:
+                stamp, pid = getattr(sample, "timeStamp", 0), getattr(sample, "pid", 0)
+                sm, mem = getattr(sample, "smUtil", 0), getattr(sample, "memUtil", 0)
+            stamp = int(stamp or 0)
+            if stamp > newest:
+                newest = stamp
             if stamp <= last_seen:
                 continue  # the driver promises newer samples only; be safe anyway
-            pid = int(getattr(sample, "pid", 0) or 0)
-            acc = sums.setdefault(pid, [0.0, 0.0, 0.0])
-            acc[0] += float(getattr(sample, "smUtil", 0) or 0)
-            acc[1] += float(getattr(sample, "memUtil", 0) or 0)
-            acc[2] += 1
+            pid = int(pid or 0)
+            acc = sums.get(pid)
+            if acc is None:
+                sums[pid] = [float(sm or 0), float(mem or 0), 1]
+            else:
+                acc[0] += float(sm or 0)
+                acc[1] += float(mem or 0)
+                acc[2] += 1
         self._last_seen[index] = newest
         return {
             pid: (min(sm / n / 100.0, 1.0), min(mem / n / 100.0, 1.0))
