@@ -26,45 +26,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from exporter.encode import Encoder
 from exporter.model import Snapshot
 from exporter.page import SnapshotPages
 
 log = logging.getLogger(__name__)
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-_EOF = b"# EOF\n"
-
-
-class _Families:
-    """A registry stand-in serving a fixed list of families to an encoder."""
-
-    def __init__(self, families: list[Any]):
-        self._families = families
-
-    def collect(self) -> list[Any]:
-        return self._families
-
-
-def _encode_in_steps(encoder: Callable[[Any], bytes], registry: CollectorRegistry, step: int = 4) -> bytes:
-    """The encoder's output for ``registry``, produced ``step`` families at a time.
-
-    Both exposition formats are a sequence of families, so encoding them in groups and
-    joining the parts gives the same bytes; OpenMetrics' closing ``# EOF`` is kept once, at
-    the end. Between groups the thread sleeps for zero seconds, which hands the
-    interpreter to any thread waiting for it (the event loop answering scrapes).
-    """
-    families = list(registry.collect())
-    parts: list[bytes] = []
-    for start in range(0, len(families), step):
-        part = encoder(_Families(families[start:start + step]))
-        if part.endswith(_EOF):
-            part = part[: -len(_EOF)]
-        parts.append(part)
-        time.sleep(0)
-    body = b"".join(parts)
-    return body + _EOF if encoder(_Families([])).endswith(_EOF) else body
-
 
 @dataclass
 class _Client:
@@ -170,6 +138,7 @@ class Exposition:
         self._clock = clock
         self._lock = threading.Lock()
         self._cache: dict[str, _Rendered] = {}  # by content type
+        self._encoders: dict[str, Encoder] = {}  # by content type: each keeps its label texts
         # variants scrapers asked for: (Accept header, gzip)
         self._wanted: dict[tuple[str, bool], None] = {}
         self.forecast = ScrapeForecast()
@@ -185,7 +154,7 @@ class Exposition:
                 (unless already done), a few families at a time.
             client: who scrapes (the peer's address), to learn its scrape period.
         """
-        encoder, content_type = choose_encoder(accept or "")
+        library, content_type = choose_encoder(accept or "")
         snapshot = self._get_snapshot()
         seq = snapshot.seq if snapshot is not None else 0
         now = self._clock()
@@ -196,10 +165,14 @@ class Exposition:
                 if len(self._wanted) > 8:  # forget odd one-off clients
                     self._wanted = {variant: None}
             hit = self._cache.get(content_type)
+            encoder = self._encoders.get(content_type)
+            if encoder is None:
+                encoder = self._encoders[content_type] = Encoder(library)
         if not background:
             self.forecast.observe((client or "",) + variant, now)
         if hit is None or now - hit.rendered_at > self._max_age or (background and hit.seq != seq):
-            body = _encode_in_steps(encoder, self.registry) if background else encoder(self.registry)
+            # in the collector thread, a few families at a time so the event loop keeps answering
+            body = encoder.encode(self.registry.collect(), step=4 if background else 0)
             hit = _Rendered(seq, now, body)
         if want_gzip and hit.zipped is None:
             hit = replace(hit, zipped=gzip.compress(hit.body, compresslevel=5))

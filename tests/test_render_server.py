@@ -295,22 +295,3 @@ def test_a_scrape_with_nothing_recent_renders_by_itself():
     c.collect_once()
     second, _ = exposition.render(None, False)  # the cache is 20 s old: render now
     assert second is not first
-
-
-def test_rendering_in_steps_gives_the_same_bytes_in_both_formats():
-    from prometheus_client.exposition import choose_encoder
-
-    from exporter.server import _encode_in_steps
-
-    _, c = _simulated_collector()
-    registry = _app(c)[1].registry
-
-    def without_age(body: bytes) -> bytes:  # the one value that moves with the wall clock
-        return b"\n".join(line for line in body.split(b"\n") if not line.startswith(b"l9gpu_snapshot_age_seconds "))
-
-    for accept in ("", "application/openmetrics-text; version=1.0.0"):
-        encoder, _ = choose_encoder(accept)
-        whole = without_age(encoder(registry))
-        assert whole.count(b"# EOF") == (1 if accept else 0)
-        for step in (1, 3, 100):
-            assert without_age(_encode_in_steps(encoder, registry, step)) == whole
