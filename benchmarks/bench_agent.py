@@ -117,6 +117,36 @@ def bench_cycle(path: Path, passes: int) -> list[float]:
     return times
 
 
+def bench_render(path: Path, renders: int = 50) -> dict[str, list[float]]:
+    """CPU time of one /metrics render of the simulated node, per encoder (OpenMetrics,
+    what Prometheus asks for): the agent's and prometheus_client's, both from the same
+    registry (families built from the snapshot, then encoded)."""
+    from prometheus_client.exposition import choose_encoder
+
+    from exporter import cli
+    from exporter.encode import Encoder
+
+    args = cli.build_parser().parse_args(["serve", "--backend", "simulated", "--scenario", str(path)])
+    backend, attributor = cli._open(args)
+    collector, extra = cli._collector(args, backend, attributor)
+    collector.collect_once()
+    registry = cli.build_registry(lambda: collector.snapshot, cli._enabled(args), extra)
+    library, _ = choose_encoder(PROMETHEUS["Accept"])
+    encoder = Encoder(library)
+    results: dict[str, list[float]] = {"prometheus_client": [], "l9gpu (label sets rendered once)": []}
+    try:
+        for _ in range(renders):
+            for name, encode in (("prometheus_client", lambda: library(registry)),
+                                 ("l9gpu (label sets rendered once)", lambda: encoder.encode(registry.collect()))):
+                started = time.thread_time()
+                encode()
+                results[name].append(time.thread_time() - started)
+    finally:
+        attributor.close()
+        backend.close()
+    return results
+
+
 def bench_nvml_pass(path: Path, h200_costs: bool, passes: int) -> tuple[list[float], list[float], int]:
     """Wall and CPU time of warm passes through the NVML backend on the fake node."""
     import fake_nvml_agent
@@ -344,6 +374,7 @@ def main() -> int:
         print(f"simulated 8 GPUs x 256 processes: agent CPU {sim_cpu_ms:.2f} ms per 1 s interval "
               f"(pass as the agent reports it: {sim_pass_ms:.2f} ms)", flush=True)
         cycle = bench_cycle(path, opts.passes)
+        renders = bench_render(path)
         scrapes, rss_kib, size, gz_size = bench_scrapes(path, opts.requests, opts.concurrent_seconds)
     print()
     print(f"{'node (NVML fake)':<46}{'pass wall med/p99 ms':>22}{'pass CPU med ms':>17}{'agent CPU ms/interval':>23}")
@@ -355,6 +386,8 @@ def main() -> int:
           f"/metrics body {size / 1024:.0f} KiB ({gz_size / 1024:.0f} KiB gzipped)")
     print(f"{'collection pass (warm)':<45}{fmt(cycle)}")
     print(f"{'agent CPU per 1 s interval (scraped every 15 s)':<45}{sim_cpu_ms:.2f} ms")
+    for name, times in renders.items():
+        print(f"{'render (OpenMetrics), ' + name:<45}{fmt(times)}")
     for name, times in scrapes.items():
         print(f"{'/metrics, ' + name:<45}{fmt(times)}")
     print(f"{'agent RSS':<45}{rss_kib / 1024:.1f} MiB")

@@ -11,8 +11,10 @@ index with the 64 pods, then times `ProcAttributor.resolve` over all 256 PIDs:
 
 Then, on the real ``/proc``, the check every warm pass makes that each of 256 live
 processes (``sleep`` children) is still the one cached: by path (open, read and parse
-``stat``, as for a fixture tree) and as the agent does it on a real procfs (one ``pread``
-of each process's kept-open ``comm``), back to back and a second apart (as passes run).
+``stat``, as for a fixture tree), with one ``pread`` of each process's kept-open ``comm``
+(as the agent does on a procfs of another PID namespace), and through pidfds, one
+``epoll_wait`` for all (as the agent does on its own ``/proc``), back to back and a second
+apart (as passes run).
 
 Run: ``python benchmarks/bench_attribution.py`` (``--passes N``). Figures are recorded
 in docs/PERFORMANCE.md.
@@ -109,8 +111,10 @@ def bench_real_proc(passes: int) -> dict[str, tuple[float, float]]:
     pids = sorted(c.pid for c in children)
     results = {}
     try:
-        for name, kept_open in (("by path (open, read, parse stat)", False), ("kept-open comm, one pread", True)):
-            cache = ProcCache(ProcFS("/proc"))
+        for name, kept_open, pidfds in (("by path (open, read, parse stat)", False, False),
+                                        ("kept-open comm, one pread each", True, False),
+                                        ("pidfds, one epoll_wait for all", True, True)):
+            cache = ProcCache(ProcFS("/proc"), pidfds=pidfds)
             cache._real_procfs = kept_open  # the agent's choice on a real procfs, forced here for comparison
             cache.lookup(pids)
             timings = []
