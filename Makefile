@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 LISTEN ?= 0.0.0.0:9835
 PORT := $(lastword $(subst :, ,$(LISTEN)))
 
-.PHONY: demo test test-stress venv deps-test system-deps lint bench docs chart clean
+.PHONY: demo test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,12 @@ lint: deps-test
 
 bench: venv
 	$(PY) benchmarks/bench_agent.py
+
+# What benchmarks/gpu_run.sh installs on a GPU machine without network access: the peer
+# gpu_check.py compares the agent with (nvitop-exporter), as wheels for Python 3.12.
+gpu-wheels:
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_17_x86_64 -d .whl nvitop-exporter==1.7.2 nvitop==1.7.2
 
 docs:
 	$(PYTHON) -m exporter.catalogue > docs/METRICS.md
