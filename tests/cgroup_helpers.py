@@ -124,3 +124,19 @@ contexts: [{{name: test, context: {{cluster: test, user: test}}}}]
 current-context: test
 """)
     return str(path)
+
+
+def spawn_with_pid(pid: int) -> subprocess.Popen | None:
+    """A ``sleep`` child that gets ``pid`` (through /proc/sys/kernel/ns_last_pid), or None
+    when that cannot be arranged (not root, or the PID taken meanwhile). The caller kills it."""
+    for _ in range(20):
+        try:
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        except OSError:
+            return None
+        child = subprocess.Popen(["sleep", "600"])
+        if child.pid == pid:
+            return child
+        child.kill()
+        child.wait()
+    return None

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cgroup_helpers import spawn_with_pid
 from waiting import wait_until
 
 from exporter.attribution.kubernetes import PodIndex, StaticPodSource
@@ -92,21 +93,6 @@ def _kept_open(kind: str) -> int:
     return count
 
 
-def _child_with_pid(pid: int) -> subprocess.Popen | None:
-    """A child that gets ``pid`` again (through /proc/sys/kernel/ns_last_pid), or None."""
-    for _ in range(20):
-        try:
-            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
-        except OSError:
-            return None
-        child = subprocess.Popen(["sleep", "600"])
-        if child.pid == pid:
-            return child
-        child.kill()
-        child.wait()
-    return None
-
-
 @pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "kept-open-comm"])
 def test_cache_on_the_real_proc_tells_exits_and_reused_pids_apart(pidfds: bool) -> None:
     """On the agent's own /proc a warm pass checks cached processes without reading their
@@ -146,7 +132,7 @@ def test_cache_on_the_real_proc_tells_exits_and_reused_pids_apart(pidfds: bool) 
         old = first[gone.pid]
         gone.kill()
         gone.wait()
-        reused = _child_with_pid(old.pid)
+        reused = spawn_with_pid(old.pid)
         if reused is None:
             pytest.skip("could not get the same PID again (ns_last_pid not writable or PID taken)")
         again = cache.lookup([old.pid, alive.pid])

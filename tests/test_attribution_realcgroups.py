@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
 
-from cgroup_helpers import Cgroups, cgroup2_unwritable, container_id, kubeconfig, pod_uid  # noqa: E402
+from cgroup_helpers import (  # noqa: E402
+    Cgroups,
+    cgroup2_unwritable,
+    container_id,
+    kubeconfig,
+    pod_uid,
+    spawn_with_pid,
+)
 from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -169,9 +174,10 @@ def test_pods_and_slurm_in_real_cgroups(tmp_path: Path, cgroups: Cgroups, apiser
         old_pid = a.pid
         a.kill()
         a.wait()
-        reused = _spawn_with_pid(old_pid, cgroups)
+        reused = spawn_with_pid(old_pid)
         if reused is None:
             pytest.skip("could not get the same PID again (ns_last_pid not writable or PID taken)")
+        cgroups.children.append(reused)
         cgroups.move(reused.pid, "system.slice/slurmstepd.scope/job_78/step_batch/user/task_0")
         m = run_pass(1, {old_pid: 60, b.pid: 30, c.pid: 10}, {0: 100.0})
         assert _value(m, "container_gpu_memory_used_bytes", slurm_job_id="78", gpu="0") == 1 * GiB
@@ -186,19 +192,3 @@ def test_pods_and_slurm_in_real_cgroups(tmp_path: Path, cgroups: Cgroups, apiser
         backend.close()
     assert "Traceback" not in caplog.text
 
-
-def _spawn_with_pid(pid: int, cgroups: Cgroups) -> subprocess.Popen | None:
-    """Start a child that gets ``pid`` (through /proc/sys/kernel/ns_last_pid), or None."""
-    for _ in range(20):
-        try:
-            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
-        except OSError:
-            return None
-        child = subprocess.Popen(["sleep", "600"])
-        cgroups.children.append(child)
-        if child.pid == pid:
-            return child
-        child.kill()
-        child.wait()
-        time.sleep(0.01)
-    return None

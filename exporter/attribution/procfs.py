@@ -218,7 +218,11 @@ class ProcessExits:
             fd = os.pidfd_open(pid)
         except OSError:  # ESRCH: no such process
             return None
-        self._epoll.register(fd, select.EPOLLIN)
+        try:
+            self._epoll.register(fd, select.EPOLLIN)
+        except OSError:
+            os.close(fd)
+            raise
         self._count += 1
         return fd
 
