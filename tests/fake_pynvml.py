@@ -1024,18 +1024,20 @@ class FakeNvml(_FakeGpmFunctions):
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[c_nvmlProcessUtilizationSample_t]:
         """Samples newer than ``timeStamp`` (µs); NOT_FOUND when there are none, like NVML."""
         gpu, _ = self._device("nvmlDeviceGetProcessUtilization", handle, timeStamp)
-        if gpu.live_sm:
+        return self._util_samples(gpu, timeStamp, c_nvmlProcessUtilizationSample_t)
+
+    @staticmethod
+    def _util_samples(gpu: FakeGpu, timeStamp: int, struct: type[_Struct]) -> list[Any]:
+        """The GPU's samples newer than ``timeStamp`` as ``struct``s (both per-process
+        utilisation structs have the same fields); NOT_FOUND when there are none."""
+        if gpu.live_sm:  # sampled now: one sample per process
             stamp = int(time.time() * 1e6)
-            return [c_nvmlProcessUtilizationSample_t(pid=pid, timeStamp=stamp, smUtil=sm)
-                    for pid, sm in gpu.live_sm.items()]
+            return [struct(pid=pid, timeStamp=stamp, smUtil=sm) for pid, sm in gpu.live_sm.items()]
         newer = [s for s in gpu.util_samples if s.timestamp > timeStamp]
         if not newer:
             raise NVMLError(NVML_ERROR_NOT_FOUND)
-        return [
-            c_nvmlProcessUtilizationSample_t(pid=s.pid, timeStamp=s.timestamp, smUtil=s.sm, memUtil=s.mem,
-                                             encUtil=s.enc, decUtil=s.dec)
-            for s in newer
-        ]
+        return [struct(pid=s.pid, timeStamp=s.timestamp, smUtil=s.sm, memUtil=s.mem, encUtil=s.enc, decUtil=s.dec)
+                for s in newer]
 
     def nvmlDeviceGetProcessesUtilizationInfo(self, handle: Any, timeStamp: int) -> list[
             c_nvmlProcessUtilizationInfo_v1_t]:
@@ -1043,18 +1045,7 @@ class FakeNvml(_FakeGpmFunctions):
         ``c_nvmlProcessUtilizationInfo_v1_t``; NVMLError(SUCCESS) when there are none
         (the binding raises the sizing call's SUCCESS), NOT_FOUND as NVML answers it."""
         gpu, _ = self._device("nvmlDeviceGetProcessesUtilizationInfo", handle, timeStamp)
-        if gpu.live_sm:  # sampled now: one sample per process
-            stamp = int(time.time() * 1e6)
-            return [c_nvmlProcessUtilizationInfo_v1_t(timeStamp=stamp, pid=pid, smUtil=sm)
-                    for pid, sm in gpu.live_sm.items()]
-        newer = [s for s in gpu.util_samples if s.timestamp > timeStamp]
-        if not newer:
-            raise NVMLError(NVML_ERROR_NOT_FOUND)
-        return [
-            c_nvmlProcessUtilizationInfo_v1_t(timeStamp=s.timestamp, pid=s.pid, smUtil=s.sm, memUtil=s.mem,
-                                              encUtil=s.enc, decUtil=s.dec)
-            for s in newer
-        ]
+        return self._util_samples(gpu, timeStamp, c_nvmlProcessUtilizationInfo_v1_t)
 
     # ---- MIG ----------------------------------------------------------------------------
 
