@@ -99,17 +99,6 @@ class Encoder:
 
     # ---- one family ------------------------------------------------------------------
 
-    def _covered(self, family: Any) -> bool:
-        if family.type not in _FAST_TYPES or not self._plain(family.name):
-            return False
-        for sample in family.samples:
-            if sample.value is None or sample.timestamp is not None or sample.exemplar is not None or getattr(
-                    sample, "native_histogram", None) is not None or not self._plain(sample.name):
-                return False
-            if not self.openmetrics and sample.name == family.name + "_created":
-                return False  # the text format moves these to a gauge family of their own
-        return True
-
     def _plain(self, name: str) -> bool:
         if name in self._names:
             return True
@@ -119,7 +108,8 @@ class Encoder:
         return True
 
     def _family(self, family: Any, used: dict[tuple[tuple[str, str], ...], str]) -> str | None:
-        if not self._covered(family):
+        """The family's text, or None when the fast path does not cover it."""
+        if family.type not in _FAST_TYPES or not self._plain(family.name):
             return None
         name, help_text = family.name, family.documentation
         out: list[str] = []
@@ -134,7 +124,13 @@ class Encoder:
             help_text = help_text.replace("\\", r"\\").replace("\n", r"\n")
             out.append(f"# HELP {name} {help_text}\n# TYPE {name} {family.type}\n")
         cache = self._labels
+        created = None if self.openmetrics else family.name + "_created"
         for sample in family.samples:
+            if sample.value is None or sample.timestamp is not None or sample.exemplar is not None or getattr(
+                    sample, "native_histogram", None) is not None or not self._plain(sample.name):
+                return None
+            if sample.name == created:
+                return None  # the text format moves these to a gauge family of their own
             labels = sample.labels
             if labels:
                 key = tuple(labels.items())
