@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from processes import cpu_seconds, free_port  # noqa: E402
+from processes import cpu_seconds, free_port, live_processes  # noqa: E402
 
 GPUS, CONTAINERS, PROCESSES = 8, 64, 256
 PROMETHEUS = {"Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
@@ -58,7 +58,7 @@ def scenario(path: Path, containers: int = CONTAINERS, processes_total: int = PR
     """Write a benchmark node's scenario file (8 GPUs, containers spread over them).
 
     ``pids``: the processes' PIDs (live processes, so that the agent can watch them as on
-    a real node; see `live_processes`); made-up ones by default.
+    a real node; see `processes.live_processes`); made-up ones by default.
     """
     per_container = processes_total // containers
     processes = []
@@ -78,12 +78,6 @@ def scenario(path: Path, containers: int = CONTAINERS, processes_total: int = PR
            "processes": processes}
     path.write_text(yaml.safe_dump(doc))
     return path
-
-
-def live_processes(count: int) -> list[subprocess.Popen]:
-    """``count`` sleeping processes: the GPU processes of a benchmark node, real enough for
-    the agent to watch their exits through pidfds as it does on a real node."""
-    return [subprocess.Popen(["sleep", "3600"]) for _ in range(count)]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -133,11 +127,11 @@ def bench_render(path: Path, renders: int = 50) -> dict[str, list[float]]:
     registry = cli.build_registry(lambda: collector.snapshot, cli._enabled(args), extra)
     library, _ = choose_encoder(PROMETHEUS["Accept"])
     encoder = Encoder(library)
-    results: dict[str, list[float]] = {"prometheus_client": [], "l9gpu (label sets rendered once)": []}
+    results: dict[str, list[float]] = {"prometheus_client": [], "l9gpu": []}
     try:
         for _ in range(renders):
             for name, encode in (("prometheus_client", lambda: library(registry)),
-                                 ("l9gpu (label sets rendered once)", lambda: encoder.encode(registry.collect()))):
+                                 ("l9gpu", lambda: encoder.encode(registry.collect()))):
                 started = time.thread_time()
                 encode()
                 results[name].append(time.thread_time() - started)
@@ -353,9 +347,7 @@ def main() -> int:
     parser.add_argument("--no-nvml", action="store_true", help="only the simulated node")
     opts = parser.parse_args()
     rows = []
-    children = live_processes(16 + PROCESSES)
-    pids = [c.pid for c in children]
-    with tempfile.TemporaryDirectory() as tmp:
+    with live_processes(16 + PROCESSES) as pids, tempfile.TemporaryDirectory() as tmp:
         nodes = {
             "8 GPUs x 16 processes": scenario(Path(tmp) / "n16.yaml", containers=16, processes_total=16,
                                               pids=pids[:16]),
@@ -391,9 +383,6 @@ def main() -> int:
     for name, times in scrapes.items():
         print(f"{'/metrics, ' + name:<45}{fmt(times)}")
     print(f"{'agent RSS':<45}{rss_kib / 1024:.1f} MiB")
-    for child in children:
-        child.kill()
-        child.wait()
     return 0
 
 

@@ -32,6 +32,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from processes import live_processes  # noqa: E402
 
 from exporter.attribution.kubernetes import PodIndex, StaticPodSource  # noqa: E402
 from exporter.attribution.resolver import ProcAttributor  # noqa: E402
@@ -103,14 +106,11 @@ def main() -> int:
 
 
 def bench_real_proc(passes: int) -> dict[str, tuple[float, float]]:
-    import subprocess
-
     from exporter.attribution.procfs import ProcCache, ProcFS
 
-    children = [subprocess.Popen(["sleep", "600"]) for _ in range(PROCESSES)]
-    pids = sorted(c.pid for c in children)
     results = {}
-    try:
+    with live_processes(PROCESSES) as live:
+        pids = sorted(live)
         for name, kept_open, pidfds in (("by path (open, read, parse stat)", False, False),
                                         ("kept-open comm, one pread each", True, False),
                                         ("pidfds, one epoll_wait for all", True, True)):
@@ -128,10 +128,6 @@ def bench_real_proc(passes: int) -> dict[str, tuple[float, float]]:
                 timings.append(statistics.median(spent))
             cache.close()
             results[name] = (timings[0], timings[1])
-    finally:
-        for child in children:
-            child.kill()
-            child.wait()
     return results
 
 
