@@ -234,6 +234,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("gpu_energy_joules_total", COUNTER, "joules",
                "Energy consumed by the GPU, in joules (the device counter where it has one, else integrated power).",
                D, DEVICE, "", ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 1000.0)),
+    MetricSpec("gpu_capacity_seconds_total", COUNTER, "seconds",
+               "GPU time this device has offered since the agent started, in GPU-seconds: wall time for a "
+               "whole GPU, its compute slices' share for a MIG instance (a 1g.10gb of an H100 counts 1/7), for a "
+               "GPU in MIG mode the slices in no instance. Per GPU, the workloads' allocation seconds plus "
+               "gpu_unallocated_seconds_total add up to it.",
+               D, DEVICE, ""),
     MetricSpec("gpu_sm_clock_hertz", GAUGE, "hertz", "SM (graphics engine) clock, in hertz.",
                D, DEVICE, "sm_clock_hertz", ("DCGM_FI_DEV_SM_CLOCK", 1e-6)),
     MetricSpec("gpu_memory_clock_hertz", GAUGE, "hertz", "Memory clock, in hertz.",
@@ -276,8 +282,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "Integral of the workload's SM share over time: GPU-seconds of compute.",
                W, WORKLOAD, "usage_seconds_total"),
     MetricSpec("container_gpu_allocation_seconds_total", COUNTER, "seconds",
-               "Time the workload has had this GPU allocated (kubelet pod-resources) or held memory on it, "
-               "in seconds.",
+               "The workload's share of this GPU's time, in GPU-seconds: k/N of it while it holds k of the N "
+               "device-plugin replicas (a whole GPU: 1 of 1), else its share of the memory held there; a GPU's "
+               "holders and its unallocated time add up to its capacity (docs/CHARGEBACK.md).",
                W, WORKLOAD, "allocation_seconds_total"),
     MetricSpec("container_gpu_allocated", GAUGE, "",
                "1 while the kubelet has this GPU allocated to the container (device plugin, pod-resources; one "
@@ -294,6 +301,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("gpu_unattributed_energy_joules_total", COUNTER, "joules",
                "Energy of this GPU that belongs to no workload: idle with no holder, or used by unattributed processes.",
                D, UNATTRIBUTED, "energy_joules_total"),
+    MetricSpec("gpu_unallocated_seconds_total", COUNTER, "seconds",
+               "GPU-seconds of this device's capacity that no workload held: time-slicing replicas nobody was "
+               "allocated, no holder at all, or the GPU down. What the platform pays for itself.",
+               D, UNATTRIBUTED, "unallocated_seconds_total"),
     # ---- per process (opt-in, for debugging) --------------------------------------
     MetricSpec("gpu_process_memory_used_bytes", GAUGE, "bytes", "Device memory held by one process, in bytes.",
                PROCESS_LABELS, PROCESS, "used_memory_bytes", default_enabled=False),
@@ -389,9 +400,15 @@ VENDOR_NOTES: dict[str, tuple[str, str, str]] = {
                                    "VRAM held or GPU allocated at 0 GFX time",
                                    "allocated with no process only"),
     "container_gpu_usage_seconds_total": ("integral of SM share", "integral of GFX-time share", "—"),
-    "container_gpu_allocation_seconds_total": ("time allocated (GPU or MIG UUID) or holding memory",
-                                               "time allocated (PCI bus id) or holding VRAM",
-                                               "time allocated (serial) or holding `/dev/accel/accel<N>` open"),
+    "container_gpu_allocation_seconds_total": ("replicas held of those allocatable (GPU or MIG UUID, "
+                                               "time-slicing `::<n>`), else share of the memory held",
+                                               "allocated (PCI bus id), else share of the VRAM held",
+                                               "allocated (serial), else an equal share among the processes "
+                                               "holding `/dev/accel/accel<N>` open"),
+    "gpu_capacity_seconds_total": ("wall time; a MIG instance its compute slices' share (NVML device "
+                                   "attributes), the parent the slices in no instance", "wall time", "wall time"),
+    "gpu_unallocated_seconds_total": ("free replicas, no holder, or the GPU down", "no holder, or the GPU down",
+                                      "no holder, or the device down"),
     "container_gpu_allocated": ("`nvidia.com/gpu` and MIG resources: `GPU-<uuid>` (time-slicing `::<n>` "
                                 "replicas: one series per container) or `MIG-<uuid>`",
                                 "`amd.com/gpu`: the PCI bus id", "`habana.ai/gaudi`: the device serial"),

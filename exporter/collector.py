@@ -138,6 +138,7 @@ class Collector:
             timestamp=wall,
             devices=tuple(devices),
             device_energy_joules=frozen_mapping(derived.device_energy_joules),
+            device_capacity_seconds=frozen_mapping(derived.device_capacity_seconds),
             workloads=derived.workloads,
             unattributed=derived.unattributed,
             processes=rows,

@@ -20,9 +20,14 @@ add up to ΔE exactly (up to float rounding), which the tests hold.
 Allocations (kubelet pod-resources, `AllocationRow`) add no memory and no energy: they
 only say which containers hold a GPU through the device plugin. A container with a GPU
 allocated gets workload series on it even with no process there (0 processes, 0 memory,
-0 utilisation, energy share 0); its allocation time counts while the GPU is allocated or
-while it holds memory, and its idle time counts while it is allocated or holds memory with
-zero SM: "allocated and unused" is idle from the moment of allocation.
+0 utilisation, energy share 0), and its idle time counts while it is allocated or holds
+memory with zero SM: "allocated and unused" is idle from the moment of allocation.
+
+GPU time (docs/CHARGEBACK.md, "How a GPU's time is split"): per GPU and pass, the device's
+capacity seconds (`DeviceSample.capacity` x dt) are cut between its holders by
+`split_time`, and what nobody holds is the GPU's unallocated time, so that per GPU
+  sum of holders' allocation seconds + unallocated seconds = capacity seconds,
+exactly like memory and energy. A GPU that is down is held by nobody that pass.
 """
 
 from __future__ import annotations
@@ -98,6 +103,8 @@ class DeriveState:
     energy_total: Mapping[str, float] = field(default_factory=dict)
     unattributed_energy: Mapping[str, float] = field(default_factory=dict)
     workloads: Mapping[tuple[str, tuple[str, ...]], WorkloadCounters] = field(default_factory=dict)
+    capacity: Mapping[str, float] = field(default_factory=dict)
+    unallocated: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,7 @@ class Derived:
     workloads: tuple[WorkloadUsage, ...]
     unattributed: tuple[Unattributed, ...]
     unattributed_processes: int
+    device_capacity_seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 def advance_energy(raw_before: float | None, total_before: float | None, device: DeviceSample,
@@ -170,6 +178,53 @@ def split_energy(delta: float, shares: Sequence[tuple[float | None, int | None]]
     return parts, idle_energy
 
 
+def split_time(holders: Sequence[tuple[int, int | None]], replicas: int | None) -> tuple[list[float], float]:
+    """Split one GPU's time between the workloads that hold it.
+
+    Args:
+        holders: per holder (device-plugin replicas it was allocated on this GPU, 0 for a
+            holder outside the device plugin; memory it holds there in bytes, None where
+            the device reports no per-process memory).
+        replicas: how many replicas the kubelet can allocate on this GPU (N), None where
+            unknown (then the replicas held count as all of them).
+
+    Returns:
+        (each holder's fraction of the GPU's time, the fraction nobody holds); they add
+        up to 1. The rules (docs/CHARGEBACK.md says why):
+
+        - A holder outside the device plugin (a Slurm job, a process beside the plugin's
+          pods, any holder where allocations are unknown) takes the share of the GPU that
+          its memory is of all memory the holders hold (holding memory is what keeps
+          others off the GPU); where memory is not reported, each holder counts the same.
+        - The rest is cut into the N replicas: a container holding k of them is allocated
+          k/N of it, and replicas nobody holds are unallocated.
+        - With no holder at all, the whole GPU is unallocated.
+    """
+    n = len(holders)
+    if n == 0:
+        return [], 1.0
+    parts = [0.0] * n
+    outside = [i for i, (k, _) in enumerate(holders) if k <= 0]
+    plugin = [i for i, (k, _) in enumerate(holders) if k > 0]
+    memory_known = all(m is not None for _, m in holders)
+    weight = [max(0, m or 0) if memory_known else 1 for _, m in holders]
+    outside_share = 0.0
+    if outside:
+        outside_weight = sum(weight[i] for i in outside)
+        all_weight = sum(weight)
+        outside_share = 1.0 if not plugin else (outside_weight / all_weight if all_weight else 0.0)
+        for i in outside:
+            parts[i] = outside_share * (weight[i] / outside_weight if outside_weight else 1.0 / len(outside))
+    rest = 1.0 - outside_share
+    if not plugin:
+        return parts, rest
+    held = sum(holders[i][0] for i in plugin)
+    total = max(replicas or 0, held)
+    for i in plugin:
+        parts[i] = rest * holders[i][0] / total
+    return parts, rest * (total - held) / total
+
+
 def _labels(cache: dict[int, tuple[str, ...]], labeller: Labeller, owner: Workload) -> tuple[str, ...]:
     """The owner's label values, computed once per owner object in a pass (the objects
     live through the pass, so their ids are stable)."""
@@ -207,6 +262,8 @@ def step(
     energy_raw = dict(state.energy_raw)
     energy_total = dict(state.energy_total)
     unattributed_energy = dict(state.unattributed_energy)
+    capacity_total = dict(state.capacity)
+    unallocated_total = dict(state.unallocated)
     counters = dict(state.workloads)
     usages: list[WorkloadUsage] = []
     unattributed: list[Unattributed] = []
@@ -214,10 +271,10 @@ def step(
     seen: set[tuple[str, tuple[str, ...]]] = set()
     label_cache: dict[int, tuple[str, ...]] = {}
     owners_get = owners.get
-    allocated_to: dict[str, list[Workload]] = {}
+    allocated_to: dict[str, list[AllocationRow]] = {}
     for row in allocations or ():
         if row.workload.attributed:
-            allocated_to.setdefault(row.device_key, []).append(row.workload)
+            allocated_to.setdefault(row.device_key, []).append(row)
 
     for device in devices:
         key = device.key
@@ -228,7 +285,13 @@ def step(
         if total is not None:
             energy_total[key] = total
         delta = (total - before) if (total is not None and before is not None) else 0.0
+        device_seconds = max(0.0, device.capacity) * dt
+        capacity_total[key] = capacity_total.get(key, 0.0) + device_seconds
         if not device.up:
+            # Nobody can be told to hold a GPU the agent cannot read: its time is unallocated.
+            unallocated_total[key] = unallocated_total.get(key, 0.0) + device_seconds
+            unattributed.append(Unattributed(key, None, 0, unattributed_energy.get(key, 0.0),
+                                             unallocated_total[key]))
             continue
 
         procs = device.processes
@@ -272,16 +335,22 @@ def step(
         unattributed_count += rest_count
         if rest_count and all(p.used_memory_bytes is None for p in procs):
             rest_memory = None  # the device reports no per-process memory at all
-        unattributed_energy[key] = unattributed_energy.get(key, 0.0) + rest_energy
-        unattributed.append(Unattributed(key, rest_memory, rest_count, unattributed_energy[key]))
 
-        # dict, not set: one row per (GPU, container) however many replicas it was given
-        allocated_labels = dict.fromkeys(dev_labels + _labels(label_cache, labeller, w)
-                                         for w in allocated_to.get(key, ()))
+        # Replicas per container (dict: one entry per container however many it was given),
+        # and how many the kubelet can allocate on this GPU.
+        allocated_labels: dict[tuple[str, ...], set[str]] = {}
+        replicas: int | None = None
+        for row in allocated_to.get(key, ()):
+            allocated_labels.setdefault(dev_labels + _labels(label_cache, labeller, row.workload),
+                                        set()).add(row.device_id)
+            if row.replicas is not None:
+                replicas = max(replicas or 0, row.replicas)
+
+        # What each group holds, before the GPU's time is split between the holders.
+        summed: list[tuple[tuple[str, ...], list[int], int | None, float | None, float, bool, bool | None]] = []
+        holders: list[tuple[int, int | None]] = []
         for labels, members in groups.items():
-            wkey = (key, labels)
             allocated = (labels in allocated_labels) if allocations is not None and labels in pods else None
-            seen.add(wkey)
             memory: int | None = None  # stays None when the device reports no per-process memory
             util_sum: float | None = None
             energy = 0.0
@@ -297,7 +366,28 @@ def step(
                 # energy went to the unattributed bucket (split_energy), not to this workload.
                 energy_known = energy_known or used is not None or sm is not None
                 energy += parts[i]
-            # Holding the GPU: memory on it, or (where memory is unknown) a process on it.
+            summed.append((labels, members, memory, util_sum, energy, energy_known, allocated))
+            # Holding the GPU: memory on it, or (where memory is unknown) a process on it;
+            # or device-plugin replicas of it.
+            held = memory > 0 if memory is not None else True
+            k = len(allocated_labels[labels]) if allocated else 0
+            holders.append((k, memory) if held or k else (0, 0))
+        idle_allocated = [labels for labels in allocated_labels if labels not in groups]
+        holders += [(len(allocated_labels[labels]), 0) for labels in idle_allocated]
+        # Groups that hold nothing (0 memory, no replica) take no part in the split.
+        take = [i for i, (k, m) in enumerate(holders) if k or m is None or m > 0]
+        fractions, free = split_time([holders[i] for i in take], replicas)
+        share = [0.0] * len(holders)
+        for i, fraction in zip(take, fractions):
+            share[i] = fraction * device_seconds
+        unallocated_total[key] = unallocated_total.get(key, 0.0) + free * device_seconds
+        unattributed_energy[key] = unattributed_energy.get(key, 0.0) + rest_energy
+        unattributed.append(Unattributed(key, rest_memory, rest_count, unattributed_energy[key],
+                                         unallocated_total[key]))
+
+        for n, (labels, members, memory, util_sum, energy, energy_known, allocated) in enumerate(summed):
+            wkey = (key, labels)
+            seen.add(wkey)
             held = memory > 0 if memory is not None else True
             util = None if util_sum is None else min(1.0, util_sum)
             old = counters.get(wkey, WorkloadCounters())
@@ -308,7 +398,7 @@ def step(
                 idle_since = None
             new = WorkloadCounters(
                 usage_seconds=old.usage_seconds if util is None else (old.usage_seconds or 0.0) + util * dt,
-                allocation_seconds=old.allocation_seconds + (dt if held or allocated else 0.0),
+                allocation_seconds=old.allocation_seconds + share[n],
                 energy_joules=(old.energy_joules or 0.0) + energy if energy_known
                 else old.energy_joules,
                 idle_since=idle_since,
@@ -325,9 +415,7 @@ def step(
             ))
 
         # Allocated and running nothing here: honestly using nothing, idle since allocation.
-        for labels in allocated_labels:
-            if labels in groups:
-                continue
+        for n, labels in enumerate(idle_allocated, start=len(summed)):
             wkey = (key, labels)
             seen.add(wkey)
             old = counters.get(wkey, WorkloadCounters())
@@ -336,7 +424,7 @@ def step(
                 # Usage stays absent until the device reports an SM share for its processes
                 # (never 0 for "cannot tell" once a process runs on a device without one).
                 usage_seconds=old.usage_seconds,
-                allocation_seconds=old.allocation_seconds + dt,
+                allocation_seconds=old.allocation_seconds + share[n],
                 energy_joules=old.energy_joules or 0.0,  # no process, no memory: no share
                 idle_since=idle_since,
                 last_seen=now,
@@ -364,5 +452,7 @@ def step(
         ))
         counters[wkey] = replace(old, idle_since=None)
 
-    new_state = DeriveState(now, energy_raw, energy_total, unattributed_energy, counters)
-    return new_state, Derived(dict(energy_total), tuple(usages), tuple(unattributed), unattributed_count)
+    new_state = DeriveState(now, energy_raw, energy_total, unattributed_energy, counters, capacity_total,
+                            unallocated_total)
+    return new_state, Derived(dict(energy_total), tuple(usages), tuple(unattributed), unattributed_count,
+                              dict(capacity_total))

@@ -94,6 +94,12 @@ class DeviceSample:
             `GPM_RATIO_KEYS` (ratios 0-1) and `GPM_RATE_KEYS` (bytes per second); empty
             where GPM is unsupported or on the first pass. A key the device does not
             report is absent, never 0.
+        capacity: the part of a physical GPU this device is, 0-1: 1 for a whole GPU; for
+            a MIG instance its compute slices over the GPU's total (a 1g.10gb of an H100
+            is 1/7); for a GPU in MIG mode the slices that are in no instance (the
+            parent then runs no process). Per pass, a device's time in GPU-seconds is
+            ``capacity`` times the wall time, so a physical GPU's devices add up to one
+            GPU-second per second.
     """
 
     index: int
@@ -125,6 +131,7 @@ class DeviceSample:
     xid_errors: Mapping[str, int] = field(default_factory=frozen_mapping)
     throttle_reasons: Mapping[str, bool] = field(default_factory=frozen_mapping)
     processes: tuple[ProcessSample, ...] = ()
+    capacity: float = 1.0
 
     @property
     def key(self) -> str:
@@ -195,8 +202,10 @@ class WorkloadUsage:
             its SM share is unknown).
         usage_seconds_total: integral of its SM share over time (GPU-seconds; None while
             the device has never reported its SM share, e.g. Gaudi).
-        allocation_seconds_total: time it has held memory on this GPU (where the device
-            reports no per-process memory: time it has had a process on it).
+        allocation_seconds_total: its share of this GPU's time, in GPU-seconds: what it
+            is billed for holding the GPU (see `derive.split_time`: device-plugin replicas
+            k/N, else in proportion to the memory held). The shares of a GPU's holders
+            and its unallocated seconds add up to the GPU's capacity seconds.
         energy_joules_total: its share of the device's energy (see docs/ATTRIBUTION.md;
             None while the device has reported neither SM share nor memory for it).
         allocated: True while the kubelet has this GPU allocated to the container
@@ -230,22 +239,33 @@ class AllocationRow:
             labels from the pod index where it knows the pod, else "").
         resource_name: the extended resource, e.g. ``nvidia.com/gpu``.
         device_id: the id as the device plugin reported it (``GPU-...::1``, a PCI bus id).
+        replicas: how many ids the kubelet can allocate on this GPU (``GetAllocatableResources``:
+            the time-slicing replicas ``<uuid>::0..N-1``, 1 for a whole GPU or MIG
+            instance), None where the kubelet does not say.
     """
 
     device_key: str
     workload: Workload
     resource_name: str
     device_id: str
+    replicas: int | None = None
 
 
 @dataclass(frozen=True)
 class Unattributed:
-    """Per GPU: what belongs to no workload, so that the parts add up to the device."""
+    """Per GPU: what belongs to no workload, so that the parts add up to the device.
+
+    Attributes:
+        unallocated_seconds_total: GPU-seconds of the device's time no workload held
+            (free replicas, no holder, the GPU down): with the workloads' allocation
+            seconds it adds up to the device's capacity seconds.
+    """
 
     device_key: str
     memory_used_bytes: int | None
     processes: int
     energy_joules_total: float
+    unallocated_seconds_total: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -266,6 +286,8 @@ class Snapshot:
         timestamp: wall-clock time (Unix seconds) at which the pass read ``now``.
         devices: the device samples of this pass.
         device_energy_joules: per device key, the agent's monotonic energy counter.
+        device_capacity_seconds: per device key, the GPU-seconds the device has existed
+            for since the agent started (`DeviceSample.capacity` times wall time).
         workloads: per (GPU, workload) usage, including workloads in their grace period.
         unattributed: per GPU, what belongs to no workload.
         processes: every GPU process joined to its owner.
@@ -280,6 +302,7 @@ class Snapshot:
     timestamp: float
     devices: tuple[DeviceSample, ...] = ()
     device_energy_joules: Mapping[str, float] = field(default_factory=frozen_mapping)
+    device_capacity_seconds: Mapping[str, float] = field(default_factory=frozen_mapping)
     workloads: tuple[WorkloadUsage, ...] = ()
     unattributed: tuple[Unattributed, ...] = ()
     processes: tuple[ProcessRow, ...] = ()

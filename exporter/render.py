@@ -129,6 +129,10 @@ def _device_family(spec: cat.MetricSpec, snapshot: Snapshot,
             energy = snapshot.device_energy_joules.get(device.key)
             if energy is not None:
                 family.add_metric(labels, energy)
+        elif spec.name == "gpu_capacity_seconds_total":
+            seconds = snapshot.device_capacity_seconds.get(device.key)
+            if seconds is not None:
+                family.add_metric(labels, seconds)
         elif not device.up:
             continue
         elif spec.source.startswith("gpm."):

@@ -50,7 +50,11 @@ def test_time_sliced_pods_get_their_own_honest_numbers():
     assert {k: v.memory_used_bytes for k, v in pods.items()} == {"a": 2 * GIB, "b": 1 * GIB, "c": 4 * GIB}
     assert {k: v.utilization for k, v in pods.items()} == {"a": 0.5, "b": 0.2, "c": 0.1}
     assert pods["a"].usage_seconds_total == pytest.approx(5.0)
-    assert pods["b"].allocation_seconds_total == pytest.approx(10.0)
+    # No device plugin here: the GPU's 10 s are split by memory held (2:1:4)
+    assert {k: v.allocation_seconds_total for k, v in pods.items()} == pytest.approx(
+        {"a": 10 * 2 / 7, "b": 10 * 1 / 7, "c": 10 * 4 / 7})
+    assert d.unattributed[0].unallocated_seconds_total == pytest.approx(0.0)
+    assert d.device_capacity_seconds["GPU-0"] == pytest.approx(10.0)
     # busy = 0.8: 800 J by SM share (5:2:1), 200 J idle by memory share (2:1:4)
     assert pods["a"].energy_joules_total == pytest.approx(500 + 200 * 2 / 7)
     assert pods["b"].energy_joules_total == pytest.approx(200 + 200 * 1 / 7)
@@ -168,7 +172,10 @@ def test_unknown_shares_leave_idle_and_usage_absent_and_holders_share_the_energy
     state, d = step(state, 5.0, "n", [gpu(energy=600.0, procs=procs)], owners)
     usage = by_pod(d)["g"]
     assert usage.idle_seconds is None and usage.usage_seconds_total is None
-    assert usage.allocation_seconds_total == 5.0
+    # no memory reported: the two workloads holding the device split its 5 s equally;
+    # process 3 belongs to no workload and is billed nothing
+    assert usage.allocation_seconds_total == 2.5 and by_pod(d)["h"].allocation_seconds_total == 2.5
+    assert d.unattributed[0].unallocated_seconds_total == 0.0
     assert usage.energy_joules_total == pytest.approx(200.0) and by_pod(d)["h"].energy_joules_total == pytest.approx(200.0)
     assert d.unattributed[0].energy_joules_total == pytest.approx(200.0)  # process 3 belongs to no workload
     # The grace period keeps the counters as they were.

@@ -110,14 +110,20 @@ def _simulated(scenario: Any, allocations: bool = True) -> Attributor:
     from exporter.attribution.kubernetes import PodIndex, StaticPodSource
     from exporter.attribution.podresources import StaticAllocationSource
     from exporter.attribution.resolver import ProcAttributor
-    from exporter.attribution.simulated import scenario_allocations, scenario_pods, write_proc_tree
+    from exporter.attribution.simulated import (
+        scenario_allocatable,
+        scenario_allocations,
+        scenario_pods,
+        write_proc_tree,
+    )
 
     root = tempfile.mkdtemp(prefix="l9gpu-simulated-proc-")
     write_proc_tree(root, scenario.processes)
     index = PodIndex()
     source = StaticPodSource(index, scenario_pods(scenario.processes, getattr(scenario, "allocations", ())))
     return ProcAttributor(root, index, source, on_close=lambda: shutil.rmtree(root, ignore_errors=True),
-                          allocation_source=StaticAllocationSource(scenario_allocations(scenario))
+                          allocation_source=StaticAllocationSource(scenario_allocations(scenario),
+                                                                   scenario_allocatable(scenario))
                           if allocations else None)
 
 

@@ -9,8 +9,11 @@ list will ever show it.
 
 `PodResourcesSource` lists the allocations on a slow cadence (every 10 s) in its own
 daemon thread, each call with a short deadline; a collection pass only reads the last
-list, so a hung kubelet never delays a pass. `join` then maps each device id to a GPU of
-the pass and each pod to the pod index:
+list, so a hung kubelet never delays a pass. With each listing it also asks
+``GetAllocatableResources`` (kubelet 1.23+) for every device id the plugins advertise:
+a time-sliced GPU is listed once per replica (``<uuid>::0`` .. ``<uuid>::<N-1>``), which
+is how a container holding k of them is known to hold k/N of the GPU. `join` then maps
+each device id to a GPU of the pass and each pod to the pod index:
 
 - NVIDIA: ``GPU-<uuid>`` (time-slicing replicas add ``::<n>``, stripped here) and MIG
   ``MIG-<uuid>`` match `DeviceSample.uuid`;
@@ -46,6 +49,7 @@ log = logging.getLogger(__name__)
 
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST = "/v1.PodResourcesLister/List"
+ALLOCATABLE = "/v1.PodResourcesLister/GetAllocatableResources"
 
 # A PCI bus id: [domain:]bus:device.function, hexadecimal.
 _PCI = re.compile(r"^(?:([0-9a-f]{1,8}):)?([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])$")
@@ -73,6 +77,13 @@ def allocations_from_response(response: Any) -> tuple[PodAllocation, ...]:
                         found.append(PodAllocation(str(pod.namespace), str(pod.name), str(container.name),
                                                    str(devices.resource_name), str(device_id)))
     return tuple(found)
+
+
+def allocatable_from_response(response: Any) -> tuple[tuple[str, str], ...]:
+    """(resource name, device id) for every device of an ``AllocatableResourcesResponse``."""
+    return tuple((str(devices.resource_name), str(device_id))
+                 for devices in getattr(response, "devices", ()) or ()
+                 for device_id in getattr(devices, "device_ids", ()) or () if device_id)
 
 
 def normalize_pci_bus_id(bus_id: str) -> str | None:
@@ -125,13 +136,28 @@ def allocation_workload(allocation: PodAllocation, index: PodIndex | None) -> Wo
 
 
 def join(allocations: Iterable[PodAllocation], devices: Sequence[DeviceSample],
-         index: PodIndex | None) -> tuple[tuple[AllocationRow, ...], tuple[str, ...]]:
+         index: PodIndex | None, allocatable: Iterable[tuple[str, str]] | None = None
+         ) -> tuple[tuple[AllocationRow, ...], tuple[str, ...]]:
     """Allocations joined to this pass's GPUs and the pod index.
+
+    Args:
+        allocations: the kubelet's ``List``.
+        devices: this pass's GPUs.
+        index: pod names to UIDs, owners and labels (None: not known).
+        allocatable: the kubelet's ``GetAllocatableResources`` as (resource name, device
+            id) pairs, None where it does not answer; each row then says how many ids
+            name its GPU (`AllocationRow.replicas`).
 
     Returns:
         (one row per allocation whose device id names a GPU here, the ids that named none).
     """
     matcher = DeviceMatcher(devices)
+    replicas: dict[str, int] = {}
+    if allocatable is not None:
+        for _, device_id in dict.fromkeys(allocatable):  # an id listed twice is one replica
+            key = matcher.key(device_id)
+            if key is not None:
+                replicas[key] = replicas.get(key, 0) + 1
     rows: list[AllocationRow] = []
     unknown: list[str] = []
     workloads: dict[tuple[str, str, str], Workload] = {}
@@ -144,20 +170,26 @@ def join(allocations: Iterable[PodAllocation], devices: Sequence[DeviceSample],
         workload = workloads.get(who)
         if workload is None:  # one Workload per container, however many devices it has
             workload = workloads[who] = allocation_workload(allocation, index)
-        rows.append(AllocationRow(key, workload, allocation.resource_name, allocation.device_id))
+        rows.append(AllocationRow(key, workload, allocation.resource_name, allocation.device_id,
+                                  replicas.get(key) if allocatable is not None else None))
     return tuple(rows), tuple(unknown)
 
 
 class StaticAllocationSource:
-    """Serves a fixed list of allocations: the simulated node's kubelet."""
+    """Serves a fixed list of allocations (and allocatable ids): the simulated node's kubelet."""
 
     name = "pod_resources"
 
-    def __init__(self, allocations: Iterable[PodAllocation]):
+    def __init__(self, allocations: Iterable[PodAllocation],
+                 allocatable: Iterable[tuple[str, str]] | None = None):
         self._allocations = tuple(allocations)
+        self._allocatable = None if allocatable is None else tuple(allocatable)
 
     def allocations(self) -> tuple[PodAllocation, ...] | None:
         return self._allocations
+
+    def allocatable(self) -> tuple[tuple[str, str], ...] | None:
+        return self._allocatable
 
     def healthy(self) -> bool:
         return True
@@ -198,6 +230,13 @@ class PodResourcesSource(SocketLister):
         self._clock = clock
         # (allocations, clock time of the listing): replaced as one reference
         self._last: tuple[tuple[PodAllocation, ...], float] | None = None
+        self._allocatable_call = self._channel.unary_unary(
+            ALLOCATABLE, request_serializer=api.AllocatableResourcesRequest.SerializeToString,
+            response_deserializer=api.AllocatableResourcesResponse.FromString)
+        self._allocatable_request = api.AllocatableResourcesRequest()
+        self._allocatable: tuple[tuple[str, str], ...] | None = None
+        self._allocatable_failing = False
+        self.allocatable_served = True  # False once the kubelet says it has no such method
 
     def allocations(self) -> tuple[PodAllocation, ...] | None:
         """The last listing's allocations; None before the first one or once it is stale."""
@@ -206,9 +245,42 @@ class PodResourcesSource(SocketLister):
             return None
         return last[0]
 
+    def allocatable(self) -> tuple[tuple[str, str], ...] | None:
+        """Every device id the kubelet can allocate, as (resource name, id); None where it
+        does not say (an older kubelet, a failing call) or the allocations are unknown."""
+        if self.allocations() is None:
+            return None
+        return self._allocatable
+
     def listed(self, response: Any) -> bool:
         self._last = (allocations_from_response(response), self._clock())
+        self._list_allocatable()
         return True
+
+    def _list_allocatable(self) -> None:
+        """Ask GetAllocatableResources with the listing (same deadline); keep the last answer."""
+        if not self.allocatable_served:
+            return
+        try:
+            answer = self._allocatable_call(self._allocatable_request, timeout=self.timeout)
+            found = allocatable_from_response(answer)
+        except self._grpc.RpcError as exc:
+            code = getattr(exc.code(), "name", "ERROR") if hasattr(exc, "code") else "ERROR"
+            detail = exc.details() if hasattr(exc, "details") else str(exc)
+            if code == "UNIMPLEMENTED":
+                self.allocatable_served = False
+                self._allocatable = None
+                log.info("the kubelet's pod-resources socket %s has no GetAllocatableResources (kubelet "
+                         "older than 1.23): a time-sliced GPU's replicas that nobody holds cannot be seen, so "
+                         "its containers share the whole GPU by the replicas they hold", self.socket)
+            elif not self._allocatable_failing:
+                log.warning("GetAllocatableResources on %s failed (%s: %s); the last answer is kept",
+                            self.socket, code, detail)
+            self._allocatable_failing = True
+            return
+        self._allocatable_failing = False
+        if found != self._allocatable:  # the same object while unchanged: joins are cached by identity
+            self._allocatable = found
 
     def recovered(self) -> None:
         log.info("kubelet pod-resources socket %s answers again (%d device allocation(s))",

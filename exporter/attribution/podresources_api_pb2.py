@@ -13,27 +13,31 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+exporter/attribution/podresources_api.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"I\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\x32Y\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+exporter/attribution/podresources_api.proto\x12\x02v1\"\x1d\n\x1b\x41llocatableResourcesRequest\"E\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevices\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"I\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\x32\xb9\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x62\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'exporter.attribution.podresources_api_pb2', globals())
 if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
-  _LISTPODRESOURCESREQUEST._serialized_start=51
-  _LISTPODRESOURCESREQUEST._serialized_end=76
-  _LISTPODRESOURCESRESPONSE._serialized_start=78
-  _LISTPODRESOURCESRESPONSE._serialized_end=145
-  _PODRESOURCES._serialized_start=147
-  _PODRESOURCES._serialized_end=238
-  _CONTAINERRESOURCES._serialized_start=240
-  _CONTAINERRESOURCES._serialized_end=313
-  _CONTAINERDEVICES._serialized_start=315
-  _CONTAINERDEVICES._serialized_end=412
-  _TOPOLOGYINFO._serialized_start=414
-  _TOPOLOGYINFO._serialized_end=457
-  _NUMANODE._serialized_start=459
-  _NUMANODE._serialized_end=481
-  _PODRESOURCESLISTER._serialized_start=483
-  _PODRESOURCESLISTER._serialized_end=572
+  _ALLOCATABLERESOURCESREQUEST._serialized_start=51
+  _ALLOCATABLERESOURCESREQUEST._serialized_end=80
+  _ALLOCATABLERESOURCESRESPONSE._serialized_start=82
+  _ALLOCATABLERESOURCESRESPONSE._serialized_end=151
+  _LISTPODRESOURCESREQUEST._serialized_start=153
+  _LISTPODRESOURCESREQUEST._serialized_end=178
+  _LISTPODRESOURCESRESPONSE._serialized_start=180
+  _LISTPODRESOURCESRESPONSE._serialized_end=247
+  _PODRESOURCES._serialized_start=249
+  _PODRESOURCES._serialized_end=340
+  _CONTAINERRESOURCES._serialized_start=342
+  _CONTAINERRESOURCES._serialized_end=415
+  _CONTAINERDEVICES._serialized_start=417
+  _CONTAINERDEVICES._serialized_end=514
+  _TOPOLOGYINFO._serialized_start=516
+  _TOPOLOGYINFO._serialized_end=559
+  _NUMANODE._serialized_start=561
+  _NUMANODE._serialized_end=583
+  _PODRESOURCESLISTER._serialized_start=586
+  _PODRESOURCESLISTER._serialized_end=771
 # @@protoc_insertion_point(module_scope)

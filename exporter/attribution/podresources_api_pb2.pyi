@@ -5,6 +5,16 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class AllocatableResourcesRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class AllocatableResourcesResponse(_message.Message):
+    __slots__ = ["devices"]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    devices: _containers.RepeatedCompositeFieldContainer[ContainerDevices]
+    def __init__(self, devices: _Optional[_Iterable[_Union[ContainerDevices, _Mapping]]] = ...) -> None: ...
+
 class ContainerDevices(_message.Message):
     __slots__ = ["device_ids", "resource_name", "topology"]
     DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]

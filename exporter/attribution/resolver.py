@@ -60,8 +60,9 @@ class ProcAttributor:
         # One Workload object per container (all its processes share it), per index generation.
         self._containers: dict[tuple[str, str], Workload] = {}
         self._containers_generation = -1
-        # The last allocation join and what it was made from (listing, index generation, GPUs).
-        self._joined: tuple[Any, int, tuple[Any, ...], tuple[AllocationRow, ...]] | None = None
+        # The last allocation join and what it was made from (listing, index generation, GPUs,
+        # allocatable ids).
+        self._joined: tuple[Any, int, tuple[Any, ...], Any, tuple[AllocationRow, ...]] | None = None
         self._user_name = user_name
         self._users: dict[int, str] = {}
         self._on_close = on_close
@@ -179,12 +180,15 @@ class ProcAttributor:
         listed = self.allocation_source.allocations()
         if listed is None:
             return None
+        allocatable_of = getattr(self.allocation_source, "allocatable", None)
+        allocatable = allocatable_of() if allocatable_of is not None else None
         gpus = tuple((d.key, d.uuid, d.gpu_instance, d.pci_bus_id, d.serial) for d in devices)
         joined = self._joined
-        if joined is not None and joined[0] is listed and joined[1] == self.index.generation and joined[2] == gpus:
-            return joined[3]  # same listing, same pods, same GPUs: same rows
-        rows, unknown = podresources.join(listed, devices, self.index)
-        self._joined = (listed, self.index.generation, gpus, rows)
+        if (joined is not None and joined[0] is listed and joined[1] == self.index.generation and joined[2] == gpus
+                and joined[3] is allocatable):
+            return joined[4]  # same listing, same pods, same GPUs, same replicas: same rows
+        rows, unknown = podresources.join(listed, devices, self.index, allocatable)
+        self._joined = (listed, self.index.generation, gpus, allocatable, rows)
         if unknown != self.unknown_device_ids:
             self.unknown_device_ids = unknown
             if unknown:

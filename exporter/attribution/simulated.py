@@ -142,21 +142,53 @@ def scenario_allocations(scenario: Any) -> list[Any]:
                str(workload.get("container", "main")), resource)
         held = wanted.setdefault(who, [])
         held.extend(g for g in gpus if g not in held)
-    sharers: dict[int, int] = {}
-    for held in wanted.values():
-        for gpu in held:
-            sharers[gpu] = sharers.get(gpu, 0) + 1
+    replicas = _replicas(scenario, wanted.values())
     uuids = {g.index: g.uuid for g in scenario.gpus}
     replica: dict[int, int] = {}
     allocations = []
     for (namespace, pod, container, resource), held in wanted.items():
         for gpu in held:
             device_id = uuids[gpu]
-            if sharers[gpu] > 1:
-                device_id += f"::{replica.get(gpu, 0)}"
-                replica[gpu] = replica.get(gpu, 0) + 1
+            if gpu in replicas:
+                n = replica.get(gpu, 0)
+                if n >= replicas[gpu]:
+                    continue  # more containers than replicas: the device plugin would not schedule it
+                device_id += f"::{n}"
+                replica[gpu] = n + 1
             allocations.append(PodAllocation(namespace, pod, container, resource, device_id))
     return allocations
+
+
+def _replicas(scenario: Any, held_lists: Iterable[list[int]]) -> dict[int, int]:
+    """GPU index -> replicas: the scenario's ``time_slicing``, else one per sharing container."""
+    declared = dict(getattr(scenario, "replicas", {}) or {})
+    if declared:
+        return declared
+    sharers: dict[int, int] = {}
+    for held in held_lists:
+        for gpu in held:
+            sharers[gpu] = sharers.get(gpu, 0) + 1
+    return {gpu: n for gpu, n in sharers.items() if n > 1}
+
+
+def scenario_allocatable(scenario: Any) -> list[tuple[str, str]]:
+    """What the simulated kubelet answers to GetAllocatableResources: every GPU once, a
+    time-sliced GPU once per replica (``<uuid>::0`` .. ``<uuid>::<N-1>``)."""
+    allocations = scenario_allocations(scenario)
+    shared: dict[str, int] = {}
+    for allocation in allocations:
+        base, _, n = allocation.device_id.partition("::")
+        if n:
+            shared[base] = shared.get(base, 0) + 1
+    declared = dict(getattr(scenario, "replicas", {}) or {})
+    out = []
+    for gpu in scenario.gpus:
+        count = declared.get(gpu.index) or shared.get(gpu.uuid, 0)
+        if count:
+            out += [("nvidia.com/gpu", f"{gpu.uuid}::{n}") for n in range(count)]
+        else:
+            out.append(("nvidia.com/gpu", gpu.uuid))
+    return out
 
 
 def _layout_for(order: list[tuple[str, str]], key: tuple[str, str]) -> str:

@@ -27,9 +27,14 @@ Scenario format (see ``exporter/scenarios/default.yaml``)::
       - gpus: [7]
         workload: {namespace: ..., pod: ..., container: ...}
         resource: nvidia.com/gpu   # optional
+    time_slicing:             # optional: GPUs the device plugin shares as replicas
+      gpus: [6]
+      replicas: 5             # each listed GPU is allocatable as <uuid>::0 .. <uuid>::4
 
 The simulated kubelet allocates every pod's container the GPUs its processes run on,
 plus the ``allocations`` entries (see `exporter.attribution.simulated.scenario_allocations`).
+Without ``time_slicing``, a GPU allocated to more than one container is time-sliced into
+as many replicas as it has containers.
 """
 
 from __future__ import annotations
@@ -99,6 +104,8 @@ class Scenario:
     gpus: tuple[GpuSpec, ...]
     processes: tuple[ProcessSpec, ...]
     allocations: tuple[AllocationSpec, ...] = ()
+    # GPU index -> time-slicing replicas the device plugin advertises for it
+    replicas: Mapping[int, int] = field(default_factory=frozen_mapping)
 
 
 def _number(where: str, value: Any, minimum: float = 0.0) -> float:
@@ -218,7 +225,18 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
             raise ScenarioError(f"{where}.workload: expected a mapping with at least a pod")
         allocations.append(AllocationSpec(tuple(on), frozen_mapping(workload),
                                           str(entry.get("resource", "nvidia.com/gpu"))))
-    return Scenario(str(data.get("node", "")), gpus, tuple(processes), tuple(allocations))
+    replicas: dict[int, int] = {}
+    slicing = data.get("time_slicing")
+    if slicing is not None:
+        where = f"{source}: time_slicing"
+        if not isinstance(slicing, Mapping):
+            raise ScenarioError(f"{where}: expected a mapping with gpus and replicas")
+        count_doc = slicing.get("replicas")
+        if isinstance(count_doc, bool) or not isinstance(count_doc, int) or count_doc < 2:
+            raise ScenarioError(f"{where}.replicas: expected a whole number of replicas >= 2, got {count_doc!r}")
+        replicas = dict.fromkeys(_gpu_indexes(where, slicing.get("gpus", []), count), count_doc)
+    return Scenario(str(data.get("node", "")), gpus, tuple(processes), tuple(allocations),
+                    frozen_mapping(replicas))
 
 
 def load_scenario(path: str | Path | None = None) -> Scenario:
