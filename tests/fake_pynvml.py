@@ -314,6 +314,12 @@ class _Struct:
         return f"{type(self).__name__}({inner})"
 
 
+class c_nvmlDeviceAttributes(_Struct):
+    _fields_ = ("multiprocessorCount", "sharedCopyEngineCount", "sharedDecoderCount", "sharedEncoderCount",
+                "sharedJpegCount", "sharedOfaCount", "gpuInstanceSliceCount", "computeInstanceSliceCount",
+                "memorySizeMB")
+
+
 class c_nvmlMemory_t(_Struct):
     _fields_ = ("total", "free", "used")
 
@@ -411,6 +417,7 @@ class FakeMig:
     processes: list[FakeProcess] = field(default_factory=list)
     name: str = "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
     compute_instance_id: int = 0
+    slices: int = 1  # compute slices of the GPU's 7 (nvmlDeviceGetAttributes: computeInstanceSliceCount)
     gpm: FakeGpm = field(default_factory=lambda: FakeGpm())  # see the GPM section below
 
 
@@ -1069,6 +1076,17 @@ class FakeNvml(_FakeGpmFunctions):
         if index >= len(gpu.mig_devices):
             raise NVMLError(NVML_ERROR_NOT_FOUND)
         return FakeHandle(handle.index, index)
+
+    def nvmlDeviceGetAttributes_v2(self, handle: Any) -> c_nvmlDeviceAttributes:
+        gpu, mig = self._device("nvmlDeviceGetAttributes_v2", handle)
+        if mig is None:  # a whole GPU: every SM, all 7 slices when it is not split
+            return c_nvmlDeviceAttributes(multiprocessorCount=132, gpuInstanceSliceCount=7,
+                                          computeInstanceSliceCount=7, memorySizeMB=gpu.memory_total // 2**20)
+        return c_nvmlDeviceAttributes(multiprocessorCount=16 * mig.slices, gpuInstanceSliceCount=mig.slices,
+                                      computeInstanceSliceCount=mig.slices, memorySizeMB=mig.memory_total // 2**20)
+
+    def nvmlDeviceGetAttributes(self, handle: Any) -> c_nvmlDeviceAttributes:
+        return self.nvmlDeviceGetAttributes_v2(handle)
 
     def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
         _, mig = self._device("nvmlDeviceGetGpuInstanceId", handle)

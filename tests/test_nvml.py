@@ -464,6 +464,32 @@ def test_mig_devices_enumerated_with_gpu_instance():
     assert by_index(samples, 0).processes[0].pid == 5
 
 
+def test_mig_instances_are_their_slices_of_the_gpu_read_once():
+    """A 3g and a 1g instance of a 7-slice GPU: 3/7 and 1/7 of its time, the parent the 3/7
+    in no instance; the attributes are asked once per instance, not every pass."""
+    migs = [FakeMig(uuid="MIG-3g", gpu_instance_id=1, memory_total=40 * GiB, slices=3),
+            FakeMig(uuid="MIG-1g", gpu_instance_id=2, memory_total=10 * GiB, slices=1)]
+    fake = FakeNvml([FakeGpu(), FakeGpu(mig_devices=migs)])
+    backend = opened(fake)
+    for now in (1.0, 2.0, 3.0):
+        samples = backend.sample(now)
+    assert by_index(samples, 0).capacity == 1.0
+    assert by_index(samples, 1).capacity == pytest.approx(3 / 7)
+    assert by_index(samples, 1, "1").capacity == pytest.approx(3 / 7)
+    assert by_index(samples, 1, "2").capacity == pytest.approx(1 / 7)
+    assert sum(s.capacity for s in samples if s.index == 1) == pytest.approx(1.0)
+    assert len(fake.called("nvmlDeviceGetAttributes")) + len(fake.called("nvmlDeviceGetAttributes_v2")) == 2
+
+
+def test_mig_capacity_falls_back_to_the_memory_share_where_the_driver_has_no_attributes():
+    migs = [FakeMig(uuid="MIG-x", gpu_instance_id=1, memory_total=20 * GiB)]
+    fake = FakeNvml([FakeGpu(mig_devices=migs, unsupported={"nvmlDeviceGetAttributes",
+                                                             "nvmlDeviceGetAttributes_v2"})])
+    samples = opened(fake).sample(1.0)
+    assert by_index(samples, 0, "1").capacity == pytest.approx(20 / 80)
+    assert by_index(samples, 0).capacity == pytest.approx(60 / 80)
+
+
 # ---- failures -----------------------------------------------------------------------------
 
 

@@ -50,6 +50,9 @@ class FakeKubelet:
     def __init__(self, directory: str):
         self.path = os.path.join(directory, "kubelet.sock")
         self.pods: list[Any] = []
+        # GetAllocatableResources: [(resource name, [device ids])], or None for a kubelet
+        # older than 1.23 (the method is unimplemented)
+        self.allocatable: list[tuple[str, list[str]]] | None = None
         self.requests = 0
         self.hang = threading.Event()  # set: every call blocks until `release` is set
         self.release = threading.Event()
@@ -57,7 +60,10 @@ class FakeKubelet:
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
             "List": grpc.unary_unary_rpc_method_handler(
                 self._list, request_deserializer=api.ListPodResourcesRequest.FromString,
-                response_serializer=api.ListPodResourcesResponse.SerializeToString)}),))
+                response_serializer=api.ListPodResourcesResponse.SerializeToString),
+            "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(
+                self._allocatable, request_deserializer=api.AllocatableResourcesRequest.FromString,
+                response_serializer=api.AllocatableResourcesResponse.SerializeToString)}),))
         self.server.add_insecure_port("unix:" + self.path)
         self.server.start()
 
@@ -66,6 +72,12 @@ class FakeKubelet:
         if self.hang.is_set():
             self.release.wait(10)
         return api.ListPodResourcesResponse(pod_resources=list(self.pods))
+
+    def _allocatable(self, request: Any, context: Any) -> Any:
+        if self.allocatable is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "unknown method GetAllocatableResources")
+        return api.AllocatableResourcesResponse(devices=[
+            api.ContainerDevices(resource_name=resource, device_ids=ids) for resource, ids in self.allocatable])
 
     def stop(self) -> None:
         self.release.set()
@@ -282,6 +294,76 @@ def test_a_time_sliced_gpu_shared_by_three_pods_gives_three_series(tmp_path: Pat
         assert {lab["uuid"] for lab, _ in got} == {GPU2} and {v for _, v in got} == {1.0}
         # the engine runs on GPU 0 without an allocation the kubelet knows of: 0, not absent
         assert value(m, "container_gpu_allocated", gpu="0", container="engine") == 0.0
+    finally:
+        collector.attributor.close()
+
+
+def _gpu_time(m: dict, gpu: str) -> tuple[dict[str, float], float, float]:
+    """(allocation seconds by pod, unallocated seconds, capacity seconds) of one GPU."""
+    shares = {lab["pod"]: v for lab, v in series(m, "container_gpu_allocation_seconds_total", gpu=gpu)}
+    return (shares, value(m, "gpu_unallocated_seconds_total", gpu=gpu),
+            value(m, "gpu_capacity_seconds_total", gpu=gpu))
+
+
+def test_time_slicing_replicas_split_the_gpu_and_free_ones_are_unallocated(tmp_path: Path,
+                                                                            kubelet: FakeKubelet) -> None:
+    """GPU 2 is advertised as 4 replicas: a pod with 2 of them pays half, one with 1 a quarter,
+    the free replica is unallocated; then replicas change hands and the plugin re-advertises."""
+    kubelet.allocatable = [("nvidia.com/gpu", [GPU0, GPU1] + [f"{GPU2}::{n}" for n in range(4)])]
+    kubelet.pods = [pod("search", "two", main=[("nvidia.com/gpu", [f"{GPU2}::0", f"{GPU2}::1"])]),
+                    pod("search", "one", main=[("nvidia.com/gpu", [f"{GPU2}::2"])])]
+    clock = Clock()
+    collector, extra = _node(tmp_path, kubelet, clock)
+    try:
+        source = collector.attributor.allocation_source
+        for t in (0.0, 10.0, 20.0):
+            clock.t = t
+            collector.collect_once()
+        shares, free, capacity = _gpu_time(scrape(collector, extra), "2")
+        assert shares == pytest.approx({"two": 10.0, "one": 5.0}) and free == pytest.approx(5.0)
+        assert capacity == pytest.approx(20.0)
+        # GPU 0: the engine runs there outside the device plugin and holds all of it
+        assert value(scrape(collector, extra), "container_gpu_allocation_seconds_total", gpu="0") == 20.0
+
+        # "one" leaves, "new" takes two replicas: nothing is free any more
+        kubelet.pods = [kubelet.pods[0], pod("search", "new", main=[("nvidia.com/gpu", [f"{GPU2}::2", f"{GPU2}::3"])])]
+        assert source.refresh()
+        for t in (30.0, 40.0):
+            clock.t = t
+            collector.collect_once()
+        shares, free, capacity = _gpu_time(scrape(collector, extra), "2")
+        assert shares == pytest.approx({"two": 20.0, "one": 5.0, "new": 10.0})  # "one" kept in its grace period
+        assert free == pytest.approx(5.0) and capacity == pytest.approx(40.0)
+
+        # the plugin is reconfigured to 8 replicas: the same holdings are half as much of the GPU
+        kubelet.allocatable = [("nvidia.com/gpu", [f"{GPU2}::{n}" for n in range(8)])]
+        assert source.refresh()
+        clock.t = 50.0
+        collector.collect_once()
+        shares, free, capacity = _gpu_time(scrape(collector, extra), "2")
+        assert shares == pytest.approx({"two": 22.5, "one": 5.0, "new": 12.5})
+        assert free == pytest.approx(10.0)
+        assert sum(shares.values()) + free == pytest.approx(capacity)
+    finally:
+        collector.attributor.close()
+
+
+def test_an_older_kubelet_without_allocatable_shares_the_gpu_by_the_replicas_held(
+        tmp_path: Path, kubelet: FakeKubelet, caplog: pytest.LogCaptureFixture) -> None:
+    kubelet.allocatable = None  # kubelet < 1.23: GetAllocatableResources is UNIMPLEMENTED
+    kubelet.pods = [pod("search", "two", main=[("nvidia.com/gpu", [f"{GPU2}::0", f"{GPU2}::1"])]),
+                    pod("search", "one", main=[("nvidia.com/gpu", [f"{GPU2}::2"])])]
+    clock = Clock()
+    with caplog.at_level(logging.INFO, logger="exporter.attribution.podresources"):
+        collector, extra = _node(tmp_path, kubelet, clock)
+    try:
+        for t in (0.0, 30.0):
+            clock.t = t
+            collector.collect_once()
+        shares, free, capacity = _gpu_time(scrape(collector, extra), "2")
+        assert shares == pytest.approx({"two": 20.0, "one": 10.0}) and free == 0.0 and capacity == 30.0
+        assert "has no GetAllocatableResources" in caplog.text
+        assert value(scrape(collector, extra), "l9gpu_collector_success", collector="pod_resources") == 1.0
     finally:
         collector.attributor.close()
 

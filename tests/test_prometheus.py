@@ -44,3 +44,28 @@ def test_prometheus_scrapes_the_agent_and_queries_back(prometheus):
     raw = prometheus('gpu_energy_joules_total{gpu="7"}[16s]')[0]["values"]
     (t0, v0), (t1, v1) = raw[0], raw[-1]
     assert (float(v1) - float(v0)) / (t1 - t0) == pytest.approx(72.0, rel=0.25)
+
+
+def test_a_time_shared_gpu_bills_its_time_once_as_prometheus_sees_it(prometheus):
+    """GPU 6 of the simulated node: 5 time-slicing replicas, four held by pods, and a Slurm
+    job outside the device plugin holding 1.5 of the 78.5 GiB held there. Per GPU, the
+    holders' allocation seconds plus the unallocated seconds are the GPU's capacity."""
+    prometheus('gpu_capacity_seconds_total{gpu="6"} > 2')
+    gap = prometheus('max(abs(sum by (gpu) (container_gpu_allocation_seconds_total) '
+                     '+ on (gpu) sum by (gpu) (gpu_unallocated_seconds_total) '
+                     '- on (gpu) sum by (gpu) (gpu_capacity_seconds_total)))')
+    assert float(gap[0]["value"][1]) < 1e-6
+    shares = prometheus('container_gpu_allocation_seconds_total{gpu="6"} '
+                        '/ on (gpu) group_left gpu_capacity_seconds_total{gpu="6"}')
+    got = {s["metric"].get("pod") or "job " + s["metric"]["slurm_job_id"]: float(s["value"][1]) for s in shares}
+    job = 1.5 / 78.5
+    assert got.pop("job 4242") == pytest.approx(job)
+    assert sorted(got) == ["embedder-7c9f5-abcde", "jupyter-alice-0", "ocr-worker-66f7d-klmno",
+                           "reranker-5b8d4-fghij"]
+    assert list(got.values()) == pytest.approx([(1 - job) / 5] * 4)
+    free = prometheus('gpu_unallocated_seconds_total{gpu="6"} / on (gpu) gpu_capacity_seconds_total{gpu="6"}')
+    assert float(free[0]["value"][1]) == pytest.approx((1 - job) / 5)
+    # every other GPU has one holder (or none: GPU 7 is allocated to a pod that runs nothing)
+    whole = prometheus('sum by (gpu) (container_gpu_allocation_seconds_total{gpu!="6"}) '
+                       '/ on (gpu) gpu_capacity_seconds_total')
+    assert sorted(float(s["value"][1]) for s in whole) == pytest.approx([1.0] * 7)

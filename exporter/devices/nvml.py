@@ -99,7 +99,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.devices.base import BackendUnavailable
@@ -444,6 +444,7 @@ class NvmlBackend:
         self._fields_unsupported: dict[int, set[int]] = defaultdict(set)
         self._mig_enabled: dict[int, bool] = {}
         self._mig_slots: dict[int, Any] = {}
+        self._mig_capacities: dict[str, float] = {}  # MIG UUID -> its part of the GPU
 
     # ---- lifecycle --------------------------------------------------------------
 
@@ -749,7 +750,11 @@ class NvmlBackend:
         )
         samples = [parent]
         if mig_enabled:
-            samples.extend(self._sample_mig(nvml, index, handle, static, now))
+            instances = self._sample_mig(nvml, index, handle,
+                                         {**static, "memory_total_bytes": values["memory_total_bytes"]}, now)
+            # The parent carries the slices that are in no instance (it runs no process).
+            free = max(0.0, 1.0 - sum(d.capacity for d in instances))
+            samples = [replace(parent, capacity=free), *instances]
         return samples
 
     def _read_mig_mode(self, nvml: _Nvml, index: int, handle: Any) -> bool:
@@ -1016,6 +1021,7 @@ class NvmlBackend:
                 continue
             utilization = self._opt(nvml, "nvmlDeviceGetUtilizationRates", mig)
             gpm = frozen_mapping() if instance is NA else self._read_gpm(nvml, handle, index, int(instance))
+            capacity = self._mig_capacity(nvml, mig, uuid, int(count), memory, parent)
             samples.append(
                 DeviceSample(
                     index=index,
@@ -1035,9 +1041,35 @@ class NvmlBackend:
                     gpm=gpm,
                     # NVML has no per-process utilisation on MIG devices.
                     processes=self._processes(nvml, index, mig, per_process_util=False, now=now),
+                    capacity=capacity,
                 )
             )
         return samples
+
+    def _mig_capacity(self, nvml: _Nvml, mig: Any, uuid: str, slots: int, memory: Any,
+                      parent: Mapping[str, Any]) -> float:
+        """A MIG instance's part of its GPU: its compute slices over the GPU's MIG slots
+        (``nvmlDeviceGetAttributes``: a 1g.10gb of an H100 is 1/7), read once per instance.
+
+        Where the driver does not say, its memory's share of the GPU's is the nearest figure.
+        """
+        capacity = self._mig_capacities.get(uuid)
+        if capacity is not None:
+            return capacity
+        attributes = self._opt(nvml, "nvmlDeviceGetAttributes", mig)
+        slices = 0 if attributes is NA else int(getattr(attributes, "computeInstanceSliceCount", 0)
+                                                  or getattr(attributes, "gpuInstanceSliceCount", 0) or 0)
+        total = parent.get("memory_total_bytes") or 0
+        if slices and slots:
+            capacity = min(1.0, slices / slots)
+        elif memory is not NA and total and getattr(memory, "total", 0):
+            capacity = min(1.0, int(memory.total) / total)
+        else:
+            capacity = 1.0 / slots if slots else 1.0
+        if len(self._mig_capacities) > 4096:  # instances come and go with new UUIDs: stay bounded
+            self._mig_capacities.clear()
+        self._mig_capacities[uuid] = capacity
+        return capacity
 
     def _read_gpm(self, nvml: _Nvml, handle: Any, index: int, gpu_instance: int | None = None) -> Any:
         """GPM values (see `exporter.devices.gpm`); a lost GPU stops the device."""
