@@ -1,3 +1,3 @@
 """l9gpu: GPU telemetry that says whose pod, container or Slurm job uses each GPU."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

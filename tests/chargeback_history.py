@@ -1,10 +1,14 @@
 """Generated Prometheus history of the agent's chargeback counters, with known answers.
 
 A history is nodes (each scraped every `step` seconds from its own offset, with agent
-restarts: no samples while down, every counter back at 0 after) and workloads (a series
-on one GPU of one node from ``begin`` to ``end``, in phases of constant SM share and
-power). Counters are exact integrals between samples, as the agent computes them;
-``container_gpu_idle_seconds`` grows while SM is 0 and drops to 0 while computing.
+restarts: no samples while down, every counter back at 0 after), their GPUs (a whole GPU,
+or a MIG instance with its part of the GPU, present from ``begin`` to ``end``) and
+workloads (a series on one GPU of one node from ``begin`` to ``end``, in phases of
+constant SM share and power, holding ``share`` of a physical GPU: 1 for a whole GPU, k/N
+for k of N time-slicing replicas, 3/7 for a 3g MIG instance). Counters are exact integrals
+between samples, as the agent computes them; ``container_gpu_idle_seconds`` grows while SM
+is 0 and drops to 0 while computing. Each GPU's ``gpu_capacity_seconds_total`` grows by
+its capacity and ``gpu_unallocated_seconds_total`` by what its workloads did not hold.
 Phase changes, births and restarts fall on a node's sample times, so every figure a
 report should give is simple arithmetic on the scenario (the tests write it out).
 
@@ -27,8 +31,20 @@ FAMILIES = (
     ("container_gpu_energy_joules", "counter"),
     ("container_gpu_idle_seconds", "gauge"),
 )
+DEVICE_FAMILIES = ("gpu_capacity_seconds", "gpu_unallocated_seconds")  # counters
 LABEL_ORDER = ("node", "gpu", "uuid", "model", "gpu_instance", "namespace", "pod", "container", "pod_uid",
                "slurm_job_id", "owner_kind", "owner_name", "slurm_user", "slurm_account")
+
+
+@dataclass
+class Device:
+    """One GPU, or one MIG instance (``gpu_instance``) or MIG-mode parent (``capacity`` < 1)."""
+
+    gpu: int
+    capacity: float = 1.0
+    gpu_instance: str = ""
+    begin: float = float("-inf")
+    end: float = float("inf")
 
 
 @dataclass
@@ -37,6 +53,7 @@ class Node:
     model: str
     offset: int = 0                                   # first sample at start + offset
     down: list[tuple[float, float]] = field(default_factory=list)  # (last sample before, first sample after)
+    devices: list[Device] = field(default_factory=list)  # GPU series (none: workload series only)
 
 
 @dataclass
@@ -47,6 +64,8 @@ class Workload:
     begin: float
     end: float
     phases: list[tuple[float, float, float]]          # (from time, SM share, watts), sorted, first at begin
+    share: float = 1.0                                # GPU-seconds allocated per second
+    gpu_instance: str = ""                            # the MIG instance it runs on
 
 
 def sample_times(node: Node, start: float, end: float, step: int) -> list[float]:
@@ -80,43 +99,82 @@ def series_samples(w: Workload, node: Node, times: list[float]) -> Iterable[tupl
             sm, watts = _phase(w, prev)
             dt = t - prev
             usage += sm * dt
-            alloc += dt
+            alloc += w.share * dt
             energy += watts * dt
             idle = idle + dt if sm == 0 else 0.0
         yield t, (usage, alloc, energy, idle)
         prev = t
 
 
-def _labels(node: Node, w: Workload) -> str:
-    labels = {"node": node.name, "gpu": str(w.gpu), "uuid": f"GPU-{node.name}-{w.gpu}", "model": node.model,
-              "gpu_instance": "", **w.labels}
+def _uuid(node: Node, gpu: int, gpu_instance: str) -> str:
+    return f"MIG-{node.name}-{gpu}-{gpu_instance}" if gpu_instance else f"GPU-{node.name}-{gpu}"
+
+
+def _labels(node: Node, w: Workload | Device) -> str:
+    labels = {"node": node.name, "gpu": str(w.gpu), "uuid": _uuid(node, w.gpu, w.gpu_instance), "model": node.model,
+              "gpu_instance": w.gpu_instance, **getattr(w, "labels", {})}
     ordered = [k for k in LABEL_ORDER if k in labels] + sorted(k for k in labels if k not in LABEL_ORDER)
     return ",".join(f'{k}="{labels[k]}"' for k in ordered if labels[k] != "")
 
 
+def device_samples(device: Device, node: Node, workloads: list[Workload], times: list[float]
+                   ) -> Iterable[tuple[float, tuple[float, float]]]:
+    """(t, (capacity, unallocated)) at every sample while the GPU is there: per interval its
+    capacity, less what the workloads on it held (those with samples at both ends)."""
+    mine = [w for w in workloads if w.node == node.name and w.gpu == device.gpu
+            and w.gpu_instance == device.gpu_instance]
+    capacity = unallocated = 0.0
+    prev = None
+    for t in times:
+        if t < device.begin or t > device.end:
+            continue
+        if prev is not None and any(prev <= a and b <= t for a, b in node.down):
+            capacity = unallocated = 0.0   # the agent restarted: counters from 0
+        elif prev is not None:
+            dt = t - prev
+            held = sum(w.share for w in mine if w.begin <= prev and t <= w.end)
+            capacity += device.capacity * dt
+            unallocated += (device.capacity - held) * dt
+        yield t, (capacity, unallocated)
+        prev = t
+
+
 def write_openmetrics(out: IO[str], nodes: list[Node], workloads: list[Workload], start: float, end: float,
-                      step: int, scratch: Path | None = None) -> int:
+                      step: int, scratch: Path | None = None, held: list[Workload] | None = None,
+                      gpu_series: bool = True) -> int:
     """The history as OpenMetrics text; returns the number of samples.
 
     Each family must be contiguous, so the samples of the later families wait in files under
-    ``scratch`` (a temporary directory by default) rather than in memory.
+    ``scratch`` (a temporary directory by default) rather than in memory. The GPU series
+    (with ``gpu_series``) account for the holdings of ``held`` (default ``workloads``).
     """
+    held = workloads if held is None else held
     by_name = {n.name: n for n in nodes}
     times = {n.name: sample_times(n, start, end, step) for n in nodes}
     count = 0
+    families = [(family, kind) for family, kind in FAMILIES] + [(family, "counter") for family in DEVICE_FAMILIES]
     with tempfile.TemporaryDirectory(dir=scratch) as tmp:
-        parts = [out] + [open(Path(tmp) / f"family{i}", "w+") for i in range(1, len(FAMILIES))]
+        parts = [out] + [open(Path(tmp) / f"family{i}", "w+") for i in range(1, len(families))]
         try:
-            for i, (family, kind) in enumerate(FAMILIES):
+            for i, (family, kind) in enumerate(families):
                 parts[i].write(f"# TYPE {family} {kind}\n")
-            names = [family + ("_total" if kind == "counter" else "") for family, kind in FAMILIES]
+            names = [family + ("_total" if kind == "counter" else "") for family, kind in families]
             for w in workloads:
                 labels = _labels(by_name[w.node], w)
                 samples = list(series_samples(w, by_name[w.node], times[w.node]))
                 count += len(samples) * len(FAMILIES)
-                for i, name in enumerate(names):
+                for i, name in enumerate(names[:len(FAMILIES)]):
                     head = f"{name}{{{labels}}} "
                     parts[i].writelines([f"{head}{values[i]:.17g} {t:.3f}\n" for t, values in samples])
+            for node in nodes if gpu_series else ():
+                for device in node.devices:
+                    labels = _labels(node, device)
+                    device_rows = list(device_samples(device, node, held, times[node.name]))
+                    count += len(device_rows) * len(DEVICE_FAMILIES)
+                    for i, name in enumerate(names[len(FAMILIES):]):
+                        head = f"{name}{{{labels}}} "
+                        parts[len(FAMILIES) + i].writelines(
+                            [f"{head}{values[i]:.17g} {t:.3f}\n" for t, values in device_rows])
             for part in parts[1:]:
                 part.seek(0)
                 shutil.copyfileobj(part, out)
@@ -140,8 +198,9 @@ def backfill(promtool: str, data_dir: Path, nodes: list[Node], workloads: list[W
     procs = []
     for i, chunk in enumerate(chunks):
         text = work / f"history{i}.om"
-        with open(text, "w") as f:
-            count += write_openmetrics(f, nodes, chunk, start, end, step, scratch=work)
+        with open(text, "w") as f:  # the GPU series once, in the first part
+            count += write_openmetrics(f, nodes, chunk, start, end, step, scratch=work, held=workloads,
+                                       gpu_series=i == 0)
         out_dir = data_dir if parts == 1 else work / f"blocks{i}"
         procs.append((text, out_dir, subprocess.Popen(
             [promtool, "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=768h", str(text),

@@ -4,8 +4,11 @@ The history (tests/chargeback_history.py) is made with known answers: an inferen
 busy 75% of the time on a node whose agent restarts mid-period (counters back to 0, 30
 minutes unseen), a trainer whose StatefulSet pod moved to another node, a notebook that
 holds its GPU for a month and computes for six hours, two Slurm jobs, a pod that began
-before the period, and one that ended before it. Every expected figure below is written
-out from that description, not computed by the code under test.
+before the period, and one that ended before it; a GPU time-shared as 4 replicas (a pod
+with 2 of them all month, another with 1 for ten days), a GPU in MIG mode (a 3g instance
+held by a pod, a 1g instance and 3 slices held by nobody), and a GPU that leaves its node
+half-way. Every expected figure below is written out from that description, not computed
+by the code under test.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from chargeback_history import Node, Workload, backfill
+from chargeback_history import Device, Node, Workload, backfill
 from conftest import need_tool
 from promserver import PrometheusServer
 
@@ -44,10 +47,17 @@ def slurm(job: str, user: str, account: str) -> dict[str, str]:
 def scenario() -> tuple[list[Node], list[Workload]]:
     s = START
     nodes = [
-        Node("gpu-a", H100, offset=0, down=[(s + 10 * D + 4 * H + 10 * 60, s + 10 * D + 4 * H + 40 * 60)]),
+        Node("gpu-a", H100, offset=0, down=[(s + 10 * D + 4 * H + 10 * 60, s + 10 * D + 4 * H + 40 * 60)],
+             devices=[Device(0), Device(1)]),
         # down across a step boundary (06:00), samples 17 s after the minute
-        Node("gpu-b", H100, offset=17, down=[(s + 20 * D + 5 * H + 50 * 60 + 17, s + 20 * D + 6 * H + 20 * 60 + 17)]),
-        Node("gpu-c", A100, offset=211),
+        Node("gpu-b", H100, offset=17, down=[(s + 20 * D + 5 * H + 50 * 60 + 17, s + 20 * D + 6 * H + 20 * 60 + 17)],
+             devices=[Device(0), Device(1)]),
+        # GPU 3 leaves the node on day 15
+        Node("gpu-c", A100, offset=211, devices=[Device(0), Device(1), Device(2), Device(3, end=s + 15 * D + 211)]),
+        # GPU 0 time-shared as 4 replicas; GPU 1 in MIG mode: a 3g and a 1g instance, 3 slices in none
+        Node("gpu-d", H100, offset=101, devices=[Device(0), Device(1, capacity=3 / 7),
+                                                 Device(1, capacity=3 / 7, gpu_instance="1"),
+                                                 Device(1, capacity=1 / 7, gpu_instance="2")]),
     ]
     before, after = s - D, END + 12 * H
     workloads = [
@@ -75,6 +85,16 @@ def scenario() -> tuple[list[Node], list[Workload]]:
         # 7. ended before the period: must not appear
         Workload("gpu-c", 3, pod("old", "gone-0", "x", "old", "u6"), s - D + 211, s - 14 * H + 211,
                  [(s - D + 211, 1.0, 700.0)]),
+        # 8. and 9. the time-shared GPU: 2 of 4 replicas all along at 30% and 200 W; 1 of 4 on
+        #    days 3 to 13 at 20% and 100 W
+        Workload("gpu-d", 0, pod("shared", "embed-a", "embedder", "platform", "u7"), before, after,
+                 [(before, 0.3, 200.0)], share=2 / 4),
+        Workload("gpu-d", 0, pod("shared", "rerank-b", "reranker", "platform", "u8"), s + 3 * D + 101,
+                 s + 13 * D + 101, [(s + 3 * D + 101, 0.2, 100.0)], share=1 / 4),
+        # 10. the 3g MIG instance, all along: 3/7 of the GPU, computing 20% of the GPU's SM time
+        #     at 150 W
+        Workload("gpu-d", 1, pod("mig", "infer-0", "server", "platform", "u9"), before, after,
+                 [(before, 0.2, 150.0)], share=3 / 7, gpu_instance="1"),
     ]
     return nodes, workloads
 
@@ -90,6 +110,17 @@ JOB_4243 = (24, 24 * 0.25, 0.0, 24 * 0.25)
 # counts in the period (each rise belongs to the period of its later sample), so the
 # period sees 48 h and 5 minutes of it.
 EMBEDDER = (48 + 5 / 60, (48 + 5 / 60) * 0.5, 0.0, (48 + 5 / 60) * 0.3)
+# A share of a GPU: 2 of 4 replicas is half the GPU's time; SM time and energy are its own.
+EMBED_A = (720 / 2, 720 * 0.3, 0.0, 720 * 0.2)
+RERANK_B = (240 / 4, 240 * 0.2, 0.0, 240 * 0.1)
+MIG_POD = (720 * 3 / 7, 720 * 0.2, 0.0, 720 * 0.15)
+# The GPU-hours that existed: gpu-a's and gpu-b's GPUs less their agents' 30 unseen
+# minutes, gpu-c's GPU 3 for 15 days (and the 5 minutes before START that its first
+# sample in the period closes, as for the embedder), gpu-d's two GPUs (the MIG one:
+# 3/7 + 3/7 + 1/7)
+CAPACITY_H100 = 2 * (720 - 0.5) + 2 * (720 - 0.5) + 720 + 720
+CAPACITY_A100 = 3 * 720 + 360 + 5 / 60
+ALL = (VLLM, TRAIN, NOTEBOOK, JOB_4242, JOB_4243, EMBEDDER, EMBED_A, RERANK_B, MIG_POD)
 
 
 def figures(*workloads: tuple[float, float, float, float]) -> dict[str, float]:
@@ -101,7 +132,8 @@ def figures(*workloads: tuple[float, float, float, float]) -> dict[str, float]:
 
 BY_NAMESPACE = {
     "ml-prod": figures(VLLM), "ml-research": figures(TRAIN), "data-science": figures(NOTEBOOK),
-    "search": figures(EMBEDDER), "(none)": figures(JOB_4242, JOB_4243),
+    "search": figures(EMBEDDER), "(none)": figures(JOB_4242, JOB_4243), "shared": figures(EMBED_A, RERANK_B),
+    "mig": figures(MIG_POD),
 }
 
 
@@ -144,7 +176,7 @@ def test_json_by_namespace_equals_the_hand_computed_figures(prometheus, tmp_path
     assert set(groups) == set(BY_NAMESPACE)  # "old" ended before the period
     for name, want in BY_NAMESPACE.items():
         assert_figures(groups[name], want)
-    assert_figures(doc["totals"], figures(VLLM, TRAIN, NOTEBOOK, JOB_4242, JOB_4243, EMBEDDER))
+    assert_figures(doc["totals"], figures(*ALL))
     assert doc["period"]["hours"] == 720
     # the trainer that moved nodes is one workload; the notebook is the top waster of its group
     assert groups["ml-research"]["workloads"] == 1
@@ -152,10 +184,12 @@ def test_json_by_namespace_equals_the_hand_computed_figures(prometheus, tmp_path
     assert groups["data-science"]["top_waste"][0]["waste_gpu_hours"] == pytest.approx(720 - 0.5 - 3)
     assert [w["workload"] for w in groups["(none)"]["top_waste"]] == ["slurm job 4242 (bob)", "slurm job 4243 (alice)"]
     assert doc["currency"] is None and doc["totals"]["total_cost"] is None
-    # steps with a fall were read sample by sample: gpu-a's restart inside a step (3 counters; the
-    # busy pod's idle time stays 0) and the notebook starting to compute (idle time), each with the
-    # step after (a fall is looked for over two steps), and gpu-b's restart at a step boundary (4)
-    assert doc["source"]["raw_steps"] == 2 * 3 + 2 * 1 + 4
+    # steps with a fall were read sample by sample: gpu-a's restart inside a step (3 workload
+    # counters, the busy pod's idle time stays 0, and its GPUs' capacity and unallocated time)
+    # and the notebook starting to compute (idle time), each with the step after (a fall is
+    # looked for over two steps), and gpu-b's restart at a step boundary (6)
+    assert doc["source"]["raw_steps"] == 2 * 5 + 2 * 1 + 6
+    assert doc["notes"] == []
 
 
 # ---- prices --------------------------------------------------------------------------------
@@ -187,8 +221,15 @@ PRICED = {
     "data-science": costs(BY_NAMESPACE["data-science"], 2.50, 0.20),
     "search": costs(BY_NAMESPACE["search"], 1.50, 0.20),
     "(none)": costs(BY_NAMESPACE["(none)"], 1.20, 0.10),
+    "shared": costs(BY_NAMESPACE["shared"], 2.50, 0.20),
+    "mig": costs(BY_NAMESPACE["mig"], 2.50, 0.20),
 }
 PRICED_TOTALS = {key: sum(g[key] for g in PRICED.values()) for key in PRICED["ml-prod"]}
+# What the GPUs cost at their models' prices, and what the overrides took off: ml-research's
+# trainer paid 1.00 instead of 2.50 on H100s, the nlp-lab jobs 1.20 instead of 1.50 on A100s.
+CAPACITY_COST = CAPACITY_H100 * 2.50 + CAPACITY_A100 * 1.50
+OVERRIDES_COST = TRAIN[0] * (2.50 - 1.00) + (JOB_4242[0] + JOB_4243[0]) * (1.50 - 1.20)
+RECONCILIATION = ("(unallocated)", "(price overrides)", "(capacity)")
 
 
 @pytest.fixture
@@ -203,22 +244,30 @@ def test_csv_with_prices_equals_the_hand_computed_costs(prometheus, tmp_path, pr
     assert main(["report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
                  "--prices", str(prices_file), "--output", str(out)]) == 0
     rows = {row["group"]: row for row in csv.DictReader(io.StringIO(out.read_text()))}
-    assert set(rows) == set(PRICED)
+    assert set(rows) == set(PRICED) | set(RECONCILIATION)
     for name, want in PRICED.items():
         for key, value in want.items():
             assert float(rows[name][key]) == pytest.approx(value, abs=1e-5), (name, key)
-    # groups come most expensive first
-    assert list(rows) == sorted(PRICED, key=lambda g: -PRICED[g]["total_cost"])
+    # groups come most expensive first, then the lines that make the bill add up
+    assert list(rows) == sorted(PRICED, key=lambda g: -PRICED[g]["total_cost"]) + list(RECONCILIATION)
+    assert float(rows["(capacity)"]["allocated_cost"]) == pytest.approx(CAPACITY_COST, abs=0.005)
+    assert float(rows["(price overrides)"]["allocated_cost"]) == pytest.approx(OVERRIDES_COST, abs=0.005)
+    above = sum(float(r["allocated_cost"]) for name, r in rows.items() if name != "(capacity)")
+    assert above == pytest.approx(CAPACITY_COST, abs=0.005)
+    hours = sum(float(r["gpu_hours_allocated"]) for name, r in rows.items() if name != "(capacity)")
+    assert hours == pytest.approx(CAPACITY_H100 + CAPACITY_A100, abs=1e-4)
     assert rows["data-science"]["top_waste"] == f"data-science/jupyter-alice-0/notebook={720 - 0.5 - 3:g}h"
     assert float(rows["ml-prod"]["waste_ratio"]) == pytest.approx(0.25)
 
 
+PODS = (VLLM, TRAIN, NOTEBOOK, EMBEDDER, EMBED_A, RERANK_B, MIG_POD)
+
+
 @pytest.mark.parametrize("by,want", [
     ("label_team", {"inference": figures(VLLM), "research": figures(TRAIN, NOTEBOOK), "search": figures(EMBEDDER),
-                    "(none)": figures(JOB_4242, JOB_4243)}),
-    ("slurm_account", {"nlp-lab": figures(JOB_4242, JOB_4243), "(none)": figures(VLLM, TRAIN, NOTEBOOK, EMBEDDER)}),
-    ("slurm_user", {"bob": figures(JOB_4242), "alice": figures(JOB_4243),
-                    "(none)": figures(VLLM, TRAIN, NOTEBOOK, EMBEDDER)}),
+                    "(none)": figures(JOB_4242, JOB_4243), "platform": figures(EMBED_A, RERANK_B, MIG_POD)}),
+    ("slurm_account", {"nlp-lab": figures(JOB_4242, JOB_4243), "(none)": figures(*PODS)}),
+    ("slurm_user", {"bob": figures(JOB_4242), "alice": figures(JOB_4243), "(none)": figures(*PODS)}),
 ])
 def test_grouping_by_pod_label_and_slurm_owner(prometheus, tmp_path, by, want):
     doc = report_json(prometheus, tmp_path, "--by", by)
@@ -236,9 +285,12 @@ def test_one_day_with_an_agent_restart_inside_a_step(prometheus, tmp_path):
     out = tmp_path / "day.json"
     assert main(["report", "--prometheus", prometheus.base, "--from", day, "--to", next_day, "-o", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["source"]["step_seconds"] == 900 and doc["source"]["raw_steps"] == 4
+    assert doc["source"]["step_seconds"] == 900 and doc["source"]["raw_steps"] == 6
     groups = {g["group"]: g for g in doc["groups"]}
-    assert set(groups) == {"ml-prod", "ml-research", "data-science"}
+    assert set(groups) == {"ml-prod", "ml-research", "data-science", "shared", "mig"}
+    assert_figures(groups["shared"], figures((12 + 6, 24 * 0.3 + 24 * 0.2, 0.0, 24 * 0.2 + 24 * 0.1)))
+    # that day's GPUs: gpu-a's two less its 30 unseen minutes, and the eight others
+    assert doc["totals"]["gpu_hours_capacity"] == pytest.approx(2 * 23.5 + 8 * 24)
     assert_figures(groups["ml-prod"], figures((23.5, 0.75 * 23.5, 0.0, 0.5 * 23.5)))
     assert_figures(groups["ml-research"], figures((24, 24 * 0.9, 0.0, 24 * 0.65)))
     assert_figures(groups["data-science"], figures((24, 0.0, 24, 24 * 0.06)))
@@ -265,9 +317,12 @@ def test_json_to_stdout_and_html_need_no_network(prometheus, tmp_path, prices_fi
     for key, value in PRICED_TOTALS.items():
         assert doc["totals"][key] == pytest.approx(value, abs=1e-5), key
     assert len(doc["timeline"]["bins"]) == 30
-    # the chart's daily costs add up to the total charge
-    daily = sum(sum(values) for values in doc["timeline"]["groups"].values())
+    # the chart's daily costs add up to the total charge, and beside them what nobody held
+    timeline = dict(doc["timeline"]["groups"])
+    unallocated = timeline.pop("(unallocated)")
+    daily = sum(sum(values) for values in timeline.values())
     assert daily == pytest.approx(PRICED_TOTALS["total_cost"], abs=1e-4)
+    assert sum(unallocated) == pytest.approx(doc["totals"]["unallocated_cost"], abs=1e-4)
 
 
 def _chromium(args: list[str], profile: Path) -> str:
@@ -303,6 +358,10 @@ def test_html_report_in_a_real_browser_shows_the_totals(prometheus, tmp_path, pr
     assert dom.count("<rect") > 30 and "<svg" in dom
     rows = re.findall(r'<tr data-group="([^"]+)">', dom)
     assert rows == sorted(PRICED, key=lambda g: -PRICED[g]["total_cost"])
+    # what the GPUs cost, and the lines under the groups that add up to it
+    assert float(cards["gpu_hours_capacity"]) == pytest.approx(CAPACITY_H100 + CAPACITY_A100, abs=1e-5)
+    assert f"costing {CAPACITY_COST:,.2f} EUR" in dom
+    assert re.findall(r'<tr class="[^"]*reconcile" data-group="([^"]+)">', dom) == list(RECONCILIATION)
     artefacts = Path(os.environ.get("TEST_ARTEFACTS") or tmp_path)
     artefacts.mkdir(parents=True, exist_ok=True)
     shot = artefacts / "chargeback-report.png"
@@ -495,13 +554,80 @@ def test_bearer_token_through_an_auth_proxy(prometheus, tmp_path, capsys):
                 "--format", "json"]
         assert main([*base, "--bearer-token-file", str(token)]) == 0
         doc = json.loads(capsys.readouterr().out)
-        assert_figures(doc["totals"], figures(VLLM, TRAIN, NOTEBOOK, JOB_4242, JOB_4243, EMBEDDER))
+        assert_figures(doc["totals"], figures(*ALL))
         assert main([*base, "--bearer-token", "nope"]) == 1
         assert "refused the credentials (HTTP 401)" in capsys.readouterr().err
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+def test_the_bill_reconciles_with_what_the_gpus_cost(prometheus, tmp_path, prices_file):
+    """Capacity cost is GPUs x hours x price to the cent; the groups, the unallocated hours and
+    the overrides' discounts add up to it, in GPU-hours and in money."""
+    doc = report_json(prometheus, tmp_path, "--prices", str(prices_file))
+    totals = doc["totals"]
+    assert totals["gpu_hours_capacity"] == pytest.approx(CAPACITY_H100 + CAPACITY_A100, abs=1e-6)
+    assert round(totals["capacity_cost"], 2) == round(CAPACITY_COST, 2)
+    # nobody held: gpu-a GPU 1 but for the trainer's 4 days, gpu-b GPU 0 but for its 167 h,
+    # gpu-c's GPUs but for the jobs and the embedder, a quarter of the shared GPU (half while
+    # rerank-b was away) and 4/7 of the MIG GPU
+    unallocated_h100 = ((720 - 0.5 - 96) + (720 - 0.5 - 167) + (720 * 2 / 4 - 240 / 4) + 720 * 4 / 7)
+    unallocated_a100 = (720 - 48) + (720 - 24) + (720 - 48 - 5 / 60) + 360 + 5 / 60
+    assert totals["gpu_hours_unallocated"] == pytest.approx(unallocated_h100 + unallocated_a100, abs=1e-6)
+    assert totals["unallocated_cost"] == pytest.approx(unallocated_h100 * 2.5 + unallocated_a100 * 1.5, abs=1e-5)
+    assert totals["price_overrides_cost"] == pytest.approx(OVERRIDES_COST, abs=1e-5)
+    assert totals["gpu_hours_allocated"] + totals["gpu_hours_unallocated"] == pytest.approx(
+        totals["gpu_hours_capacity"], abs=1e-5)
+    assert round(totals["allocated_cost"] + totals["unallocated_cost"] + totals["price_overrides_cost"], 2) == \
+        round(totals["capacity_cost"], 2)
+    # a shared GPU's hour is paid once: its holders' hours never exceed the GPU's
+    groups = {g["group"]: g for g in doc["groups"]}
+    assert groups["shared"]["gpu_hours_allocated"] == pytest.approx(360 + 60)
+    assert groups["mig"]["allocated_cost"] == pytest.approx(720 * 3 / 7 * 2.5)
+    # without prices the hours still reconcile, and the costs are absent
+    plain = report_json(prometheus, tmp_path)["totals"]
+    assert plain["gpu_hours_capacity"] == totals["gpu_hours_capacity"] and plain["capacity_cost"] is None
+
+
+def test_a_period_spanning_agents_that_billed_each_tenant_the_whole_gpu_is_flagged(tmp_path_factory, capsys):
+    """Counters from agents before 0.2: a time-shared GPU's tenants each count the whole GPU and
+    there is no capacity series; the report says so instead of presenting a bill that cannot add up."""
+    prometheus_bin, promtool = need_tool("prometheus"), need_tool("promtool")
+    tmp = tmp_path_factory.mktemp("upgrade")
+    old_agent = Node("gpu-x", H100)
+    new_agent = Node("gpu-y", H100, devices=[Device(0)])
+    workloads = [Workload(node, 0, pod("shared", f"p{n}", "c", "t", f"u{n}-{node}"), END - 2 * D, END,
+                          [(END - 2 * D, 0.2, 100.0)], share=1.0 if node == "gpu-x" else 0.5)
+                 for node in ("gpu-x", "gpu-y") for n in range(2)]
+    backfill(promtool, tmp / "data", [old_agent], workloads[:2], END - 2 * D, END, STEP, tmp)
+    server = PrometheusServer(prometheus_bin, tmp, [], args=["--storage.tsdb.retention.time=400d"]).start()
+    try:
+        server.wait_for(f'count(last_over_time(container_gpu_usage_seconds_total[3d] @ {END}))', timeout=60)
+        base = ["report", "--prometheus", server.base, "--from", str(END - 2 * D), "--to", str(END), "--format", "json"]
+        assert main(base) == 0
+        captured = capsys.readouterr()
+        doc = json.loads(captured.out)
+        assert doc["totals"]["gpu_hours_allocated"] == pytest.approx(96) and doc["totals"]["gpu_hours_capacity"] is None
+        assert doc["notes"] and "predate l9gpu 0.2" in doc["notes"][0]
+        assert "note: no gpu_capacity_seconds_total series" in captured.err
+    finally:
+        server.stop()
+    tmp2 = tmp_path_factory.mktemp("upgraded")
+    backfill(promtool, tmp2 / "data", [old_agent, new_agent], workloads, END - 2 * D, END, STEP, tmp2)
+    server = PrometheusServer(prometheus_bin, tmp2, [], args=["--storage.tsdb.retention.time=400d"]).start()
+    try:
+        server.wait_for(f'count(last_over_time(gpu_capacity_seconds_total[3d] @ {END}))', timeout=60)
+        assert main(["report", "--prometheus", server.base, "--from", str(END - 2 * D), "--to", str(END),
+                     "--format", "json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        # gpu-y's two tenants hold half each: 48 h in all; gpu-x's old agent billed 96 h for 48
+        assert doc["totals"]["gpu_hours_capacity"] == pytest.approx(48)
+        assert doc["notes"] and "differ from the capacity by +-96.0000" not in doc["notes"][0]
+        assert "differ from the capacity by -96.0000 GPU-hours" in doc["notes"][0]
+    finally:
+        server.stop()
 
 
 def test_consecutive_periods_add_up_to_the_whole(prometheus, tmp_path):
@@ -528,8 +654,7 @@ def test_connection_flags_from_the_environment(prometheus, tmp_path, monkeypatch
     monkeypatch.setenv("L9GPU_FROM", str(START))
     assert main(["report", "--to", str(END), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["totals"]["gpu_hours_allocated"] == pytest.approx(figures(
-        VLLM, TRAIN, NOTEBOOK, JOB_4242, JOB_4243, EMBEDDER)["gpu_hours_allocated"], abs=1e-6)
+    assert doc["totals"]["gpu_hours_allocated"] == pytest.approx(figures(*ALL)["gpu_hours_allocated"], abs=1e-6)
 
 
 def test_the_step_changes_the_queries_not_the_figures(prometheus, tmp_path):

@@ -177,9 +177,10 @@ def _report(args: argparse.Namespace) -> int:
             return await compute.fetch(prom, start_ms, end_ms, step_s * 1000, args.selector.strip())
 
     try:
-        grid, series, stats = asyncio.run(go())
+        fetched = asyncio.run(go())
     except PrometheusError as exc:
         raise _Fail(str(exc), status=1) from None
+    grid, series, stats = fetched.grid, fetched.series, fetched.stats
     if series and args.by not in ("namespace",) and not any(s.labels.get(args.by) for s in series):
         hint = (f" (run the agents with --pod-label {args.by[len('label_'):]})" if args.by.startswith("label_")
                 else "")
@@ -190,8 +191,11 @@ def _report(args: argparse.Namespace) -> int:
     source = {"prometheus": config.url, "step_seconds": step_s, "queries": stats.queries, "series": stats.series,
               "raw_steps": stats.raw_steps}
     try:
-        report = summary.summarize(series, grid, args.by, prices, top=args.top, source=source)
+        report = summary.summarize(series, grid, args.by, prices, top=args.top, source=source,
+                                   devices=fetched.devices)
     except PricesError as exc:
         raise _Fail(str(exc)) from None
+    for note in report["notes"]:
+        print(f"l9gpu report: note: {note}", file=sys.stderr)
     _write(args.output, output.FORMATS[fmt](report))
     return 0

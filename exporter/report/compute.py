@@ -37,10 +37,16 @@ from exporter.report.prom import Prometheus
 # What the report reads: key -> (family, scale to the report's unit).
 COUNTERS: dict[str, tuple[str, float]] = {
     "used": ("container_gpu_usage_seconds_total", 1 / 3600),         # GPU-hours of SM time
-    "allocated": ("container_gpu_allocation_seconds_total", 1 / 3600),  # GPU-hours held
+    "allocated": ("container_gpu_allocation_seconds_total", 1 / 3600),  # GPU-hours held (its share)
     "idle": ("container_gpu_idle_seconds", 1 / 3600),                # hours held at 0% SM
     "energy": ("container_gpu_energy_joules_total", 1 / 3.6e6),       # kWh
 }
+# Per GPU (device series, no workload labels): what existed, and what nobody held.
+DEVICE_COUNTERS: dict[str, tuple[str, float]] = {
+    "capacity": ("gpu_capacity_seconds_total", 1 / 3600),            # GPU-hours that existed
+    "unallocated": ("gpu_unallocated_seconds_total", 1 / 3600),      # GPU-hours nobody held
+}
+SCALE: dict[str, float] = {key: scale for key, (_, scale) in {**COUNTERS, **DEVICE_COUNTERS}.items()}
 STEPS_S = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 MAX_STEPS = 130
 NODE_BATCH = 100  # nodes per raw-sample query
@@ -125,7 +131,7 @@ class SeriesTotals:
 
     def total(self, key: str) -> float:
         """The period's total of one counter, in the report's unit (see `COUNTERS`)."""
-        return sum(self.steps.get(key, ())) * COUNTERS[key][1]
+        return sum(self.steps.get(key, ())) * SCALE[key]
 
 
 def _ms(t: Any) -> int:
@@ -253,20 +259,36 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
     return out
 
 
-async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, selector: str = ""
-                ) -> tuple[Grid, list[SeriesTotals], FetchStats]:
-    """Every workload series with its per-step increases of every counter in `COUNTERS`."""
-    grid = Grid(start_ms, end_ms, step_ms)
-    stats = FetchStats()
-    keys = list(COUNTERS)
-    results = await _all(*(_counter(prom, COUNTERS[k][0], grid, selector, stats) for k in keys))
+@dataclass
+class Fetched:
+    """What `fetch` read: the grid, the workload series and the GPU (device) series."""
+
+    grid: Grid
+    series: list[SeriesTotals]
+    devices: list[SeriesTotals]
+    stats: FetchStats
+
+
+def _rows(counters: dict[str, tuple[str, float]], results: list[dict[SeriesKey, list[float]]]) -> list[SeriesTotals]:
     rows: dict[SeriesKey, SeriesTotals] = {}
-    for name, per_series in zip(keys, results):
+    for name, per_series in zip(counters, results):
         for key, steps in per_series.items():
             totals = rows.get(key)
             if totals is None:
                 totals = rows[key] = SeriesTotals(dict(key))
             totals.steps[name] = steps
+    return list(rows.values())
+
+
+async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, selector: str = "") -> Fetched:
+    """Every workload series with its per-step increases of every counter in `COUNTERS`,
+    and every GPU series with those of `DEVICE_COUNTERS`."""
+    grid = Grid(start_ms, end_ms, step_ms)
+    stats = FetchStats()
+    families = [family for family, _ in COUNTERS.values()] + [family for family, _ in DEVICE_COUNTERS.values()]
+    results = await _all(*(_counter(prom, family, grid, selector, stats) for family in families))
+    series = _rows(COUNTERS, results[:len(COUNTERS)])
+    devices = _rows(DEVICE_COUNTERS, results[len(COUNTERS):])
     stats.queries = prom.queries
-    stats.series = len(rows)
-    return grid, list(rows.values()), stats
+    stats.series = len(series)
+    return Fetched(grid, series, devices, stats)

@@ -8,7 +8,7 @@ import json
 from importlib import resources
 from typing import Any
 
-from exporter.report.summary import FIGURES
+from exporter.report.summary import FIGURES, UNALLOCATED_GROUP
 
 CSV_COLUMNS = ("group",) + FIGURES + ("waste_ratio", "workloads", "top_waste")
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
@@ -18,8 +18,27 @@ def to_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, ensure_ascii=False) + "\n"
 
 
+def reconciliation_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The lines under the groups that make the bill add up: ``(unallocated)`` (GPU time
+    nobody held), ``(price overrides)`` (where overrides changed what groups pay) and
+    ``(capacity)``, what the GPUs offered and cost in the period. The groups' and the first
+    two lines' allocated GPU-hours and allocated cost sum to the ``(capacity)`` line."""
+    totals = report["totals"]
+    if totals.get("gpu_hours_capacity") is None:
+        return []
+    rows = [{"group": UNALLOCATED_GROUP, "gpu_hours_allocated": totals["gpu_hours_unallocated"],
+             "allocated_cost": totals["unallocated_cost"], "total_cost": totals["unallocated_cost"]}]
+    if totals.get("price_overrides_cost"):
+        rows.append({"group": "(price overrides)", "gpu_hours_allocated": 0.0,
+                     "allocated_cost": totals["price_overrides_cost"], "total_cost": totals["price_overrides_cost"]})
+    rows.append({"group": "(capacity)", "gpu_hours_allocated": totals["gpu_hours_capacity"],
+                 "allocated_cost": totals["capacity_cost"], "total_cost": totals["capacity_cost"]})
+    return rows
+
+
 def to_csv(report: dict[str, Any]) -> str:
-    """One row per group; costs empty without a prices file; the top wasters in one cell."""
+    """One row per group, then the reconciliation lines; costs empty without a prices file;
+    the top wasters in one cell."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
@@ -27,6 +46,8 @@ def to_csv(report: dict[str, Any]) -> str:
         top = "; ".join(f"{w['workload']}={w['waste_gpu_hours']:g}h" for w in g["top_waste"])
         writer.writerow([g["group"]] + ["" if g[k] is None else repr(g[k]) for k in FIGURES]
                         + ["" if g["waste_ratio"] is None else repr(g["waste_ratio"]), g["workloads"], top])
+    for row in reconciliation_rows(report):
+        writer.writerow([row["group"]] + ["" if row.get(k) is None else repr(row[k]) for k in FIGURES] + ["", "", ""])
     return buf.getvalue()
 
 
@@ -122,7 +143,8 @@ def to_html(report: dict[str, Any]) -> str:
     has_costs = report["totals"]["allocated_cost"] is not None
     template = resources.files("exporter.report").joinpath("report.html.j2").read_text(encoding="utf-8")
     return env.from_string(template).render(**report, fmt=_fmt, money=money, pct=pct, duration=duration,
-                                            has_costs=has_costs, chart=svg_chart(report))
+                                            has_costs=has_costs, chart=svg_chart(report),
+                                            reconciliation=reconciliation_rows(report))
 
 
 FORMATS = {"csv": to_csv, "json": to_json, "html": to_html}

@@ -10,20 +10,39 @@ Figures (per series, then summed; hours are GPU-hours: one GPU for one hour):
 - ``allocated_cost`` = allocated x price per GPU-hour, ``effective_cost`` = used x price,
   ``waste_cost`` = waste x price, ``energy_cost`` = kWh x price per kWh, and
   ``total_cost`` = allocated_cost + energy_cost: what the group is charged.
+
+Reconciliation (totals, from the GPU series): ``gpu_hours_capacity`` is the GPU time that
+existed (GPUs that joined or left count for the time they were there), of which
+``gpu_hours_unallocated`` nobody held, so that the groups' allocated hours plus the
+unallocated hours are the capacity. With prices, a GPU's hour costs the price of its model
+(overrides that match GPU labels alone, such as ``node``, apply): ``capacity_cost`` is what
+the GPUs cost, ``unallocated_cost`` the part nobody held, and ``price_overrides_cost`` what
+overrides on workload labels (a namespace's reserved rate) took off the groups' charges
+(negative where they charge more), so that allocated + unallocated + price overrides =
+capacity cost.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from exporter.report.compute import COUNTERS, Grid, SeriesTotals
+from exporter.report.compute import SCALE, Grid, SeriesTotals
 from exporter.report.periods import iso
 from exporter.report.prices import Prices
 
 FIGURES = ("gpu_hours_used", "gpu_hours_allocated", "waste_gpu_hours", "zombie_hours", "energy_kwh",
            "allocated_cost", "effective_cost", "waste_cost", "energy_cost", "total_cost")
 COST_FIGURES = ("allocated_cost", "effective_cost", "waste_cost", "energy_cost", "total_cost")
+CAPACITY_FIGURES = ("gpu_hours_capacity", "gpu_hours_unallocated", "capacity_cost", "unallocated_cost",
+                    "price_overrides_cost")
 NONE_GROUP = "(none)"
+UNALLOCATED_GROUP = "(unallocated)"
+# Labels that belong to a workload, not to its GPU: without them a workload series' labels
+# are its GPU's (node, gpu, uuid, model, gpu_instance and the scrape's own labels).
+WORKLOAD_KEYS = frozenset(("namespace", "pod", "container", "pod_uid", "slurm_job_id", "owner_kind", "owner_name",
+                           "slurm_user", "slurm_account"))
+# Allocated plus unallocated may differ from the capacity by float rounding only.
+RECONCILE_TOLERANCE = 1e-3
 CHART_GROUPS = 8
 DIGITS = 6
 
@@ -75,9 +94,63 @@ def _finish(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+def gpu_labels(labels: dict[str, str]) -> dict[str, str]:
+    """A workload series' labels less the workload's own: the labels of its GPU's series."""
+    return {k: v for k, v in labels.items() if k not in WORKLOAD_KEYS and not k.startswith("label_")}
+
+
+def _capacity(series: Sequence[SeriesTotals], devices: Sequence[SeriesTotals], prices: Prices | None
+              ) -> tuple[dict[str, float | None], list[float] | None]:
+    """The reconciliation totals, and the unallocated figure per step (cost with prices)."""
+    out: dict[str, float | None] = dict.fromkeys(CAPACITY_FIGURES)
+    if not devices:
+        return out, None
+    out["gpu_hours_capacity"] = sum(d.total("capacity") for d in devices)
+    out["gpu_hours_unallocated"] = sum(d.total("unallocated") for d in devices)
+    steps: list[float] | None = None
+    for d in devices:
+        unallocated = d.steps.get("unallocated")
+        if unallocated is None:
+            continue
+        price = prices.gpu_hour_price(d.labels) if prices is not None else 1.0
+        row = [x * SCALE["unallocated"] * price for x in unallocated]
+        steps = row if steps is None else [a + b for a, b in zip(steps, row)]
+    if prices is not None:
+        out["capacity_cost"] = sum(d.total("capacity") * prices.gpu_hour_price(d.labels) for d in devices)
+        out["unallocated_cost"] = sum(d.total("unallocated") * prices.gpu_hour_price(d.labels) for d in devices)
+        adjustment = 0.0
+        for s in series:
+            allocated = s.total("allocated")
+            if allocated:
+                adjustment += allocated * (prices.gpu_hour_price(gpu_labels(s.labels)) - prices.gpu_hour_price(s.labels))
+        out["price_overrides_cost"] = adjustment
+    return out, steps
+
+
+def _notes(totals: dict[str, Any], series: Sequence[SeriesTotals], devices: Sequence[SeriesTotals]) -> list[str]:
+    """What a reader must know before trusting the reconciliation."""
+    if not series and not devices:
+        return []
+    if not devices:
+        return ["no gpu_capacity_seconds_total series in this period: the agents predate l9gpu 0.2 (GPU capacity "
+                "and unallocated hours are unknown), or --selector matches workload labels only"]
+    capacity, unallocated = totals["gpu_hours_capacity"], totals["gpu_hours_unallocated"]
+    gap = capacity - unallocated - totals["gpu_hours_allocated"]
+    if abs(gap) > RECONCILE_TOLERANCE * max(1.0, capacity):
+        return [f"the groups' allocated GPU-hours plus the unallocated ones differ from the capacity by {gap:+.4f} "
+                "GPU-hours: part of the period predates agents that split a shared GPU's time (before l9gpu 0.2 "
+                "every tenant was billed the whole GPU), or --selector keeps only some workloads of a GPU"]
+    return []
+
+
 def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Prices | None, *, top: int = 5,
-              source: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The report as plain data (the JSON output; CSV and HTML are views of it)."""
+              source: dict[str, Any] | None = None, devices: Sequence[SeriesTotals] = ()) -> dict[str, Any]:
+    """The report as plain data (the JSON output; CSV and HTML are views of it).
+
+    Args:
+        series: the workload series.
+        devices: the GPU series (`compute.DEVICE_COUNTERS`), for the reconciliation totals.
+    """
     groups: dict[str, dict[str, Any]] = {}
     workloads: dict[str, dict[str, dict[str, Any]]] = {}
     per_series = []
@@ -111,6 +184,10 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
     totals = _finish(totals)
     totals["groups"] = len(out_groups)
     totals["workloads"] = sum(len(w) for w in workloads.values())
+    capacity, unallocated_steps = _capacity(series, devices, prices)
+    for key, value in capacity.items():
+        totals[key] = None if value is None else round(value, DIGITS) + 0.0
+    notes = _notes(totals, series, devices)
     return {
         "report": "l9gpu chargeback",
         "period": {"from": iso(grid.start_ms / 1000), "to": iso(grid.end_ms / 1000),
@@ -121,13 +198,15 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
         "source": source or {},
         "totals": totals,
         "groups": out_groups,
-        "timeline": _timeline(per_series, grid, prices, [g["group"] for g in out_groups]),
+        "timeline": _timeline(per_series, grid, prices, [g["group"] for g in out_groups], unallocated_steps),
+        "notes": notes,
     }
 
 
 def _timeline(per_series: list[tuple[str, SeriesTotals, dict[str, Any]]], grid: Grid, prices: Prices | None,
-              ranked: list[str]) -> dict[str, Any]:
-    """Cost (or allocated GPU-hours without prices) per group per day (per step for short periods)."""
+              ranked: list[str], unallocated: list[float] | None = None) -> dict[str, Any]:
+    """Cost (or allocated GPU-hours without prices) per group per day (per step for short periods),
+    and what nobody held (`UNALLOCATED_GROUP`) where it is known and not 0."""
     bounds = grid.bounds
     span = grid.end_ms - grid.start_ms
     bin_ms = 86_400_000 if span >= 2 * 86_400_000 and grid.step_ms <= 86_400_000 else grid.step_ms
@@ -141,15 +220,19 @@ def _timeline(per_series: list[tuple[str, SeriesTotals, dict[str, Any]]], grid: 
         if target is None:
             continue
         # per step: allocated GPU-hours, or their cost plus the energy's
-        steps = [x * COUNTERS["allocated"][1] for x in s.steps.get("allocated", [0.0] * (len(bounds) - 1))]
+        steps = [x * SCALE["allocated"] for x in s.steps.get("allocated", [0.0] * (len(bounds) - 1))]
         if prices is not None:
             price = prices.gpu_hour_price(s.labels)
             kwh_price = prices.kwh_price(s.labels) or 0.0
             energy = s.steps.get("energy") or [0.0] * len(steps)
-            scale = COUNTERS["energy"][1] * kwh_price
+            scale = SCALE["energy"] * kwh_price
             steps = [a * price + e * scale for a, e in zip(steps, energy)]
         row = values[target]
         for b, value in zip(step_bins, steps):
+            row[b] += value
+    if unallocated is not None and any(round(v, DIGITS) for v in unallocated):
+        row = values[UNALLOCATED_GROUP] = [0.0] * nbins
+        for b, value in zip(step_bins, unallocated):
             row[b] += value
     return {"unit": "cost" if prices is not None else "gpu_hours_allocated",
             "bins": [iso((grid.start_ms + i * bin_ms) / 1000) for i in range(nbins)],
