@@ -122,7 +122,8 @@ def _capacity(series: Sequence[SeriesTotals], devices: Sequence[SeriesTotals], p
         for s in series:
             allocated = s.total("allocated")
             if allocated:
-                adjustment += allocated * (prices.gpu_hour_price(gpu_labels(s.labels)) - prices.gpu_hour_price(s.labels))
+                gpu_price = prices.gpu_hour_price(gpu_labels(s.labels))
+                adjustment += allocated * (gpu_price - prices.gpu_hour_price(s.labels))
         out["price_overrides_cost"] = adjustment
     return out, steps
 
