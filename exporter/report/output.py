@@ -14,7 +14,7 @@ import math
 from importlib import resources
 from typing import Any
 
-from exporter.escape import for_spreadsheet, strict_json
+from exporter.escape import for_spreadsheet, json_for_terminal, strict_json
 from exporter.report.summary import FIGURES
 
 CSV_COLUMNS = ("group",) + FIGURES + ("waste_ratio", "workloads", "top_waste")
@@ -22,8 +22,10 @@ PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b
 
 
 def to_json(report: dict[str, Any]) -> str:
-    """The report as strict JSON: a figure that is NaN or infinite is written as null."""
-    return strict_json(report, indent=2, ensure_ascii=False) + "\n"
+    """The report as strict JSON: a figure that is NaN or infinite is written as null.
+    Names keep their letters (UTF-8), with every control character escaped, so the JSON
+    printed to a terminal cannot drive it."""
+    return json_for_terminal(strict_json(report, indent=2, ensure_ascii=False)) + "\n"
 
 
 def _figure(value: float | None) -> float | str:
