@@ -355,25 +355,27 @@ def test_sizes():
 
 
 # ---- extra headers: validated, and their values never shown ---------------------------------
-@pytest.mark.parametrize("headers,message", [
-    ([f"Authorization Bearer {SECRET}"], "--header #1: expected 'Name: value'"),
-    (["X-Scope-OrgID: a", f"{SECRET}"], "--header #2: expected 'Name: value'"),
-    ([f"X Token: {SECRET}"], "--header #1: the text before ':' is not a header name"),
-    ([f": {SECRET}"], "--header #1: expected 'Name: value'"),
-    (["X-Token:  "], "--header X-Token: the value is empty"),
-    ([f"X-Token: {SECRET}\x01"], "--header X-Token: the value holds a control or non-ASCII character"),
-    ([f"X-Token: {SECRET}\r\nX-Injected: 1"], "--header X-Token: the value holds a control or non-ASCII character"),
-    ([f"X-Token: {SECRET}é"], "--header X-Token: the value holds a control or non-ASCII character"),
-    (["Content-Length: 5"], "--header Content-Length: the HTTP client sets this header itself"),
-    ([f"X-Token: {SECRET}", f"x-token: {SECRET}2"], "--header x-token: given twice"),
-    ([f"Authorization: Bearer {SECRET}", "--bearer-token", "other-token"],
+def header_flags(*values: str) -> list[str]:
+    return [arg for value in values for arg in ("--header", value)]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (header_flags(f"Authorization Bearer {SECRET}"), "--header #1: expected 'Name: value'"),
+    (header_flags("X-Scope-OrgID: a", SECRET), "--header #2: expected 'Name: value'"),
+    (header_flags(f"X Token: {SECRET}"), "--header #1: the text before ':' is not a header name"),
+    (header_flags(f": {SECRET}"), "--header #1: expected 'Name: value'"),
+    (header_flags("X-Token:  "), "--header X-Token: the value is empty"),
+    (header_flags(f"X-Token: {SECRET}\x01"), "--header X-Token: the value holds a control or non-ASCII character"),
+    (header_flags(f"X-Token: {SECRET}\r\nX-Injected: 1"),
+     "--header X-Token: the value holds a control or non-ASCII character"),
+    (header_flags(f"X-Token: {SECRET}é"), "--header X-Token: the value holds a control or non-ASCII character"),
+    (header_flags("Content-Length: 5"), "--header Content-Length: the HTTP client sets this header itself"),
+    (header_flags(f"X-Token: {SECRET}", f"x-token: {SECRET}2"), "--header x-token: given twice"),
+    (header_flags(f"Authorization: Bearer {SECRET}") + ["--bearer-token", "other-token"],
      "--header Authorization and --bearer-token or --username: give one"),
 ])
-def test_a_bad_header_flag_is_one_line_without_its_value(headers, message, capsys):
-    args: list[str] = []
-    for item in headers:
-        args += [item] if item.startswith("--") or args[-1:] == ["--bearer-token"] else ["--header", item]
-    assert main(["report", "--prometheus", "http://127.0.0.1:1", *PERIOD, *args]) == 2
+def test_a_bad_header_flag_is_one_line_without_its_value(flags, message, capsys):
+    assert main(["report", "--prometheus", "http://127.0.0.1:1", *PERIOD, *flags]) == 2
     err = one_line(capsys.readouterr().err)
     assert message in err and SECRET not in err, err
 
@@ -427,6 +429,12 @@ def test_header_values_never_appear_in_output_or_errors(tmp_path):
                               ("/shape", "data.result[0].values[0][1]: '***', not a number")):
             result = run(prefix, "--header", "X-Scope-OrgID: tenant-1")
             assert result.returncode == 1 and shown in result.stderr, result.stderr
+        # from the environment, as every flag: several headers separated by commas
+        env = run_cli(["report", "--prometheus", server.base + "/ok", *PERIOD, "--format", "json"],
+                      env={"L9GPU_HEADER": f"X-Scope-OrgID: tenant-1, X-Api-Key: {SECRET}"})
+        assert env.returncode == 0, env.stderr
+        assert SECRET not in env.stdout + env.stderr
+        assert json.loads(env.stdout)["source"]["headers"] == ["X-Scope-OrgID", "X-Api-Key"]
         # every request carried both headers, as given
         sent = [headers for _, path, headers in server.requests if path.startswith("/ok/")]
         assert sent and all(h.get("X-Api-Key") == SECRET for h in sent)
