@@ -25,6 +25,7 @@ from exporter import __version__
 from exporter import catalogue as cat
 from exporter.config import argtype, parse_duration, parse_listen, parse_positive_duration
 from exporter.devices.gpm import WARMING_UP
+from exporter.escape import for_terminal
 from exporter.snapshot_json import describe_owner, document_json, snapshot_document
 
 log = logging.getLogger("l9gpu")
@@ -513,7 +514,13 @@ def _allocations_by_device(snap: Any) -> dict[str, list[Any]]:
 
 def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None) -> str:
     """A plain-text table: one line per GPU, then its GPM activity (or why it has none) and
-    one indented line per process and allocation."""
+    one indented line per process and allocation.
+
+    Process names, pod, namespace and container names and Slurm fields are chosen by the
+    node's users, and device names and errors come from the driver: every line is passed
+    through `escape.for_terminal`, so a control character is printed as ``\\x1b`` and the
+    like, never sent to the operator's terminal.
+    """
     lines = [f"node {snap.node}",
              f"{'GPU':<4} {'MODEL':<28} {'UTIL':>5} {'MEMORY GiB':>14} {'POWER W':>8}  PROCESSES"]
     by_device: dict[str, list[Any]] = {}
@@ -539,7 +546,7 @@ def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None) ->
                          f"sm {sm:>4}  {_owner(row)}")
         for alloc in allocations.get(d.key, []):
             lines.append(f"       allocated to {_owner(alloc)} ({alloc.resource_name} {alloc.device_id})")
-    return "\n".join(lines)
+    return "\n".join(for_terminal(line) for line in lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

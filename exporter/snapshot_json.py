@@ -9,11 +9,11 @@ they do not know: new keys are added without a schema change.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping, Sequence
 
 from exporter.catalogue import DEVICE_LABELS, WORKLOAD_LABELS
 from exporter.derive import default_labeller
+from exporter.escape import strict_json
 from exporter.model import Snapshot, Workload, WorkloadUsage
 
 #: Bumped only when a key changes meaning or goes away (never for added keys).
@@ -147,11 +147,13 @@ def document_json(doc: dict[str, Any], pretty: bool = True) -> str:
 
     Indented for people (``l9gpu snapshot --json``) or compact for programs
     (``/api/v1/snapshot``): Python's C encoder only runs without indentation, about four
-    times faster on a busy node (docs/PERFORMANCE.md).
+    times faster on a busy node (docs/PERFORMANCE.md). Always strict JSON: a NaN or
+    infinite value (a driver's or a scenario's) is written as ``null``, and strings are
+    escaped by JSON itself (control characters as ``\\u001b``).
     """
     if pretty:
-        return json.dumps(doc, indent=2) + "\n"
-    return json.dumps(doc, separators=(",", ":")) + "\n"
+        return strict_json(doc, indent=2) + "\n"
+    return strict_json(doc, separators=(",", ":")) + "\n"
 
 
 def snapshot_json(snap: Snapshot, extra_label_names: Sequence[str] = (), pretty: bool = True,

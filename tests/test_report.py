@@ -630,6 +630,52 @@ def test_a_period_spanning_agents_that_billed_each_tenant_the_whole_gpu_is_flagg
         server.stop()
 
 
+def test_tenant_headers_and_path_prefixes_of_multi_tenant_backends(prometheus, tmp_path, capsys):
+    """A gateway in front of the real Prometheus, shaped like the multi-tenant backends:
+    Grafana Mimir (and Cortex) under /prometheus, wanting X-Scope-OrgID (401 without it);
+    VictoriaMetrics cluster under /select/<tenant>/prometheus, the tenant in the path."""
+    import aiohttp
+    from aiohttp import web
+    from loopback_http import LoopbackServer
+
+    async def forward(request: web.Request, tail: str) -> web.Response:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(prometheus.base + "/" + tail, data=await request.read(),
+                                    headers={"Content-Type": request.headers["Content-Type"]}) as upstream:
+                return web.Response(status=upstream.status, body=await upstream.read(),
+                                    content_type="application/json")
+
+    async def mimir(request: web.Request) -> web.Response:
+        if request.headers.get("X-Scope-OrgID") != "team-a":
+            return web.Response(status=401, text="no org id")
+        return await forward(request, request.match_info["tail"])
+
+    async def victoria(request: web.Request) -> web.Response:
+        if request.match_info["tenant"] != "7":
+            return web.Response(status=400, text="unknown tenant")
+        return await forward(request, request.match_info["tail"])
+
+    app = web.Application()
+    app.router.add_post("/prometheus/{tail:api/v1/.*}", mimir)
+    app.router.add_post("/select/{tenant}/prometheus/{tail:api/v1/.*}", victoria)
+    want = figures(*ALL)
+    with LoopbackServer(app) as gateway:
+        base = ["report", "--from", str(START), "--to", str(END), "--format", "json"]
+        assert main([*base, "--prometheus", gateway.base + "/prometheus", "--header", "X-Scope-OrgID: team-a"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert_figures(doc["totals"], want)
+        assert doc["source"]["prometheus"] == gateway.base + "/prometheus"
+        assert doc["source"]["headers"] == ["X-Scope-OrgID"]
+        queries = [headers for _, path, headers in gateway.requests if path.startswith("/prometheus/")]
+        assert len(queries) == doc["source"]["queries"]
+        assert all(headers.get("X-Scope-OrgID") == "team-a" for headers in queries)
+        assert main([*base, "--prometheus", gateway.base + "/prometheus"]) == 1
+        err = capsys.readouterr().err
+        assert "refused the credentials (HTTP 401)" in err and "--header" in err
+        assert main([*base, "--prometheus", gateway.base + "/select/7/prometheus"]) == 0
+        assert_figures(json.loads(capsys.readouterr().out)["totals"], want)
+
+
 def test_consecutive_periods_add_up_to_the_whole(prometheus, tmp_path):
     """No extrapolation: days 0-10 plus days 10-30 (a restart and a reset in each) equal the month."""
     def by_group(start: int, end: int) -> dict[str, dict]:

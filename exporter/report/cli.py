@@ -55,7 +55,13 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
     auth.add_argument("--cert-file", metavar="FILE", help="client certificate (with --key-file) for mutual TLS")
     auth.add_argument("--key-file", metavar="FILE", help="client certificate key")
     auth.add_argument("--insecure-skip-verify", action="store_true", help="do not verify the server certificate")
+    auth.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                      help="send this request header too (repeatable), e.g. 'X-Scope-OrgID: tenant-1' for Grafana "
+                           "Mimir or Cortex; values are never printed")
     auth.add_argument("--timeout", default="2m", metavar="DURATION", help="per query (default: 2m)")
+    auth.add_argument("--max-response-bytes", default="256MiB", metavar="SIZE",
+                      help="give up on an answer larger than this, decompressed, e.g. 64MiB, 1GiB "
+                           "(default: 256MiB)")
 
     prices = sub.add_parser("prices", help="check a prices file and write it as Prometheus recording rules",
                             description="Validate a prices file and print the recording rules that give the "
@@ -122,7 +128,7 @@ def _report(args: argparse.Namespace) -> int:
     from exporter.report import compute, output, summary
     from exporter.report.periods import parse_duration, parse_period
     from exporter.report.prices import PricesError, load_prices
-    from exporter.report.prom import Prometheus, PrometheusError, config_from_args
+    from exporter.report.prom import Prometheus, PrometheusError, config_from_args, parse_size
 
     for flag, value in (("--prometheus", args.prometheus), ("--from", args.start)):
         if not value:  # required, from the command line or L9GPU_PROMETHEUS / L9GPU_FROM
@@ -148,6 +154,10 @@ def _report(args: argparse.Namespace) -> int:
         step = parse_duration(args.step) if args.step else None
     except ValueError as exc:
         raise _Fail(str(exc)) from None
+    try:
+        max_response_bytes = parse_size(args.max_response_bytes)
+    except ValueError as exc:
+        raise _Fail(f"--max-response-bytes: {exc}") from None
     start_ms, end_ms = int(start) * 1000, int(end) * 1000
     if end_ms <= start_ms:
         raise _Fail("the period is shorter than a second")
@@ -168,7 +178,8 @@ def _report(args: argparse.Namespace) -> int:
             args.prometheus, bearer_token=args.bearer_token, bearer_token_file=args.bearer_token_file,
             username=args.username, password=args.password, password_file=args.password_file,
             ca_file=args.ca_file, cert_file=args.cert_file, key_file=args.key_file,
-            insecure_skip_verify=args.insecure_skip_verify, timeout=timeout)
+            insecure_skip_verify=args.insecure_skip_verify, timeout=timeout, headers=args.header,
+            max_response_bytes=max_response_bytes)
     except ValueError as exc:
         raise _Fail(str(exc)) from None
 
@@ -188,8 +199,10 @@ def _report(args: argparse.Namespace) -> int:
               f"{summary.NONE_GROUP}", file=sys.stderr)
     if not series:
         print("l9gpu report: note: Prometheus has no l9gpu workload series in this period", file=sys.stderr)
-    source = {"prometheus": config.url, "step_seconds": step_s, "queries": stats.queries, "series": stats.series,
-              "raw_steps": stats.raw_steps}
+    source: dict[str, Any] = {"prometheus": config.url, "step_seconds": step_s, "queries": stats.queries,
+                              "series": stats.series, "raw_steps": stats.raw_steps}
+    if config.headers:
+        source["headers"] = config.header_names  # names only: values may be credentials
     try:
         report = summary.summarize(series, grid, args.by, prices, top=args.top, source=source,
                                    devices=fetched.devices)

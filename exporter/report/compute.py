@@ -191,7 +191,7 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
         reset_q.append(prom.query_range(fell(step_ms, step_ms), t[1], t[n], step_ms / 1000))
     tail_ms = bounds[-1] - bounds[n] if len(bounds) > n + 1 else 0
     if tail_ms:
-        value_q.append(prom.query(f"last_over_time({sel}[{_dur(tail_ms)}])", t[-1]))
+        value_q.append(prom.query(f"last_over_time({sel}[{_dur(tail_ms)}])", t[-1], expect="vector"))
         reset_q.append(prom.query(fell(tail_ms, step_ms if n else tail_ms), t[-1]))
     answers = await _all(*value_q, *reset_q)
     values_ans, resets_ans = answers[:len(value_q)], answers[len(value_q):]
@@ -242,7 +242,8 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
             matcher = f"node=~{_promql_string(_node_regex(batch))}"
             inner = f"{selector}, {matcher}" if selector else matcher
             window = bounds[k] - bounds[k - 1]
-            fetches.append((k, keys, prom.query(f"{family}{{{inner}}}[{_dur(window)}]", bounds[k] / 1000)))
+            fetches.append((k, keys, prom.query(f"{family}{{{inner}}}[{_dur(window)}]", bounds[k] / 1000,
+                                                expect="matrix")))
     stats.raw_steps += len(flagged)
     results = await _all(*(f for _, _, f in fetches))
     for (k, keys, _), answer in zip(fetches, results):

@@ -1,13 +1,20 @@
-"""The report as CSV, JSON or one self-contained HTML page (inline SVG chart, no network)."""
+"""The report as CSV, JSON or one self-contained HTML page (inline SVG chart, no network).
+
+Group and workload names come from labels the workloads' owners choose (namespaces, pod
+labels, Slurm accounts): each format escapes them for where it is opened (see
+`exporter.escape`): CSV text cells are quoted and never start a formula, JSON is strict
+(NaN and infinities as null), HTML is autoescaped.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
-import json
+import math
 from importlib import resources
 from typing import Any
 
+from exporter.escape import for_spreadsheet, json_for_terminal, strict_json
 from exporter.report.summary import FIGURES, UNALLOCATED_GROUP
 
 CSV_COLUMNS = ("group",) + FIGURES + ("waste_ratio", "workloads", "top_waste")
@@ -15,7 +22,18 @@ PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b
 
 
 def to_json(report: dict[str, Any]) -> str:
-    return json.dumps(report, indent=2, ensure_ascii=False) + "\n"
+    """The report as strict JSON: a figure that is NaN or infinite is written as null.
+    Names keep their letters (UTF-8), with every control character escaped, so the JSON
+    printed to a terminal cannot drive it."""
+    return json_for_terminal(strict_json(report, indent=2, ensure_ascii=False)) + "\n"
+
+
+def _figure(value: float | None) -> float | str:
+    """A figure's CSV cell: the number (written unquoted, as Python's repr), or empty
+    where there is none (no prices) or it is not finite."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    return value
 
 
 def reconciliation_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -23,7 +41,7 @@ def reconciliation_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     nobody held), ``(price overrides)`` (where overrides changed what groups pay) and
     ``(capacity)``, what the GPUs offered and cost in the period. The groups' and the first
     two lines' allocated GPU-hours and allocated cost sum to the ``(capacity)`` line."""
-    totals = report["totals"]
+    totals = report.get("totals") or {}
     if totals.get("gpu_hours_capacity") is None:
         return []
     rows = [{"group": UNALLOCATED_GROUP, "gpu_hours_allocated": totals["gpu_hours_unallocated"],
@@ -38,16 +56,24 @@ def reconciliation_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def to_csv(report: dict[str, Any]) -> str:
     """One row per group, then the reconciliation lines; costs empty without a prices file;
-    the top wasters in one cell."""
+    the top wasters in one cell.
+
+    Safe to open in a spreadsheet: the text cells (``group``, ``top_waste``) are always
+    quoted, so a comma, semicolon, CR or LF inside a name stays inside its cell, and one
+    that starts with ``= + - @``, TAB or CR gets a leading ``'`` (`escape.for_spreadsheet`).
+    Figures are numbers, written unquoted and unchanged (a negative one keeps its ``-``).
+    """
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    csv.writer(buf, lineterminator="\n").writerow(CSV_COLUMNS)
+    # QUOTE_NONNUMERIC quotes every str (the names, and the empty cells) and writes the
+    # figures, which are int or float here, bare.
+    writer = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
     for g in report["groups"]:
         top = "; ".join(f"{w['workload']}={w['waste_gpu_hours']:g}h" for w in g["top_waste"])
-        writer.writerow([g["group"]] + ["" if g[k] is None else repr(g[k]) for k in FIGURES]
-                        + ["" if g["waste_ratio"] is None else repr(g["waste_ratio"]), g["workloads"], top])
+        writer.writerow([for_spreadsheet(g["group"])] + [_figure(g[k]) for k in FIGURES]
+                        + [_figure(g["waste_ratio"]), g["workloads"], for_spreadsheet(top)])
     for row in reconciliation_rows(report):
-        writer.writerow([row["group"]] + ["" if row.get(k) is None else repr(row[k]) for k in FIGURES] + ["", "", ""])
+        writer.writerow([row["group"]] + [_figure(row.get(k)) for k in FIGURES] + ["", "", ""])
     return buf.getvalue()
 
 
