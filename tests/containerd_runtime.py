@@ -6,7 +6,8 @@
 sandboxes use the node's network). No registry is reached: `build_image` writes a tiny
 image from Debian's ``busybox-static`` (a docker-archive tarball, what ``ctr images
 import`` takes), it is imported into the CRI plugin's ``k8s.io`` namespace, and
-``sandbox_image`` points at it, so the plugin never pulls.
+``sandbox_image`` points at it, so the plugin never pulls: it cannot, either, since the
+image's registry is under the reserved ``.test`` domain, which never resolves.
 
 `Kubelet` plays the kubelet over the CRI socket: ``RunPodSandbox`` with the cgroup parent
 ``/kubepods/<qos>/pod<uid>`` (or none, as with ``--cgroups-per-qos=false``), the
@@ -14,6 +15,14 @@ import`` takes), it is imported into the CRI plugin's ``k8s.io`` namespace, and
 ``StartContainer``, ``ExecSync``; it remembers everything it created, and `Kubelet.cleanup`
 stops and removes it all, then removes the pod cgroups runc leaves behind (runc removes a
 container's cgroup, never its parents).
+
+On a cgroup v1 or hybrid host (as the test machines are: v1 controllers under
+/sys/fs/cgroup, a cgroup2 hierarchy without controllers at /sys/fs/cgroup/unified) runc's
+cgroupfs driver puts a container at the same path in every hierarchy, the cgroup2 one
+included, and the cleanup covers them all. The daemon keeps every container's
+``oom_score_adj`` at or above its own (``restrict_oom_score_adj``): lowering it, as the
+kubelet asks for sandboxes and Guaranteed pods, needs ``CAP_SYS_RESOURCE``, which a test
+machine that is itself a container may not have.
 
 `unavailable` says why these tests cannot run here ("" when they can).
 """
@@ -67,7 +76,7 @@ def unavailable() -> str:
         if shutil.which(tool) is None:
             return f"{tool} is not installed (Debian package {package}; `make test` installs it)"
     busybox = Path(shutil.which("busybox") or "")
-    if b"ld-linux" in busybox.read_bytes()[:8192] or not _static(busybox):
+    if not _static(busybox):
         return f"{busybox} is not statically linked (install Debian's busybox-static, not busybox)"
     if not (CGROUP_ROOT / "cgroup.controllers").exists() and not (CGROUP_ROOT / "memory").is_dir():
         return f"no cgroup hierarchy that runc can use under {CGROUP_ROOT}"

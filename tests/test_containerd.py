@@ -9,6 +9,12 @@ leaves; the module removes the daemon, its mounts and its directories at the end
 The NVML fake reports the containers' real host PIDs as GPU processes; everything after
 that is the agent's real path: /proc/<pid>/cgroup as runc wrote it, the CRI listing from
 containerd, the API watch from a local API server where a test needs one.
+
+Needs root, Debian's containerd (containerd, ctr, containerd-shim-runc-v2), runc and
+busybox-static (`make test` installs them), and cgroups it may create; the cgroup
+namespace test also needs util-linux's unshare. Without them the module skips with the
+reason (in CI a missing package fails instead). The systemd cgroup driver needs systemd
+as PID 1: its test skips elsewhere. About 6 s on an idle 2-core machine.
 """
 
 from __future__ import annotations
