@@ -22,11 +22,23 @@ demo: venv
 	$(VENV)/bin/l9gpu serve --backend simulated --listen $(LISTEN) --pod-label team
 
 # promtool and prometheus for the end-to-end tests, chromium (headless) for the page's
-# browser tests and the HTML chargeback report (Debian packages, need root).
+# browser tests and the HTML chargeback report, containerd, runc and busybox-static for the
+# tests against a real container runtime (Debian packages, need root). Those tests start
+# their own containerd: a policy-rc.d keeps the package from starting the node-wide
+# containerd.service while it installs (a system containerd on /run/containerd would be
+# found by the agent's --cri-socket auto in other tests).
+SYSTEM_TOOLS := promtool prometheus chromium containerd ctr containerd-shim-runc-v2 runc busybox
 system-deps:
-	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v chromium >/dev/null; then \
+	@missing=; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus chromium >/dev/null; \
+		guard=; if [ ! -e /usr/sbin/policy-rc.d ]; then \
+			printf '#!/bin/sh\nexit 101\n' | $$SUDO tee /usr/sbin/policy-rc.d >/dev/null && $$SUDO chmod +x /usr/sbin/policy-rc.d && guard=1; \
+		fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+			prometheus chromium containerd runc busybox-static >/dev/null; status=$$?; \
+		if [ -n "$$guard" ]; then $$SUDO rm -f /usr/sbin/policy-rc.d; fi; \
+		exit $$status; \
 	fi
 
 deps-test: $(PY)

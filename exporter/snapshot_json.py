@@ -33,6 +33,8 @@ def describe_owner(w: Workload) -> str:
             f" ({w.slurm_user})" if w.slurm_user else "")
     if w.kind in ("systemd", "docker"):
         return f"{w.kind} {w.unit or w.container_id[:12]}"
+    if w.container_id:  # a container whose pod no source knows (yet), e.g. without a pod cgroup
+        return f"container {w.container_id[:12]} (pod unknown)"
     return w.kind
 
 

@@ -169,6 +169,31 @@ def test_join_with_pod_metadata_and_names_filling_in_later(tmp_path: Path) -> No
     assert attributor.comm(10) == "python"
 
 
+def test_a_container_without_a_pod_cgroup_is_named_by_its_container_id(tmp_path: Path) -> None:
+    """kubelet --cgroups-per-qos=false: containerd puts containers at /k8s.io/<id>, no pod UID
+    in the path. The API's container statuses name the pod by container id; until they do,
+    the process is unattributed, not a workload with no name at all."""
+    other = "e" * 64
+    write_proc(tmp_path, 40, f"0::/k8s.io/{CID}\n")
+    write_proc(tmp_path, 41, f"4:memory:/k8s.io/{other}\n0::/k8s.io/{other}\n")
+    index = PodIndex()
+    attributor = ProcAttributor(str(tmp_path), index)
+    owners = attributor.resolve([40, 41], 0.0)
+    assert (owners[40].kind, owners[40].container_id, owners[40].pod_uid) == ("unknown", CID, "")
+    assert owners[41].container_id == other
+    assert not any(w.attributed for w in owners.values())  # two unknown containers are not one workload
+    StaticPodSource(index, [{
+        "metadata": {"uid": UID, "name": "trainer-0", "namespace": "research", "labels": {"team": "nlp"},
+                     "ownerReferences": [{"kind": "StatefulSet", "name": "trainer", "controller": True}]},
+        "status": {"containerStatuses": [{"name": "pytorch", "containerID": f"containerd://{CID}"}]}}])
+    owners = attributor.resolve([40, 41], 1.0)
+    w = owners[40]
+    assert (w.kind, w.namespace, w.pod, w.container, w.pod_uid, w.container_id, w.owner_kind, w.owner_name) == (
+        "kubernetes", "research", "trainer-0", "pytorch", UID, CID, "StatefulSet", "trainer")
+    assert w.attributed and dict(w.labels) == {"team": "nlp"}
+    assert (owners[41].kind, owners[41].container_id) == ("unknown", other)  # still no source knows it
+
+
 def test_slurm_user_partition_account_and_nothing_else_from_environ(tmp_path: Path) -> None:
     env = b"SLURM_JOB_PARTITION=a100\0SLURM_JOB_ACCOUNT=nlp\0HF_TOKEN=hf_secret\0"
     write_proc(tmp_path, 20, "0::/system.slice/slurmstepd.scope/job_4242/step_batch/user/task_0\n",

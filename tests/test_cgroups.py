@@ -20,6 +20,13 @@ V1_SYSTEMD_CONTAINERD = f"""\
 0::/
 """
 
+# What runc writes on a hybrid host (cgroup v1 hierarchies and the cgroup2 one) for a
+# container that containerd 1.6 started without a cgroup parent, as for a kubelet with
+# --cgroups-per-qos=false (seen with tests/test_containerd.py).
+HYBRID_NO_POD_CGROUP = "".join(f"{n}:{c}:/k8s.io/{CID}\n" for n, c in (
+    (9, "name=systemd"), (8, "pids"), (7, "blkio"), (6, "freezer"), (5, "devices"), (4, "memory"), (3, "cpuset"),
+    (2, "cpuacct"), (1, "cpu"), (0, "")))
+
 # (name, file text, expected owner fields)
 CASES: list[tuple[str, str, dict[str, str]]] = [
     ("v2 systemd containerd burstable",
@@ -73,6 +80,29 @@ CASES: list[tuple[str, str, dict[str, str]]] = [
     ("hybrid host: v1 lines say / and the v2 line names the pod",
      f"9:name=systemd:/\n4:memory:/\n0::/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope\n",
      dict(kind="kubernetes", container_id=CID, pod_uid=UID)),
+    ("containerd without a pod cgroup (kubelet --cgroups-per-qos=false), v2",
+     f"0::/k8s.io/{CID}\n",
+     dict(kind="kubernetes", runtime="containerd", container_id=CID, pod_uid="", qos="")),
+    ("containerd without a pod cgroup, hybrid v1+v2", HYBRID_NO_POD_CGROUP,
+     dict(kind="kubernetes", runtime="containerd", container_id=CID, pod_uid="")),
+    ("containerd without a pod cgroup, seen from the agent's cgroup namespace",
+     f"4:memory:/../../k8s.io/{CID}\n0::/../k8s.io/{CID}\n",
+     dict(kind="kubernetes", runtime="containerd", container_id=CID, pod_uid="")),
+    ("containerd without a pod cgroup, a sub-cgroup of the container",
+     f"0::/k8s.io/{CID}/init.scope\n",
+     dict(kind="kubernetes", runtime="containerd", container_id=CID, pod_uid="")),
+    ("hybrid host: a line with the pod beats one without",
+     f"4:memory:/k8s.io/{CID}\n0::/kubepods/burstable/pod{UID}/{CID}\n",
+     dict(kind="kubernetes", container_id=CID, pod_uid=UID, qos="burstable")),
+    ("containerd's default namespace (ctr, nerdctl) is not the kubelet's",
+     f"0::/default/{CID}\n",
+     dict(kind="host", container_id="")),
+    ("k8s.io without a container id below it",
+     "0::/k8s.io/not-a-container\n",
+     dict(kind="host", container_id="")),
+    ("k8s.io with a short id",
+     f"0::/k8s.io/{CID[:12]}\n",
+     dict(kind="host", container_id="")),
     ("Slurm v1",
      "12:memory:/slurm/uid_1001/job_4242/step_0/task_0\n7:devices:/slurm/uid_1001/job_4242/step_0\n5:freezer:/slurm/uid_1001/job_4242/step_0\n0::/\n",
      dict(kind="slurm", slurm_job_id="4242", slurm_step="0", slurm_uid="1001", slurm_task="0")),
@@ -158,7 +188,7 @@ _segment = st.one_of(
     st.sampled_from(["kubepods.slice", "kubepods", "burstable", "besteffort", "..", ".", "", "slurm",
                      "slurmstepd.scope", "job_12", "step_batch", "step_3", "uid_5", "task_0", "user",
                      f"kubepods-burstable-pod{UID_}.slice", f"pod{UID}", f"cri-containerd-{CID}.scope",
-                     f"crio-{CID}", CID, "docker", f"docker-{CID}.scope", "x.service", "user@1.service"]),
+                     f"crio-{CID}", CID, "k8s.io", "default", "docker", f"docker-{CID}.scope", "x.service", "user@1.service"]),
     st.text(max_size=12),
 )
 
@@ -170,4 +200,6 @@ def test_no_cgroup_shaped_file_crashes_the_parser(lines: list[tuple[str, str, li
     owner = parse_cgroup_file(text)
     assert owner.kind in ("kubernetes", "slurm", "docker", "systemd", "host", "unknown")
     if owner.kind == "kubernetes":
-        assert "_" not in owner.pod_uid and len(owner.pod_uid) == 36
+        # a pod UID, or (no pod cgroup) a container id to find the pod by
+        assert ("_" not in owner.pod_uid and len(owner.pod_uid) == 36) or (
+            owner.pod_uid == "" and len(owner.container_id) == 64)

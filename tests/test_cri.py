@@ -153,6 +153,27 @@ def test_an_unknown_container_is_listed_at_once_then_rate_limited(tmp_path: Path
         attributor.close()
 
 
+def test_a_container_without_a_pod_cgroup_is_named_through_cri(tmp_path: Path, runtime: FakeRuntime) -> None:
+    """/k8s.io/<id> (kubelet --cgroups-per-qos=false) carries no pod UID: the runtime's
+    listing names the pod by container id, asked at once for the id no one knew."""
+    now = [100.0]
+    index = PodIndex()
+    source = cri.CriPodSource(runtime.path, index, min_refresh=5.0, timeout=5.0, clock=lambda: now[0])
+    attributor = ProcAttributor(str(tmp_path), index, fallback=source)
+    try:
+        source.refresh()  # nothing running yet
+        write_proc(tmp_path, 10, f"0::/k8s.io/{CID}\n")
+        assert attributor.resolve([10], 0.0)[10].kind == "unknown"  # within min_refresh: not asked yet
+        runtime.containers = [container(CID, UID, "embed-0", "search", "encoder")]
+        now[0] += 6
+        w = attributor.resolve([10], 1.0)[10]
+        assert (w.kind, w.namespace, w.pod, w.container, w.pod_uid, w.container_id) == (
+            "kubernetes", "search", "embed-0", "encoder", UID, CID)
+        assert len(runtime.requests) == 2
+    finally:
+        attributor.close()
+
+
 def test_api_data_wins_and_cri_only_adds_container_names(tmp_path: Path, runtime: FakeRuntime) -> None:
     new_cid = "c" * 64  # a container the watch has not reported yet (just restarted)
     runtime.containers = [container(CID, UID, "cri-says-this", "cri-ns", "cri-engine"),

@@ -16,6 +16,10 @@ Formats understood (see docs/ATTRIBUTION.md):
   (``crio-<id>.scope``, ``docker-<id>.scope``; Guaranteed pods sit directly under
   ``kubepods.slice``; kind and minikube prefix every name with ``kubelet-``).
 - Kubernetes, cgroupfs driver: ``/kubepods/burstable/pod<uid>/<id>`` (CRI-O: ``crio-<id>``).
+- Kubernetes without pod cgroups (kubelet ``--cgroups-per-qos=false``): the kubelet gives
+  containerd no cgroup parent, and containerd puts every container at
+  ``/k8s.io/<id>``, named after its CRI namespace. The path then has no pod UID: the pod
+  is found by container id (`exporter.attribution.resolver`).
 - Paths seen from inside a cgroup namespace, relative to the agent's own cgroup
   (``/../../kubepods-besteffort-pod<uid>.slice/cri-containerd-<id>.scope``): matching
   works on path segments, never on a prefix.
@@ -61,6 +65,10 @@ _CONTAINER = (
     (re.compile(rf"^({_HEX64})$"), ""),  # cgroupfs driver: containerd or Docker, cannot tell
 )
 _QOS_SEGMENT = {"besteffort": "besteffort", "burstable": "burstable"}
+# containerd's default cgroup for a container without a cgroup parent is /<namespace>/<id>;
+# its CRI plugin (the kubelet's containers) works in the namespace "k8s.io".
+_CRI_NAMESPACE = "k8s.io"
+_CONTAINER_ID = re.compile(rf"^{_HEX64}$")
 
 # Docker / Podman containers outside Kubernetes.
 _STANDALONE = (
@@ -84,7 +92,8 @@ class CgroupOwner:
         runtime: container runtime for containers: "containerd", "cri-o", "docker",
             "podman", or "" when the path does not say (cgroupfs driver).
         container_id: 64-hex container id (lower case), "" when not in a container.
-        pod_uid: the pod UID with dashes (the systemd driver writes underscores).
+        pod_uid: the pod UID with dashes (the systemd driver writes underscores); "" for a
+            container without a pod cgroup (``/k8s.io/<id>``), whose pod only its id tells.
         qos: Kubernetes QoS class: "guaranteed", "burstable" or "besteffort".
         slurm_job_id: Slurm job id; slurm_step: "batch", "extern", "interactive" or a
             number; slurm_uid: the job owner's uid from the v1 path ("" on v2).
@@ -141,6 +150,10 @@ def _kubernetes(segments: list[str], path: str) -> CgroupOwner | None:
                     break
         return CgroupOwner(kind=KUBERNETES, runtime=runtime, container_id=container_id,
                            pod_uid=uid.replace("_", "-"), qos=qos, path=path)
+    # No pod segment: a container of containerd's CRI plugin without a cgroup parent.
+    for i, seg in enumerate(segments[:-1]):
+        if seg == _CRI_NAMESPACE and _CONTAINER_ID.match(segments[i + 1]):
+            return CgroupOwner(kind=KUBERNETES, runtime="containerd", container_id=segments[i + 1], path=path)
     return None
 
 
@@ -205,8 +218,9 @@ def parse_cgroup_file(text: str) -> CgroupOwner:
 
     Every well-formed line (``<hierarchy-id>:<controllers>:<path>``) is read and the most
     specific owner wins (a Kubernetes container over a Slurm step over a container over a
-    service over the host), so hybrid v1+v2 hosts, where some hierarchies say only
-    ``/``, give the right answer. Returns kind "unknown" when no line parses.
+    service over the host; among Kubernetes lines, one with a container id, then one with a
+    pod UID), so hybrid v1+v2 hosts, where some hierarchies say only ``/``, give the right
+    answer. Returns kind "unknown" when no line parses.
     """
     best = UNKNOWN_OWNER
     if not isinstance(text, str):
@@ -219,7 +233,10 @@ def parse_cgroup_file(text: str) -> CgroupOwner:
         if not hierarchy.strip().isdigit() or not path.startswith("/"):
             continue
         owner = parse_path(path)
-        if _RANK[owner.kind] > _RANK[best.kind] or (
-                owner.kind == best.kind and owner.container_id and not best.container_id):
+        if _specificity(owner) > _specificity(best):
             best = owner
     return best
+
+
+def _specificity(owner: CgroupOwner) -> tuple[int, bool, bool]:
+    return _RANK[owner.kind], bool(owner.container_id), bool(owner.pod_uid)

@@ -4,6 +4,12 @@ Per pass: `ProcCache` gives each PID's cgroup owner (read once per process lifet
 the `PodIndex` gives the pod's names, owner and labels by pod UID, and the container's
 name by container id. The join itself runs every pass, so names appear as soon as the
 watch delivers them and a process of an unknown pod keeps its pod UID meanwhile.
+
+A container without a pod cgroup (kubelet ``--cgroups-per-qos=false``: containerd puts it
+at ``/k8s.io/<id>``) has no pod UID in its path; its pod is found by container id, from
+the API server's container statuses or the runtime's CRI listing. Until one of them
+knows the id it counts as unattributed (kind "unknown", its container id kept), rather
+than as a workload without any name, which every such container would share.
 """
 
 from __future__ import annotations
@@ -107,7 +113,7 @@ class ProcAttributor:
     def _fill_in(self, known: dict[int, tuple[ProcInfo, int, Workload]], result: dict[int, Workload]) -> None:
         """Ask the fallback about containers without names; rejoin them if it knew them."""
         unnamed = {w.container_id for w in result.values()
-                   if w.kind == "kubernetes" and w.container_id and not (w.pod and w.container)}
+                   if w.kind in ("kubernetes", "unknown") and w.container_id and not (w.pod and w.container)}
         if not self.fallback.missing(unnamed):
             return
         generation = self.index.generation
@@ -151,10 +157,12 @@ class ProcAttributor:
 
     def _kubernetes_workload(self, owner: Any) -> Workload:
         """A container's `Workload` from the pod index (UID and container id only when unknown)."""
-        pod = self.index.get(owner.pod_uid)
+        pod = self.index.get(owner.pod_uid) if owner.pod_uid else None
         if pod is None and owner.container_id:
             pod = self.index.by_container(owner.container_id)
         if pod is None:
+            if not owner.pod_uid:  # no pod cgroup and no source knows the id (yet)
+                return Workload(kind=UNKNOWN.kind, container_id=owner.container_id)
             return Workload(kind="kubernetes", pod_uid=owner.pod_uid, container_id=owner.container_id)
         return Workload(kind="kubernetes", namespace=pod.namespace, pod=pod.name,
                         container=pod.containers.get(owner.container_id, ""), pod_uid=pod.uid,
