@@ -358,6 +358,21 @@ def workloads() -> dict[str, Any]:
                thresholds=[("green", None), ("orange", 0.3), ("red", 0.6)]), 4, 4)
     b.add(stat("Energy cost", [target(f"sum({energy})", instant=True)], "none",
                "Attributed energy x price per kWh. " + money, decimals=2), 5, 4)
+    # What the GPUs cost, held or not: capacity (GPU-seconds offered) x the model's price.
+    model_price = "last_over_time(model:l9gpu_gpu_hour_price[$__range])"
+
+    def gpu_cost(counter: str) -> str:
+        return (f"sum(sum by (model) (increase({counter}{{{DEV}}}[$__range]))"
+                f" * on (model) group_left () {model_price}) / 3600")
+
+    b.add(stat("GPU cost", [target(gpu_cost("gpu_capacity_seconds_total"), instant=True)], "none",
+               "What the GPUs cost over the range, held or not: their GPU-hours x each model's price. The "
+               "namespaces' allocated cost, the Slurm jobs', the unallocated cost and the price overrides add up "
+               "to it (a shared GPU's hour is paid once). " + money, decimals=2), 12, 4)
+    b.add(stat("Unallocated cost", [target(gpu_cost("gpu_unallocated_seconds_total"), instant=True)], "none",
+               "GPU time no workload held (time-slicing replicas nobody was given, idle GPUs, GPUs down) x price: "
+               "what the platform pays for itself. " + money, decimals=2,
+               thresholds=[("green", None), ("orange", 1)]), 12, 4)
     b.add(table("Cost per namespace", [
         target(allocated, ref="A", instant=True, table=True),
         target(effective, ref="B", instant=True, table=True),
@@ -377,8 +392,13 @@ def workloads() -> dict[str, Any]:
         ]), 24, 8)
     b.add(timeseries("Allocated cost per hour by namespace",
                      [target('namespace:l9gpu_allocated_cost_per_hour:rate5m{namespace=~"$namespace"}',
-                             "{{namespace}}")],
-                     "none", "What the GPUs each namespace holds cost per hour (recorded by the chargeback rules). "
+                             "{{namespace}}"),
+                      target("cluster:l9gpu_slurm_allocated_cost_per_hour:rate5m", "(Slurm jobs)", ref="B"),
+                      target("cluster:l9gpu_unallocated_cost_per_hour:rate5m", "(unallocated)", ref="C"),
+                      target("cluster:l9gpu_price_overrides_cost_per_hour:rate5m", "(price overrides)", ref="D")],
+                     "none", "What the GPUs each namespace holds cost per hour (recorded by the chargeback rules), "
+                             "with the Slurm jobs, the time nobody held and what namespace price overrides took "
+                             "off: with every namespace shown the stack is the GPUs' cost per hour. "
                              + money, stack=True), 12, 8)
     b.add(timeseries("Waste per hour by namespace",
                      [target('namespace:l9gpu_allocated_cost_per_hour:rate5m{namespace=~"$namespace"}'
@@ -475,6 +495,12 @@ def devices() -> dict[str, Any]:
     b.add(bargauge("Memory used / total",
                    [target(f"gpu_memory_used_bytes{{{DEV}}} / gpu_memory_total_bytes{{{DEV}}}", leg, instant=True)],
                    "percentunit", maximum=1), 12, 8)
+    b.add(timeseries("Share of each GPU nobody holds",
+                     [target(f"rate(gpu_unallocated_seconds_total{{{DEV}}}[$__rate_interval])"
+                             f" / rate(gpu_capacity_seconds_total{{{DEV}}}[$__rate_interval])", leg)],
+                     "percentunit", "Unallocated GPU time over the GPU's capacity: time-slicing replicas nobody was "
+                                    "given, a GPU with no holder, or a GPU that is down. A MIG instance counts its "
+                                    "slices of the GPU; the parent the slices in no instance.", maximum=1), 24, 8)
 
     b.row("Activity: SM, tensor cores, memory bandwidth (GPM: Hopper and newer)")
     gpm_note = (" NVML GPM, averaged between two samples (--gpm-interval); absent on GPUs before Hopper. In MIG mode "

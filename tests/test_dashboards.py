@@ -314,3 +314,25 @@ def test_cost_rules_price_each_namespace_from_the_prices_file(prometheus_with_da
     cost = values("namespace:l9gpu_allocated_cost_per_hour:rate5m")
     for namespace, gpus in held.items():
         assert cost[namespace] == pytest.approx(gpus * prices[namespace], rel=0.25), namespace
+
+
+def test_the_cost_rules_add_up_to_what_the_gpus_cost(prometheus_with_data):
+    """The Cost row's stack: the namespaces' allocated cost, the Slurm jobs', the unallocated
+    cost and the price overrides are the GPUs' cost per hour, on the simulated node whose GPU 6
+    is time-shared (a shared GPU's hour is paid once, not once per tenant)."""
+    query = prometheus_with_data
+
+    def scalar(expr: str) -> float:
+        doc = query(expr)
+        assert doc["status"] == "success" and doc["data"]["result"], (expr, doc)
+        return sum(float(r["value"][1]) for r in doc["data"]["result"])
+
+    # (rate5m over the few seconds of data there are: the figures are small, the identity exact)
+    gpus = scalar("cluster:l9gpu_gpu_cost_per_hour:rate5m")
+    assert gpus > 0
+    parts = (scalar("sum(namespace:l9gpu_allocated_cost_per_hour:rate5m)")
+             + scalar("cluster:l9gpu_slurm_allocated_cost_per_hour:rate5m")
+             + scalar("cluster:l9gpu_unallocated_cost_per_hour:rate5m")
+             + scalar("cluster:l9gpu_price_overrides_cost_per_hour:rate5m"))
+    assert parts == pytest.approx(gpus, rel=0.02)
+    assert scalar("cluster:l9gpu_unallocated_cost_per_hour:rate5m") > 0  # GPU 6's free replica
