@@ -9,7 +9,10 @@ once and reuses the text while that set is still exported.
 Bytes are identical to prometheus_client's (tests/test_encode.py compares them for every
 format and escaping a client can negotiate): families the fast path does not cover (other
 metric types, exemplars, timestamps, names outside ``[a-zA-Z_][a-zA-Z0-9_]*``, OpenMetrics
-2.0, dots/values escaping) are encoded by prometheus_client itself, family by family.
+2.0, dots/values escaping, and in the text format a counter or gauge carrying
+``<name>_created``, ``<name>_gsum`` or ``<name>_gcount`` samples, which prometheus_client
+moves into gauge families of their own) are encoded by prometheus_client itself, family
+by family.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from prometheus_client.utils import floatToGoString
 _PLAIN_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _FAST_TYPES = ("counter", "gauge")
 _EOF = "# EOF\n"
+# Samples named <family><suffix> that prometheus_client's text format takes out of their
+# family and writes after it, as a gauge family of their own (OpenMetrics keeps them).
+_TEXT_MOVED_SUFFIXES = ("_created", "_gsum", "_gcount")
 
 
 def _plain_label_name(name: str) -> bool:
@@ -124,12 +130,14 @@ class Encoder:
             help_text = help_text.replace("\\", r"\\").replace("\n", r"\n")
             out.append(f"# HELP {name} {help_text}\n# TYPE {name} {family.type}\n")
         cache = self._labels
-        created = None if self.openmetrics else family.name + "_created"
+        # the text format's series carry the header's name (``name``); only a sample named
+        # otherwise needs the closer look
+        text_format = not self.openmetrics
         for sample in family.samples:
             if sample.value is None or sample.timestamp is not None or sample.exemplar is not None or getattr(
                     sample, "native_histogram", None) is not None or not self._plain(sample.name):
                 return None
-            if sample.name == created:
+            if text_format and sample.name != name and _moved_in_text(family.name, sample.name):
                 return None  # the text format moves these to a gauge family of their own
             labels = sample.labels
             if labels:
@@ -146,6 +154,12 @@ class Encoder:
                 text = ""
             out.append(f"{sample.name}{text} {floatToGoString(sample.value)}\n")
         return "".join(out)
+
+
+def _moved_in_text(family: str, sample: str) -> bool:
+    """True for a sample prometheus_client's text format writes after its family, in a
+    gauge family of its own (``<family>_created``, ``_gsum``, ``_gcount``)."""
+    return sample.startswith(family) and sample[len(family):] in _TEXT_MOVED_SUFFIXES
 
 
 def _label_text(labels: dict[str, str]) -> str | None:
