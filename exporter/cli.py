@@ -327,8 +327,9 @@ def serve(args: argparse.Namespace) -> int:
     exposition = None
     if not args.no_metrics_endpoint:
         # cached bytes may be served for a pass and its rendering, then they are stale
+        # the DCGM schema: text to every scraper that takes it, as dcgm-exporter answers
         exposition = Exposition(registry, lambda: collector.snapshot, max_age=2 * args.interval,
-                                interval=args.interval)
+                                interval=args.interval, prefer_text=dcgm_selection is not None)
         collector.on_snapshot = exposition.warm
     bridge = None
     try:

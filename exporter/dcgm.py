@@ -46,6 +46,7 @@ from prometheus_client.samples import Sample
 
 from exporter import catalogue as cat
 from exporter.devices.nvml import THROTTLE_REASONS
+from exporter.encode import BareCounterName
 from exporter.model import DeviceSample, Snapshot, WorkloadUsage
 
 log = logging.getLogger(__name__)
@@ -501,20 +502,6 @@ def describe_skipped(selection: Selection, source: str) -> str | None:
 # ---- rendering ----------------------------------------------------------------------------
 
 
-class _CounterName(str):
-    """A counter family's name that stays itself when ``_total`` is appended.
-
-    dcgm-exporter's counters carry no ``_total`` suffix, and prometheus_client's text
-    encoder names a counter's HELP and TYPE lines ``<family>_total``; with this name they
-    name the series they describe, as in dcgm-exporter's output.
-    """
-
-    def __add__(self, other: str) -> str:
-        if other == "_total":
-            return str(self)
-        return str.__add__(self, other)
-
-
 _I_NAMESPACE = cat.WORKLOAD_LABELS.index("namespace")
 _I_POD = cat.WORKLOAD_LABELS.index("pod")
 _I_CONTAINER = cat.WORKLOAD_LABELS.index("container")
@@ -595,7 +582,7 @@ class DcgmRenderer:
         for spec, kind, help_text in self.selection.metrics:
             family = Metric(spec.name, help_text, kind)
             if kind == "counter":
-                family.name = _CounterName(spec.name)
+                family.name = BareCounterName(spec.name)
             name = spec.name
             append = family.samples.append
             for device, labels in devices:

@@ -21,7 +21,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.samples import Exemplar, Sample
 
 from exporter import cli
-from exporter.encode import Encoder
+from exporter.encode import Encoder, for_openmetrics
 
 ACCEPT = [
     "",
@@ -90,13 +90,15 @@ def _odd_families() -> list[Metric]:
     histogram = HistogramMetricFamily("odd_seconds", "A histogram.", buckets=[("0.5", 2), ("+Inf", 3)], sum_value=1.5)
     colon = GaugeMetricFamily("job:odd:ratio", "A recording-rule style name.", labels=["x"])
     colon.add_metric(["1"], 0.5)
+    untyped = Metric("odd_untyped", "A family of unknown type.", "unknown")
+    untyped.add_sample("odd_untyped", {"src": "x"}, 5.0)
     reserved = GaugeMetricFamily("odd_reserved", "A reserved label name.")
     reserved.samples.append(Sample("odd_reserved", {"__meta": "x"}, 1.0))
     stamped = GaugeMetricFamily("odd_stamped", "A sample with a timestamp.")
     stamped.samples.append(Sample("odd_stamped", {}, 1.0, timestamp=1700000000.25))
     exemplar = CounterMetricFamily("odd_traced", "A counter with an exemplar.")
     exemplar.samples.append(Sample("odd_traced_total", {}, 2.0, exemplar=Exemplar({"trace_id": "abc"}, 1.0)))
-    return [gauge, counter, created, plain, info, histogram, colon, reserved, stamped, exemplar,
+    return [gauge, counter, created, plain, info, histogram, colon, untyped, reserved, stamped, exemplar,
             *_gsum_gcount_families()]
 
 
@@ -140,6 +142,20 @@ def test_bytes_equal_prometheus_client_for_every_negotiable_format(accept: str, 
         assert encoder.encode(families) == expected
         assert encoder.encode(families) == expected  # again, from the cached label texts
         assert encoder.encode(families, step=3) == expected  # in steps, as the collector thread renders
+
+
+@pytest.mark.parametrize("accept", [a for a in ACCEPT if a.startswith("application/openmetrics-text")])
+def test_families_adapted_for_openmetrics_are_encoded_as_prometheus_client_encodes_them(accept: str,
+                                                                                         demo_families) -> None:
+    """/metrics in OpenMetrics: dcgm-exporter's counters typed unknown (and units escaped
+    for dots escaping) before encoding; the bytes are still prometheus_client's."""
+    library, _ = choose_encoder(accept)
+    encoder = Encoder(library)
+    families = list(for_openmetrics(demo_families, encoder.escaping))
+    assert any(f.type == "unknown" and f.name == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" for f in families)
+    assert encoder.encode(families) == library(_Families(families))
+    # the registry's own families are left as they were
+    assert next(f for f in demo_families if f.name == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION").type == "counter"
 
 
 def test_the_formats_prometheus_negotiates_take_the_fast_path(demo_families) -> None:
