@@ -461,7 +461,7 @@ def test_everything_else(releases):
     release = releases["everything else"]
     args = serve_args(release)
     assert args.backend == "nvml,amd" and args.pod_label == ["team", "cost-center"]
-    assert args.metric_schema == ("l9gpu", "dcgm")
+    assert args.metric_schema == ("l9gpu", "dcgm") and args.dcgm_hostname_label == "hostname"
     assert args.kubernetes == "off" and args.process_metrics and args.log_level == "debug"
     assert args.workload_grace == 600.0 and args.disable_metric == ["gpu_info"]
     assert args.cri_socket == release.mounts()["cri-socket"]["mountPath"] == "/run/k3s/containerd/containerd.sock"
