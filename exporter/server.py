@@ -9,6 +9,10 @@ Rendering costs far more than a pass on a busy node (a 200 KiB body), and Promet
 scrapes every 15-60 s while passes run every second, so the agent renders only for the
 scrapes it expects: it learns each client's scrape period (`ScrapeForecast`) and, after
 a pass, renders only when a scrape is due before the next pass.
+
+With the DCGM schema every scraper that accepts the text format gets it, as from
+dcgm-exporter (whose counters OpenMetrics cannot type counter); only a scraper that
+accepts nothing but OpenMetrics gets OpenMetrics (docs/MIGRATING-FROM-DCGM.md).
 """
 
 from __future__ import annotations
