@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from exporter import __version__
@@ -120,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_schema_args(parser: argparse.ArgumentParser) -> None:
-    from exporter.dcgm import parse_schemas
+    from exporter.dcgm import HOSTNAME_LABELS, parse_schemas
 
     group = parser.add_argument_group("metric schema")
     group.add_argument("--metric-schema", default="l9gpu", type=argtype(parse_schemas), metavar="SCHEMA",
@@ -132,22 +133,30 @@ def _add_schema_args(parser: argparse.ArgumentParser) -> None:
                             "dcgm-exporter's CSV format (DCGM field, type, help); fields l9gpu cannot provide are "
                             "named at start-up and skipped (default: dcgm-exporter's default counters plus the "
                             "DCGM_FI_PROF_* fields)")
+    group.add_argument("--dcgm-hostname-label", choices=HOSTNAME_LABELS, metavar="LABEL",
+                       help="with --metric-schema dcgm: the name of the node's label, as the dcgm-exporter release "
+                            "being replaced names it: Hostname (releases up to 4.5.3-4.8.2, and Grafana dashboard "
+                            "12239), hostname (later releases), or none (as dcgm-exporter's --no-hostname) "
+                            "(default: Hostname)")
 
 
 def _dcgm_selection(args: argparse.Namespace) -> Any:
     """The DCGM fields to serve (None when the DCGM schema is off); logs what is skipped."""
     from exporter import dcgm
 
+    hostname_label = getattr(args, "dcgm_hostname_label", None)
     if dcgm.DCGM not in args.metric_schema:
-        if args.collectors:
-            raise UsageError("l9gpu: --collectors needs --metric-schema dcgm (or l9gpu,dcgm)")
+        for flag, value in (("--collectors", args.collectors), ("--dcgm-hostname-label", hostname_label)):
+            if value:
+                raise UsageError(f"l9gpu: {flag} needs --metric-schema dcgm (or l9gpu,dcgm)")
         return None
+    hostname_label = hostname_label or dcgm.DEFAULT_HOSTNAME_LABEL
     if not args.collectors:
         selection = dcgm.default_selection()
         message = dcgm.describe_skipped(selection, "DCGM schema: default counters")
         if message:
             log.info("%s", message)
-        return selection
+        return replace(selection, hostname_label=hostname_label)
     try:
         selection = dcgm.select(dcgm.read_counters(args.collectors))
     except dcgm.CountersError as exc:
@@ -158,7 +167,7 @@ def _dcgm_selection(args: argparse.Namespace) -> Any:
     message = dcgm.describe_skipped(selection, f"--collectors {args.collectors}")
     if message:
         log.warning("%s", message)
-    return selection
+    return replace(selection, hostname_label=hostname_label)
 
 
 def _add_bridge_args(parser: argparse.ArgumentParser) -> None:
@@ -328,8 +337,9 @@ def serve(args: argparse.Namespace) -> int:
     exposition = None
     if not args.no_metrics_endpoint:
         # cached bytes may be served for a pass and its rendering, then they are stale
+        # the DCGM schema: text to every scraper that takes it, as dcgm-exporter answers
         exposition = Exposition(registry, lambda: collector.snapshot, max_age=2 * args.interval,
-                                interval=args.interval)
+                                interval=args.interval, prefer_text=dcgm_selection is not None)
         collector.on_snapshot = exposition.warm
     bridge = None
     try:

@@ -5,7 +5,9 @@ under the same names (``DCGM_FI_DEV_GPU_UTIL``, ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`
 in the same units (MHz, °C, W, mJ, KB, %, MiB, 0-1 ratios) and with the same label names
 (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``Hostname``,
 ``DCGM_FI_DRIVER_VERSION``; ``namespace``, ``pod``, ``container`` or ``hpc_job`` for a
-workload), so dashboards and alerts written for dcgm-exporter keep working.
+workload), so dashboards and alerts written for dcgm-exporter keep working. The node's
+label is ``Hostname`` as in dcgm-exporter 4.5.3-4.8.2 and before, or as the release being
+replaced names it (``--dcgm-hostname-label``: ``hostname`` after May 2026, ``none``).
 
 Which series carry workload labels (see docs/MIGRATING-FROM-DCGM.md):
 
@@ -46,6 +48,7 @@ from prometheus_client.samples import Sample
 
 from exporter import catalogue as cat
 from exporter.devices.nvml import THROTTLE_REASONS
+from exporter.encode import BareCounterName
 from exporter.model import DeviceSample, Snapshot, WorkloadUsage
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,13 @@ log = logging.getLogger(__name__)
 L9GPU = "l9gpu"
 DCGM = "dcgm"
 SCHEMAS: tuple[str, ...] = (L9GPU, DCGM)
+
+# --dcgm-hostname-label values: the node's label as the dcgm-exporter release being
+# replaced names it. ``Hostname`` up to 4.5.3-4.8.2 (and in Grafana dashboard 12239);
+# ``hostname`` after NVIDIA/dcgm-exporter's "Rename Hostname label to hostname" (May
+# 2026); ``none`` as its ``--no-hostname`` (no node label).
+HOSTNAME_LABELS: tuple[str, ...] = ("Hostname", "hostname", "none")
+DEFAULT_HOSTNAME_LABEL = "Hostname"
 
 MIB = 2**20
 KIB = 1024  # NVML's and DCGM's "KB" for PCIe byte counts
@@ -457,11 +467,14 @@ class Selection:
             type and help are the file's, as dcgm-exporter takes them.
         labels: the label fields (type ``label``), added to every series.
         skipped: (field name, reason) for every line l9gpu cannot serve.
+        hostname_label: the name of the node's label on every series (one of
+            `HOSTNAME_LABELS`; ``none``: no such label).
     """
 
     metrics: tuple[tuple[DcgmField, str, str], ...]
     labels: tuple[DcgmField, ...]
     skipped: tuple[tuple[str, str], ...]
+    hostname_label: str = DEFAULT_HOSTNAME_LABEL
 
 
 def select(lines: Sequence[CounterLine]) -> Selection:
@@ -499,20 +512,6 @@ def describe_skipped(selection: Selection, source: str) -> str | None:
 
 
 # ---- rendering ----------------------------------------------------------------------------
-
-
-class _CounterName(str):
-    """A counter family's name that stays itself when ``_total`` is appended.
-
-    dcgm-exporter's counters carry no ``_total`` suffix, and prometheus_client's text
-    encoder names a counter's HELP and TYPE lines ``<family>_total``; with this name they
-    name the series they describe, as in dcgm-exporter's output.
-    """
-
-    def __add__(self, other: str) -> str:
-        if other == "_total":
-            return str(self)
-        return str.__add__(self, other)
 
 
 _I_NAMESPACE = cat.WORKLOAD_LABELS.index("namespace")
@@ -564,6 +563,7 @@ class DcgmRenderer:
 
     def _device_labels(self, node: str, device: DeviceSample, parent_uuid: str) -> dict[str, str]:
         extras = tuple(str(f.value(_Device(device, None, None)) or "") for f in self.selection.labels)
+        hostname_label = self.selection.hostname_label
         key = (node, device.key, str(device.index), parent_uuid, device.model, device.pci_bus_id,
                device.gpu_instance) + extras
         labels = self._label_cache.get(key)
@@ -572,7 +572,8 @@ class DcgmRenderer:
                       "device": f"nvidia{device.index}", "modelName": device.model}
             if device.gpu_instance:
                 labels["GPU_I_ID"] = device.gpu_instance
-            labels["Hostname"] = node
+            if hostname_label != "none":
+                labels[hostname_label] = node
             for spec, value in zip(self.selection.labels, extras):
                 labels[spec.name] = value
             labels = {k: v for k, v in labels.items() if v}
@@ -595,7 +596,7 @@ class DcgmRenderer:
         for spec, kind, help_text in self.selection.metrics:
             family = Metric(spec.name, help_text, kind)
             if kind == "counter":
-                family.name = _CounterName(spec.name)
+                family.name = BareCounterName(spec.name)
             name = spec.name
             append = family.samples.append
             for device, labels in devices:

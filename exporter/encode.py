@@ -9,14 +9,26 @@ once and reuses the text while that set is still exported.
 Bytes are identical to prometheus_client's (tests/test_encode.py compares them for every
 format and escaping a client can negotiate): families the fast path does not cover (other
 metric types, exemplars, timestamps, names outside ``[a-zA-Z_][a-zA-Z0-9_]*``, OpenMetrics
-2.0, dots/values escaping) are encoded by prometheus_client itself, family by family.
+2.0, dots/values escaping, and in the text format a counter or gauge carrying
+``<name>_created``, ``<name>_gsum`` or ``<name>_gcount`` samples, which prometheus_client
+moves into gauge families of their own) are encoded by prometheus_client itself, family
+by family.
+
+OpenMetrics 1.0 names a counter's series ``<name>_total``; dcgm-exporter's counters have
+no such suffix (``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``), and dashboards query them by
+those names. Such a family is named with `BareCounterName`, and `for_openmetrics` types it
+``unknown`` in OpenMetrics, the type OpenMetrics gives a metric from a third-party system
+whose type it cannot state, so that strict parsers accept it under its own name; the text
+format keeps ``counter``, as dcgm-exporter writes it (and /metrics answers the text format
+to every scraper that accepts it while the DCGM schema is served: `exporter.server`).
 """
 
 from __future__ import annotations
 
+import copy
 import re
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import exposition as text_format
 from prometheus_client.openmetrics import exposition as om_format
@@ -25,8 +37,52 @@ from prometheus_client.utils import floatToGoString
 # Names that every escaping scheme the fast path serves (underscores, allow-utf-8)
 # leaves exactly as they are.
 _PLAIN_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-_FAST_TYPES = ("counter", "gauge")
+_FAST_TYPES = ("counter", "gauge", "unknown")
 _EOF = "# EOF\n"
+# Samples named <family><suffix> that prometheus_client's text format takes out of their
+# family and writes after it, as a gauge family of their own (OpenMetrics keeps them).
+_TEXT_MOVED_SUFFIXES = ("_created", "_gsum", "_gcount")
+
+
+class BareCounterName(str):
+    """The name of a counter family whose series carry no ``_total`` suffix.
+
+    prometheus_client's text format names a counter's HELP and TYPE lines (and the series
+    it expects) ``<family>_total``; with this name they name the series they describe, as
+    dcgm-exporter's output does. OpenMetrics cannot type such a family ``counter``: see
+    `for_openmetrics`.
+    """
+
+    def __add__(self, other: str) -> str:
+        if other == "_total":
+            return str(self)
+        return str.__add__(self, other)
+
+
+def for_openmetrics(families: Iterable[Any], escaping: str = om_format.UNDERSCORES) -> Iterator[Any]:
+    """``families`` as OpenMetrics may carry them, for names escaped with ``escaping``.
+
+    * A counter family named with `BareCounterName` is typed ``unknown``: OpenMetrics 1.0
+      requires a counter's samples to be named ``<name>_total`` (a strict parser rejects
+      the whole exposition otherwise, with "Clashing name"), and renaming them would break
+      every query written for the names.
+    * With ``escaping=dots``, which doubles every underscore of a name, a family's unit is
+      escaped as its name is, so that it stays the suffix of the name that OpenMetrics
+      requires (prometheus_client escapes the name only; a strict parser then rejects the
+      exposition with "Unit does not match metric name").
+
+    Every other family is passed on as it is; a changed one is a shallow copy.
+    """
+    escape_units = escaping == om_format.DOTS
+    for family in families:
+        bare = family.type == "counter" and isinstance(family.name, BareCounterName)
+        unit = om_format.escape_metric_name(family.unit, escaping) if escape_units and family.unit else family.unit
+        if bare or unit != family.unit:
+            family = copy.copy(family)
+            if bare:
+                family.name, family.type = str(family.name), "unknown"
+            family.unit = unit
+        yield family
 
 
 def _plain_label_name(name: str) -> bool:
@@ -72,6 +128,7 @@ class Encoder:
         else:
             self.openmetrics = False
             fast = func is text_format.generate_latest
+        self.escaping: str = escaping  # how the format escapes names (om_format.UNDERSCORES, ...)
         self.fast = fast and escaping in (om_format.UNDERSCORES, om_format.ALLOWUTF8)
         self._labels: dict[tuple[tuple[str, str], ...], str] = {}
         self._names: set[str] = set()
@@ -119,17 +176,22 @@ class Encoder:
             if family.unit:
                 out.append(f"# UNIT {name} {family.unit}\n")
         else:
-            if family.type == "counter":
+            kind = family.type
+            if kind == "counter":
                 name += "_total"
+            elif kind == "unknown":
+                kind = "untyped"  # the text format's word for it
             help_text = help_text.replace("\\", r"\\").replace("\n", r"\n")
-            out.append(f"# HELP {name} {help_text}\n# TYPE {name} {family.type}\n")
+            out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
         cache = self._labels
-        created = None if self.openmetrics else family.name + "_created"
+        # the text format's series carry the header's name (``name``); only a sample named
+        # otherwise needs the closer look
+        text_format = not self.openmetrics
         for sample in family.samples:
             if sample.value is None or sample.timestamp is not None or sample.exemplar is not None or getattr(
                     sample, "native_histogram", None) is not None or not self._plain(sample.name):
                 return None
-            if sample.name == created:
+            if text_format and sample.name != name and _moved_in_text(family.name, sample.name):
                 return None  # the text format moves these to a gauge family of their own
             labels = sample.labels
             if labels:
@@ -148,6 +210,12 @@ class Encoder:
         return "".join(out)
 
 
+def _moved_in_text(family: str, sample: str) -> bool:
+    """True for a sample prometheus_client's text format writes after its family, in a
+    gauge family of its own (``<family>_created``, ``_gsum``, ``_gcount``)."""
+    return sample.startswith(family) and sample[len(family):] in _TEXT_MOVED_SUFFIXES
+
+
 def _label_text(labels: dict[str, str]) -> str | None:
     """``{name="value",...}`` sorted by name, values escaped; None for a label name the
     fast path does not cover."""
@@ -160,4 +228,4 @@ def _label_text(labels: dict[str, str]) -> str | None:
     return "{" + ",".join(pairs) + "}"
 
 
-__all__ = ["Encoder"]
+__all__ = ["BareCounterName", "Encoder", "for_openmetrics"]

@@ -9,6 +9,10 @@ Rendering costs far more than a pass on a busy node (a 200 KiB body), and Promet
 scrapes every 15-60 s while passes run every second, so the agent renders only for the
 scrapes it expects: it learns each client's scrape period (`ScrapeForecast`) and, after
 a pass, renders only when a scrape is due before the next pass.
+
+With the DCGM schema every scraper that accepts the text format gets it, as from
+dcgm-exporter (whose counters OpenMetrics cannot type counter); only a scraper that
+accepts nothing but OpenMetrics gets OpenMetrics (docs/MIGRATING-FROM-DCGM.md).
 """
 
 from __future__ import annotations
@@ -20,13 +24,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from exporter.encode import Encoder
+from exporter.encode import Encoder, for_openmetrics
 from exporter.model import Snapshot
 from exporter.page import SnapshotPages
 
@@ -102,6 +106,35 @@ class ScrapeForecast:
             return False
 
 
+def text_first(accept: str) -> str:
+    """The ``Accept`` header without its OpenMetrics entries, when it accepts anything else.
+
+    Prometheus asks for OpenMetrics first and the text format after it (``text/plain``
+    with a lower ``q``, or ``*/*``); `choose_encoder` then answers the text format. A
+    header naming only OpenMetrics, or one whose other entries are all refused
+    (``q=0``), is returned as it is.
+    """
+    others = []
+    for entry in accept.split(","):
+        media, *params = (part.strip() for part in entry.split(";"))
+        if not media or media.lower() == "application/openmetrics-text":
+            continue
+        if media.lower() in ("text/plain", "text/*", "*/*") and not any(_refuses(p) for p in params):
+            others.append(entry.strip())
+    return ",".join(others) if others else accept
+
+
+def _refuses(parameter: str) -> bool:
+    """True for an Accept entry's ``q=0`` (that type is not acceptable)."""
+    name, _, value = parameter.partition("=")
+    if name.strip().lower() != "q":
+        return False
+    try:
+        return float(value) == 0.0
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class _Rendered:
     seq: int
@@ -127,11 +160,17 @@ class Exposition:
         max_age: seconds for which cached bytes may still be served.
         interval: seconds between collection passes.
         clock: monotonic clock, seconds.
+        prefer_text: answer the text format to every client that accepts it, whatever it
+            prefers (see `text_first`); OpenMetrics only to a client that accepts nothing
+            else. For the DCGM schema: dcgm-exporter only ever answers text, in which its
+            counters are typed counter, and OpenMetrics cannot type them so.
     """
 
     def __init__(self, registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot | None],
-                 max_age: float = 1.0, interval: float = 1.0, clock: Callable[[], float] = time.monotonic):
+                 max_age: float = 1.0, interval: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 prefer_text: bool = False):
         self.registry = registry
+        self._prefer_text = prefer_text
         self._get_snapshot = get_snapshot
         self._max_age = max_age
         self._interval = interval
@@ -154,7 +193,7 @@ class Exposition:
                 (unless already done), a few families at a time.
             client: who scrapes (the peer's address), to learn its scrape period.
         """
-        library, content_type = choose_encoder(accept or "")
+        library, content_type = choose_encoder(text_first(accept or "") if self._prefer_text else accept or "")
         snapshot = self._get_snapshot()
         seq = snapshot.seq if snapshot is not None else 0
         now = self._clock()
@@ -171,8 +210,12 @@ class Exposition:
         if not background:
             self.forecast.observe((client or "",) + variant, now)
         if hit is None or now - hit.rendered_at > self._max_age or (background and hit.seq != seq):
+            families: Iterable[Any] = self.registry.collect()
+            if encoder.openmetrics:
+                # dcgm-exporter's counters typed unknown; with dots escaping, units escaped
+                families = for_openmetrics(families, encoder.escaping)
             # in the collector thread, a few families at a time so the event loop keeps answering
-            body = encoder.encode(self.registry.collect(), step=4 if background else 0)
+            body = encoder.encode(families, step=4 if background else 0)
             hit = _Rendered(seq, now, body)
         if want_gzip and hit.zipped is None:
             hit = replace(hit, zipped=gzip.compress(hit.body, compresslevel=5))

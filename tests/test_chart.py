@@ -268,7 +268,8 @@ CASES: dict[str, dict[str, Any]] = {
     "hostPID false with the host's /proc mounted": _sets("hostPID=false"),
     "backend gaudi": _sets("backend=gaudi"),
     "everything else": _merge(_sets(
-        "backend=nvml\\,amd", "metricSchema=l9gpu\\,dcgm", "podLabels={team,cost-center}", "cri.enabled=true",
+        "backend=nvml\\,amd", "metricSchema=l9gpu\\,dcgm", "dcgmHostnameLabel=hostname", "podLabels={team,cost-center}",
+        "cri.enabled=true",
         "cri.socket=/run/k3s/containerd/containerd.sock", "processMetrics=true", "logLevel=debug",
         "logFormat=text", "extraArgs={--workload-grace,10m,--disable-metric,gpu_info}",
         "hostPort=true", "hostNetwork=true", "image.digest=sha256:" + "0" * 64,
@@ -306,6 +307,20 @@ def test_gpm_interval_reaches_the_agent(value, expected):
     assert serve_args(release).gpm_interval == expected
 
 
+@pytest.mark.parametrize(("schema", "label", "served"), [
+    ("dcgm", "Hostname", "Hostname"),
+    ("dcgm", "hostname", "hostname"),
+    ("l9gpu\\,dcgm", "none", "none"),
+    ("l9gpu", "hostname", None),  # no DCGM schema: the flag is not passed (the agent would refuse it)
+])
+def test_the_dcgm_node_label_reaches_the_agent(schema, label, served):
+    from exporter.cli import _dcgm_selection
+
+    args = serve_args(render(_sets(f"metricSchema={schema}", f"dcgmHostnameLabel={label}")))
+    selection = _dcgm_selection(args)  # what `l9gpu serve` makes of the flags: no usage error
+    assert (selection.hostname_label if selection else None) == served
+
+
 def test_the_documented_install_command_sets_every_value_it_names():
     values, name, namespace = _documented()
     release = render(values, name=name, namespace=namespace)
@@ -338,6 +353,7 @@ def test_defaults():
     assert args.metric_schema == ("l9gpu",)
     assert not any(a.startswith("--metric-schema") for a in release.container["args"])
     assert serve_args(render(_sets("metricSchema=dcgm"))).metric_schema == ("dcgm",)
+    assert not any(a.startswith("--dcgm-hostname-label") for a in render(_sets("metricSchema=dcgm")).container["args"])
     pod = release.pod
     assert pod["hostPID"] is True and pod["serviceAccountName"] == "l9gpu"
     assert "capabilities" not in release.container["securityContext"] or \
@@ -445,7 +461,7 @@ def test_everything_else(releases):
     release = releases["everything else"]
     args = serve_args(release)
     assert args.backend == "nvml,amd" and args.pod_label == ["team", "cost-center"]
-    assert args.metric_schema == ("l9gpu", "dcgm")
+    assert args.metric_schema == ("l9gpu", "dcgm") and args.dcgm_hostname_label == "hostname"
     assert args.kubernetes == "off" and args.process_metrics and args.log_level == "debug"
     assert args.workload_grace == 600.0 and args.disable_metric == ["gpu_info"]
     assert args.cri_socket == release.mounts()["cri-socket"]["mountPath"] == "/run/k3s/containerd/containerd.sock"
@@ -494,6 +510,7 @@ def _schema_error(*expressions: str, values: dict[str, Any] | None = None) -> st
     ("port=metrics", "got string, want integer"),
     ("backend=nvidia", "'nvidia' does not match pattern"),
     ("metricSchema=dcgm-exporter", "'dcgm-exporter' does not match pattern"),
+    ("dcgmHostnameLabel=HOSTNAME", "value must be one of 'Hostname', 'hostname', 'none'"),
     ("backend=auto\\,gaudi", "'auto,gaudi' does not match pattern"),
     ("otlp.protocol=http", "value must be one of 'grpc', 'http/protobuf'"),
     ("kubernetesApi=maybe", "value must be one of"),

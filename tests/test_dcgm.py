@@ -13,11 +13,14 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 
 from exporter import catalogue as cat
 from exporter import dcgm
+from exporter.encode import for_openmetrics
 from exporter.model import DeviceSample, ProcessSample, Snapshot, WorkloadUsage, frozen_mapping
 from exporter.render import families
 
 DATA = Path(__file__).resolve().parent / "data"
 UPSTREAM_COUNTERS = DATA / "dcgm-exporter-default-counters.csv"
+# the newest release's (its default set since 4.3.1-4.4.0; help texts of commented-out lines aside)
+NEWEST_COUNTERS = DATA / "dcgm-exporter-4.5.3-4.8.2-default-counters.csv"
 MIB = 2**20
 
 
@@ -84,9 +87,33 @@ def test_dcgm_exporters_own_default_counters_file_is_read():
     assert "DCGM_FI_DEV_ENC_UTIL (encoder utilisation is not read)" in line
 
 
+def test_the_newest_releases_default_counters_file_is_read():
+    """dcgm-exporter 4.5.3-4.8.2's etc/default-counters.csv: PCIe as DCGM_FI_PROF_*_BYTES
+    rates instead of the DEV_*_THROUGHPUT counters, the DCP fields its dashboard reads, and
+    DCGM_FI_DEV_FB_RESERVED, which l9gpu cannot provide."""
+    selection = dcgm.select(dcgm.read_counters(str(NEWEST_COUNTERS)))
+    assert [f.name for f, _, _ in selection.metrics] == [
+        "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE",
+        "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"]
+    assert [f.name for f in selection.labels] == ["DCGM_FI_DRIVER_VERSION"]
+    assert {name for name, _ in selection.skipped} == {
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_FB_RESERVED",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE"}
+    types = {f.name: kind for f, kind, _ in selection.metrics}
+    assert types["DCGM_FI_PROF_PCIE_TX_BYTES"] == "gauge" and types["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == "counter"
+
+
 def test_the_default_counters_contain_dcgm_exporters_and_every_prof_field():
-    upstream = {line.name for line in dcgm.read_counters(str(UPSTREAM_COUNTERS))}
     default = {line.name for line in dcgm.parse_counters(dcgm.DEFAULT_COUNTERS, "default")}
+    for path in (UPSTREAM_COUNTERS, NEWEST_COUNTERS):
+        served = {f.name for f, _, _ in dcgm.select(dcgm.read_counters(str(path))).metrics}
+        assert served <= default, path
+    upstream = {line.name for line in dcgm.read_counters(str(UPSTREAM_COUNTERS))}
     assert upstream <= default
     prof = {f.name for f in dcgm.FIELDS if f.name.startswith("DCGM_FI_PROF_")}
     assert len(prof) == 15 and prof <= default
@@ -149,6 +176,9 @@ def test_parse_schemas():
 @pytest.mark.parametrize("args, message", [
     (["--metric-schema", "nvidia"], "unknown metric schema 'nvidia'; use l9gpu, dcgm or l9gpu,dcgm"),
     (["--collectors", "x.csv"], "--collectors needs --metric-schema dcgm (or l9gpu,dcgm)"),
+    (["--dcgm-hostname-label", "hostname"], "--dcgm-hostname-label needs --metric-schema dcgm (or l9gpu,dcgm)"),
+    (["--metric-schema", "dcgm", "--dcgm-hostname-label", "HOSTNAME"],
+     "argument --dcgm-hostname-label: invalid choice: 'HOSTNAME' (choose from 'Hostname', 'hostname', 'none')"),
     (["--metric-schema", "dcgm", "--collectors", "/nonexistent/counters.csv"],
      "--collectors /nonexistent/counters.csv: cannot read: No such file or directory"),
 ])
@@ -202,6 +232,25 @@ def test_a_counters_file_chooses_the_fields_and_names_the_rest_once(agent_factor
         in log
 
 
+@pytest.mark.parametrize(("flags", "env", "label"), [
+    ((), {}, "Hostname"),  # dcgm-exporter up to 4.5.3-4.8.2, Grafana dashboard 12239
+    (("--dcgm-hostname-label", "hostname"), {}, "hostname"),  # dcgm-exporter after May 2026
+    ((), {"L9GPU_DCGM_HOSTNAME_LABEL": "hostname"}, "hostname"),
+    (("--dcgm-hostname-label", "none"), {}, None),  # dcgm-exporter's --no-hostname
+])
+def test_the_node_label_is_named_as_the_replaced_release_names_it(flags, env, label, agent_factory):
+    agent = agent_factory("--backend", "simulated", "--metric-schema", "l9gpu,dcgm", *flags, env=env)
+    samples = agent.samples()
+    assert any("pod" in labels for labels, _ in samples["DCGM_FI_DEV_FB_USED"]), "workload series are checked too"
+    # (prometheus_client's parser reads a counter's series as <name>_total)
+    for name in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total"):
+        for labels, _ in samples[name]:  # device and workload series alike
+            node_labels = {k: v for k, v in labels.items() if k.lower() == "hostname"}
+            assert node_labels == ({label: "sim-node-01"} if label else {}), (name, labels)
+    # the l9gpu schema keeps its own `node`
+    assert all(labels["node"] == "sim-node-01" for labels, _ in samples["gpu_up"])
+
+
 def test_a_counters_file_with_nothing_servable_is_an_error(tmp_path):
     path = tmp_path / "counters.csv"
     path.write_text("DCGM_FI_DEV_ENC_UTIL, gauge, Encoder utilization (in %).\n")
@@ -244,7 +293,7 @@ def test_units_and_labels_of_a_device():
     }, "every field the device does not report (here most GPM keys) is absent, never 0"
 
 
-def test_counters_keep_dcgms_names_and_type_in_both_exposition_formats():
+def test_counters_keep_dcgms_names_in_both_exposition_formats():
     device = _device()
     snap = Snapshot(seq=1, node="n", timestamp=0.0, devices=(device,),
                     device_energy_joules=frozen_mapping({device.key: 2.0}))
@@ -254,8 +303,10 @@ def test_counters_keep_dcgms_names_and_type_in_both_exposition_formats():
     assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\nDCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{" in text
     assert "# TYPE DCGM_FI_DEV_GPU_TEMP gauge\nDCGM_FI_DEV_GPU_TEMP{" in text
     assert "_total" not in text
-    openmetrics = generate_openmetrics(_Families(metrics)).decode()
-    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\nDCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{" in openmetrics
+    # OpenMetrics 1.0 forbids a counter without _total: as /metrics serves it, typed unknown
+    openmetrics = generate_openmetrics(_Families(for_openmetrics(metrics))).decode()
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION unknown\nDCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{" in openmetrics
+    assert "# TYPE DCGM_FI_DEV_GPU_TEMP gauge\nDCGM_FI_DEV_GPU_TEMP{" in openmetrics
     assert "_total" not in openmetrics
 
 

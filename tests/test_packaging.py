@@ -1,0 +1,86 @@
+"""What setup.cfg installs is what the agent uses: every package of ``install_requires``
+and of the runtime extras (``k8s``, ``otlp``, ``amd``, ``report``, ``all``) is imported
+somewhere in the shipped code (exporter/, bridge/), so that no extra drags in a package
+nothing uses (the ``test`` extra is the tests' own)."""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import importlib.metadata
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RUNTIME_EXTRAS = ("k8s", "otlp", "amd", "report", "all")
+
+
+def _requirements() -> dict[str, set[str]]:
+    """Distribution name (normalised) -> the setup.cfg sections that require it."""
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    sections = {"install_requires": config["options"]["install_requires"]}
+    sections.update({extra: config["options.extras_require"][extra] for extra in RUNTIME_EXTRAS})
+    found: dict[str, set[str]] = {}
+    for section, text in sections.items():
+        for line in text.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                name = re.split(r"[<>=!~\[; ]", line, maxsplit=1)[0]
+                found.setdefault(_normalise(name), set()).add(section)
+    return found
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _imported_modules() -> set[str]:
+    """Every absolute module the shipped code imports (at any depth, lazily or not)."""
+    modules: set[str] = set()
+    for package in ("exporter", "bridge"):
+        for path in (REPO / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    modules.update(alias.name for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    modules.add(node.module)
+                    modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return modules
+
+
+def _provided_modules(distribution: str) -> set[str] | None:
+    """The modules an installed distribution provides (None when it is not installed)."""
+    try:
+        files = importlib.metadata.files(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    modules = set()
+    for file in files or ():
+        parts = file.parts
+        if file.suffix != ".py" or any(part.endswith((".dist-info", ".egg-info")) for part in parts) \
+                or parts[0] in ("..", "bin"):
+            continue
+        dotted = list(parts[:-1]) + ([] if file.stem == "__init__" else [file.stem])
+        if dotted:
+            modules.add(".".join(dotted))
+    return modules
+
+
+def test_every_runtime_dependency_is_imported_by_the_agent() -> None:
+    imported = _imported_modules()
+    unused = {}
+    for distribution, sections in _requirements().items():
+        provided = _provided_modules(distribution)
+        if provided is None:  # not installed here (amdsmi): its import name is its own
+            provided = {distribution.replace("-", "_")}
+        if not provided & imported:
+            unused[distribution] = sorted(sections)
+    assert unused == {}, f"setup.cfg installs packages the agent never imports: {unused}"
+
+
+def test_the_requirements_are_read() -> None:
+    requirements = _requirements()
+    assert {"prometheus-client", "aiohttp", "opentelemetry-sdk", "kubernetes", "jinja2"} <= set(requirements)
+    assert requirements["opentelemetry-sdk"] == {"otlp", "all"}
+    assert "pytest" not in requirements
