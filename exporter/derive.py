@@ -203,26 +203,31 @@ def split_time(holders: Sequence[tuple[int, int | None]], replicas: int | None) 
     n = len(holders)
     if n == 0:
         return [], 1.0
-    parts = [0.0] * n
-    outside = [i for i, (k, _) in enumerate(holders) if k <= 0]
-    plugin = [i for i, (k, _) in enumerate(holders) if k > 0]
+    held = 0  # replicas held, and whether anyone holds the GPU outside the device plugin
+    outside = False
+    for k, _ in holders:
+        if k > 0:
+            held += k
+        else:
+            outside = True
+    if not outside:  # the common case: device-plugin holders only (a whole GPU: 1 of 1)
+        total = max(replicas or 0, held)
+        return [k / total for k, _ in holders], (total - held) / total
     memory_known = all(m is not None for _, m in holders)
     weight = [max(0, m or 0) if memory_known else 1 for _, m in holders]
-    outside_share = 0.0
-    if outside:
-        outside_weight = sum(weight[i] for i in outside)
+    outside_weight = sum(w for (k, _), w in zip(holders, weight) if k <= 0)
+    if held:
         all_weight = sum(weight)
-        outside_share = 1.0 if not plugin else (outside_weight / all_weight if all_weight else 0.0)
-        for i in outside:
-            parts[i] = outside_share * (weight[i] / outside_weight if outside_weight else 1.0 / len(outside))
+        outside_share = outside_weight / all_weight if all_weight else 0.0
+    else:
+        outside_share = 1.0
+    outsiders = sum(1 for k, _ in holders if k <= 0)
     rest = 1.0 - outside_share
-    if not plugin:
-        return parts, rest
-    held = sum(holders[i][0] for i in plugin)
     total = max(replicas or 0, held)
-    for i in plugin:
-        parts[i] = rest * holders[i][0] / total
-    return parts, rest * (total - held) / total
+    parts = [rest * k / total if k > 0 else
+             outside_share * (w / outside_weight if outside_weight else 1.0 / outsiders)
+             for (k, _), w in zip(holders, weight)]
+    return parts, (rest * (total - held) / total) if held else rest
 
 
 def _labels(cache: dict[int, tuple[str, ...]], labeller: Labeller, owner: Workload) -> tuple[str, ...]:
@@ -347,8 +352,10 @@ def step(
                 replicas = max(replicas or 0, row.replicas)
 
         # What each group holds, before the GPU's time is split between the holders.
-        summed: list[tuple[tuple[str, ...], list[int], int | None, float | None, float, bool, bool | None]] = []
-        holders: list[tuple[int, int | None]] = []
+        summed: list[tuple[tuple[str, ...], list[int], int | None, float | None, float, bool, bool | None,
+                           bool]] = []
+        holders: list[tuple[int, int | None]] = []  # (replicas held, memory) of those taking part
+        taking: list[int] = []  # their places in summed + idle_allocated
         for labels, members in groups.items():
             allocated = (labels in allocated_labels) if allocations is not None and labels in pods else None
             memory: int | None = None  # stays None when the device reports no per-process memory
@@ -366,29 +373,30 @@ def step(
                 # energy went to the unattributed bucket (split_energy), not to this workload.
                 energy_known = energy_known or used is not None or sm is not None
                 energy += parts[i]
-            summed.append((labels, members, memory, util_sum, energy, energy_known, allocated))
             # Holding the GPU: memory on it, or (where memory is unknown) a process on it;
-            # or device-plugin replicas of it.
+            # or device-plugin replicas of it. Groups that hold nothing take no part in the split.
             held = memory > 0 if memory is not None else True
             k = len(allocated_labels[labels]) if allocated else 0
-            holders.append((k, memory) if held or k else (0, 0))
+            if held or k:
+                taking.append(len(summed))
+                holders.append((k, memory))
+            summed.append((labels, members, memory, util_sum, energy, energy_known, allocated, held))
         idle_allocated = [labels for labels in allocated_labels if labels not in groups]
-        holders += [(len(allocated_labels[labels]), 0) for labels in idle_allocated]
-        # Groups that hold nothing (0 memory, no replica) take no part in the split.
-        take = [i for i, (k, m) in enumerate(holders) if k or m is None or m > 0]
-        fractions, free = split_time([holders[i] for i in take], replicas)
-        share = [0.0] * len(holders)
-        for i, fraction in zip(take, fractions):
-            share[i] = fraction * device_seconds
+        for n, labels in enumerate(idle_allocated, start=len(summed)):
+            taking.append(n)
+            holders.append((len(allocated_labels[labels]), 0))
+        fractions, free = split_time(holders, replicas)
+        share = [0.0] * (len(summed) + len(idle_allocated))
+        for n, fraction in zip(taking, fractions):
+            share[n] = fraction * device_seconds
         unallocated_total[key] = unallocated_total.get(key, 0.0) + free * device_seconds
         unattributed_energy[key] = unattributed_energy.get(key, 0.0) + rest_energy
         unattributed.append(Unattributed(key, rest_memory, rest_count, unattributed_energy[key],
                                          unallocated_total[key]))
 
-        for n, (labels, members, memory, util_sum, energy, energy_known, allocated) in enumerate(summed):
+        for n, (labels, members, memory, util_sum, energy, energy_known, allocated, held) in enumerate(summed):
             wkey = (key, labels)
             seen.add(wkey)
-            held = memory > 0 if memory is not None else True
             util = None if util_sum is None else min(1.0, util_sum)
             old = counters.get(wkey, WorkloadCounters())
             idle_since = old.idle_since
