@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("report", "prices")
-BY = re.compile(r"^(namespace|slurm_account|slurm_user|label_[a-zA-Z0-9_]+)$")
+COMMANDS = ("report", "prices", "inference-rules")
+BY = re.compile(r"^(namespace|model|slurm_account|slurm_user|label_[a-zA-Z0-9_]+)$")
 
 
 def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
-    """Add the ``report`` and ``prices`` subcommands to the ``l9gpu`` parser."""
+    """Add the ``report``, ``prices`` and ``inference-rules`` subcommands to the ``l9gpu`` parser."""
     report = sub.add_parser("report", help="chargeback: GPU-hours, energy, cost and waste per team from Prometheus",
                             description="GPU-hours used and allocated, waste, zombie hours, energy and cost per "
                                         "namespace, pod label, Slurm account or Slurm user over a period, from the "
@@ -33,8 +33,12 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
                              "(required)")
     report.add_argument("--to", dest="end", default="now", metavar="END", help="end, same forms (default: now)")
     report.add_argument("--by", default="namespace", metavar="LABEL",
-                        help="group by namespace, label_<key> (a --pod-label of the agents), slurm_account or "
-                             "slurm_user (default: namespace)")
+                        help="group by namespace, model (the model each inference engine serves: tokens and cost "
+                             "per million tokens, see docs/INFERENCE.md), label_<key> (a --pod-label of the "
+                             "agents), slurm_account or slurm_user (default: namespace)")
+    report.add_argument("--engines", metavar="FILE",
+                        help="with --by model: inference engines to read besides (or instead of) the built-in "
+                             "vLLM, SGLang, TGI, Triton TensorRT-LLM and NIM (YAML, see docs/INFERENCE.md)")
     report.add_argument("--prices", metavar="FILE", help="prices file (YAML, see docs/CHARGEBACK.md): adds costs")
     report.add_argument("--format", choices=("csv", "json", "html"),
                         help="output format (default: from the --output extension, else csv)")
@@ -68,7 +72,19 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
                                         "chargeback rules and the Grafana dashboard the same prices.")
     prices.add_argument("file", metavar="FILE", help="prices file (YAML)")
     prices.add_argument("--output", "-o", metavar="FILE", help="write the rules here instead of standard output")
-    return [report, prices]
+
+    rules = sub.add_parser("inference-rules",
+                           help="write the recording rules and alerts that join inference engines' tokens with "
+                                "GPU time",
+                           description="Write the Prometheus rules for tokens per second, GPU-seconds, kWh and cost "
+                                       "per million tokens per workload and served model, KV-cache saturation and "
+                                       "idle replicas, for the built-in engines and those of --engines "
+                                       "(alerts/l9gpu-inference.rules.yaml is the built-in engines' file; see "
+                                       "docs/INFERENCE.md).")
+    rules.add_argument("--engines", metavar="FILE",
+                       help="engines to add to, or override in, the built-in mapping (YAML)")
+    rules.add_argument("--output", "-o", metavar="FILE", help="write the rules here instead of standard output")
+    return [report, prices, rules]
 
 
 class _Fail(Exception):
@@ -82,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.command == "prices":
             return _prices(args)
+        if args.command == "inference-rules":
+            return _inference_rules(args)
         return _report(args)
     except _Fail as exc:
         print(f"l9gpu {args.command}: {exc}", file=sys.stderr)
@@ -121,6 +139,25 @@ def _prices(args: argparse.Namespace) -> int:
     except PricesError as exc:
         raise _Fail(str(exc)) from None
     _write(args.output, recording_rules(prices))
+    return 0
+
+
+def _engines(path: str | None) -> Any:
+    from exporter.inference.engines import EnginesError, load_engines
+
+    try:
+        return load_engines(path)
+    except EnginesError as exc:
+        raise _Fail(str(exc)) from None
+
+
+def _inference_rules(args: argparse.Namespace) -> int:
+    from exporter.inference.rules import rules_text
+
+    _check_output(args.output)
+    engines = _engines(args.engines)
+    _write(args.output, rules_text(engines, f"the built-in engines and {args.engines}" if args.engines
+                                   else "the built-in engines"))
     return 0
 
 
