@@ -75,7 +75,9 @@ def parse_selector(text: str) -> Selector:
 
 def _split_matchers(body: str) -> list[str]:
     """Split ``a="x,y", b!="z"`` at the commas outside the quotes."""
-    parts, current, quoted, escaped = [], [], False, False
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = escaped = False
     for c in body:
         if escaped:
             escaped = False

@@ -171,7 +171,7 @@ def _report(args: argparse.Namespace) -> int:
         if not value:  # required, from the command line or L9GPU_PROMETHEUS / L9GPU_FROM
             raise _Fail(f"{flag} is required")
     if not BY.match(args.by):
-        raise _Fail(f"--by {args.by!r}: use namespace, label_<key>, slurm_account or slurm_user")
+        raise _Fail(f"--by {args.by!r}: use namespace, model, label_<key>, slurm_account or slurm_user")
     if args.top < 0:
         raise _Fail("--top must be 0 or more")
     fmt = args.format
@@ -204,6 +204,9 @@ def _report(args: argparse.Namespace) -> int:
     if (end_ms - start_ms) / (step_s * 1000) > 11000:
         raise _Fail(f"--step {args.step}: over 11,000 steps in the period (Prometheus' limit per series); "
                     "use a longer step")
+    engines = _engines(args.engines) if args.by == summary.MODEL_BY or args.engines else ()
+    if args.by != summary.MODEL_BY:
+        engines = ()  # checked, not read: only --by model reads the engines' counters
     prices = None
     if args.prices:
         try:
@@ -222,14 +225,19 @@ def _report(args: argparse.Namespace) -> int:
 
     async def go() -> Any:
         async with Prometheus(config) as prom:
-            return await compute.fetch(prom, start_ms, end_ms, step_s * 1000, args.selector.strip())
+            return await compute.fetch(prom, start_ms, end_ms, step_s * 1000, args.selector.strip(), engines)
 
     try:
         fetched = asyncio.run(go())
     except PrometheusError as exc:
         raise _Fail(str(exc), status=1) from None
     grid, series, stats = fetched.grid, fetched.series, fetched.stats
-    if series and args.by not in ("namespace",) and not any(s.labels.get(args.by) for s in series):
+    if args.by == summary.MODEL_BY:
+        if not fetched.tokens:
+            print("l9gpu report: note: Prometheus has no inference engine token series with a pod label in this "
+                  f"period (engines read: {', '.join(e.name for e in engines)}); every workload is in group "
+                  f"{summary.NONE_GROUP}", file=sys.stderr)
+    elif series and args.by not in ("namespace",) and not any(s.labels.get(args.by) for s in series):
         hint = (f" (run the agents with --pod-label {args.by[len('label_'):]})" if args.by.startswith("label_")
                 else "")
         print(f"l9gpu report: note: no series carries {args.by}{hint}; everything is in group "
@@ -242,9 +250,13 @@ def _report(args: argparse.Namespace) -> int:
         source["headers"] = config.header_names  # names only: values may be credentials
     try:
         report = summary.summarize(series, grid, args.by, prices, top=args.top, source=source,
-                                   devices=fetched.devices)
+                                   devices=fetched.devices, tokens=fetched.tokens, idle=fetched.idle)
     except PricesError as exc:
         raise _Fail(str(exc)) from None
+    if fetched.unjoined:
+        report["notes"].append(f"{fetched.unjoined} inference engine series have no pod label, so their tokens join "
+                               "no workload and are left out; scrape the engines' pods so that Prometheus adds "
+                               "namespace and pod (docs/INFERENCE.md)")
     for note in report["notes"]:
         print(f"l9gpu report: note: {note}", file=sys.stderr)
     _write(args.output, output.FORMATS[fmt](report))
