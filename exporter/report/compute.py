@@ -349,8 +349,10 @@ def model_tokens(candidates: Sequence[tuple[str, str, str, dict[SeriesKey, list[
 
 
 def _idle_expression(engines: Sequence[Any], selector: str) -> str:
-    """1 per (namespace, pod) at each `IDLE_RESOLUTION_S` interval where it held GPUs and
-    none of its token counters changed."""
+    """1 per (namespace, pod) at each `IDLE_RESOLUTION_S` interval where it held GPUs (an
+    allocation sample in the interval) and none of its token counters rose (the last
+    sample in the interval above the last one before it; a series new in the interval
+    rose if it is above 0)."""
     res = f"{IDLE_RESOLUTION_S}s"
     allocation = with_matchers("container_gpu_allocation_seconds_total", _join('pod!=""', selector))
     held = f"group by (namespace, pod) (last_over_time({allocation}[{res}]))"
@@ -360,7 +362,8 @@ def _idle_expression(engines: Sequence[Any], selector: str) -> str:
             for sel in engine.selectors(fieldname):
                 s = with_matchers(sel.text('pod!=""'), selector)
                 now, before = f"last_over_time({s}[{res}])", f"last_over_time({s}[{res}] offset {res})"
-                served.append(f"group by (namespace, pod) ({now} != {before} or ({now} > 0 unless {before}))")
+                # a rise: a counter that fell restarted, which serves nothing by itself
+                served.append(f"group by (namespace, pod) ({now} > {before} or ({now} > 0 unless {before}))")
     return f"{held} unless on (namespace, pod) ({' or '.join(served)})"
 
 
