@@ -238,6 +238,7 @@ def test_an_engines_file_adds_an_engine_and_overrides_a_field(tmp_path, capsys):
     ("engine: {}", "unknown key 'engine' (expected: engines)"),
     ("engines: {vllm: [1]}", "engines.vllm: expected a mapping"),
     ("engines: {a: 1\n", "not valid YAML (line 2)"),
+    ('engines: {vllm: {prompt_tokens: "x{a=\\"b\\nc: d\\"}"}}', "a selector is one line without control characters"),
 ])
 def test_mistakes_in_an_engines_file_are_one_line(tmp_path, capsys, text, message):
     path = tmp_path / "engines.yaml"
@@ -249,3 +250,45 @@ def test_mistakes_in_an_engines_file_are_one_line(tmp_path, capsys, text, messag
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "Traceback" not in err, err
         assert f": {path}: " in err and message in err, err
+
+
+# ---- how the report reads token series (pure) --------------------------------------------------
+def test_token_series_are_read_per_workload_and_model_first_engine_first():
+    from exporter.report.compute import model_tokens
+
+    def key(**labels: str) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted(labels.items()))
+
+    vllm = {key(namespace="a", pod="p", model_name="m", engine="0"): [10.0, 20.0],
+            key(namespace="a", pod="p", model_name="m", engine="1"): [1.0, 2.0],   # data parallel: summed
+            key(model_name="m", engine="0"): [5.0, 5.0]}                             # no pod: joins nothing
+    nim = {key(namespace="a", pod="p", model_name="m"): [100.0, 100.0],             # the same pod: vLLM wins
+           key(namespace="a", pod="q", model_name="n"): [3.0, 4.0]}
+    triton = {key(namespace="b", pod="t", model="x", version="1"): [7.0, 0.0],
+              key(namespace="b", pod="t", model="x", version="2"): [1.0, 1.0],      # versions summed
+              key(namespace="b", pod="u"): [2.0, 2.0]}                               # no model at all
+    rows, unjoined = model_tokens([("vllm", "model_name", "prompt_tokens", vllm),
+                                   ("nim", "model_name", "prompt_tokens", nim),
+                                   ("triton-trtllm", "model", "prompt_tokens", triton),
+                                   ("triton-trtllm", "model", "generated_tokens", triton)], 2)
+    got = {(r.namespace, r.pod, r.model): (r.engine, r.prompt, r.generated) for r in rows}
+    assert got == {("a", "p", "m"): ("vllm", [11.0, 22.0], [0.0, 0.0]),
+                   ("a", "q", "n"): ("nim", [3.0, 4.0], [0.0, 0.0]),
+                   ("b", "t", "x"): ("triton-trtllm", [8.0, 1.0], [8.0, 1.0]),
+                   ("b", "u", "(unnamed)"): ("triton-trtllm", [2.0, 2.0], [2.0, 2.0])}
+    assert unjoined == 1
+
+
+def test_selectors_keep_their_matchers_and_take_more():
+    from exporter.inference.engines import parse_selector
+    from exporter.report.compute import with_matchers
+
+    selector = parse_selector('nv_llm_input_token_len_sum{response_metric_type="total_input_tokens", a=~"x,y",}')
+    assert selector.matchers == ('response_metric_type="total_input_tokens"', 'a=~"x,y"')
+    assert selector.text('pod!=""') == ('nv_llm_input_token_len_sum{response_metric_type="total_input_tokens", '
+                                        'a=~"x,y", pod!=""}')
+    assert with_matchers(selector.text(), 'cluster="eu"').endswith(', cluster="eu"}')
+    assert with_matchers("vllm:prompt_tokens_total", 'cluster="eu"') == 'vllm:prompt_tokens_total{cluster="eu"}'
+    assert parse_selector('x{a="say \\"hi\\""}').matchers == ('a="say \\"hi\\""',)
+    with pytest.raises(ValueError, match="not closed"):
+        parse_selector('x{a="b}')

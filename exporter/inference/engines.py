@@ -53,6 +53,9 @@ class Selector:
 def parse_selector(text: str) -> Selector:
     """``name`` or ``name{label="value", label=~"regex", ...}``; ValueError says what is wrong."""
     text = text.strip()
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        # it is written into rule files and queries: one line, no terminal or YAML control
+        raise ValueError(f"{text!r}: a selector is one line without control characters")
     brace = text.find("{")
     name = text if brace < 0 else text[:brace].strip()
     if not METRIC_NAME.match(name):

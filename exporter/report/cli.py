@@ -156,8 +156,10 @@ def _inference_rules(args: argparse.Namespace) -> int:
 
     _check_output(args.output)
     engines = _engines(args.engines)
-    _write(args.output, rules_text(engines, f"the built-in engines and {args.engines}" if args.engines
-                                   else "the built-in engines"))
+    source = "the built-in engines"
+    if args.engines:  # into a comment line of the rule file: no line breaks or control characters
+        source += " and " + "".join(c if c.isprintable() else "?" for c in args.engines)
+    _write(args.output, rules_text(engines, source))
     return 0
 
 
@@ -204,9 +206,10 @@ def _report(args: argparse.Namespace) -> int:
     if (end_ms - start_ms) / (step_s * 1000) > 11000:
         raise _Fail(f"--step {args.step}: over 11,000 steps in the period (Prometheus' limit per series); "
                     "use a longer step")
+    # an --engines file is checked whatever --by; only --by model reads the engines' counters
     engines = _engines(args.engines) if args.by == summary.MODEL_BY or args.engines else ()
     if args.by != summary.MODEL_BY:
-        engines = ()  # checked, not read: only --by model reads the engines' counters
+        engines = ()
     prices = None
     if args.prices:
         try:
