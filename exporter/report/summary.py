@@ -20,6 +20,12 @@ the GPUs cost, ``unallocated_cost`` the part nobody held, and ``price_overrides_
 overrides on workload labels (a namespace's reserved rate) took off the groups' charges
 (negative where they charge more), so that allocated + unallocated + price overrides =
 capacity cost.
+
+Per served model (``--by model``, docs/INFERENCE.md): each inference workload's series are
+split between the models its engine served by their share of its tokens, step by step
+(`_ModelSplit`); workloads serving no model are in `NONE_GROUP`, so the reconciliation
+holds as for any grouping. The groups add tokens, costs, kWh and GPU-hours per million
+tokens, replicas and idle replica hours (`MODEL_FIGURES`).
 """
 
 from __future__ import annotations
@@ -159,7 +165,6 @@ class _ModelSplit:
     """
 
     def __init__(self, tokens: Sequence[ModelTokens], idle: Mapping[tuple[str, str], list[float]], grid: Grid):
-        self.grid = grid
         self.by_pod: dict[tuple[str, str], list[ModelTokens]] = {}
         for row in tokens:
             self.by_pod.setdefault((row.namespace, row.pod), []).append(row)
