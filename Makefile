@@ -82,6 +82,8 @@ gpu-wheels:
 
 docs:
 	$(PYTHON) -m exporter.catalogue > docs/METRICS.md
+	$(PYTHON) -m exporter inference-rules -o alerts/l9gpu-inference.rules.yaml
+	cp alerts/l9gpu.rules.yaml alerts/l9gpu-inference.rules.yaml charts/l9gpu/files/
 
 # The Helm chart as a static Helm repository: dist/charts/l9gpu-<version>.tgz and index.yaml
 # (Helm's own engine, from helm-python-sdk). CHART_URL=https://... makes the index's

@@ -28,6 +28,9 @@ POD = WL + ', pod!=""'
 # Self-metrics without a `node` label get it from l9gpu_host_pids_visible of the same target.
 WITH_NODE = ('on (instance, job) group_left (node) '
              'group by (instance, job, node) (l9gpu_host_pids_visible{node=~"$node"})')
+# Inference rules per workload (alerts/l9gpu-inference.rules.yaml).
+P_ALLOC = "namespace_pod:container_gpu_allocation_seconds:rate5m"
+P_TOKENS = "namespace_pod:l9gpu_inference_tokens:rate5m"
 
 
 class Board:
@@ -417,6 +420,85 @@ def workloads() -> dict[str, Any]:
                      "percentunit", "predict_linear over 30 minutes, one hour ahead. Above 100% the container is on "
                                     "course to run out of GPU memory (GPUMemoryGrowthToOOM).",
                      thresholds=[("green", None), ("orange", 0.9), ("red", 1)]), 24, 8)
+
+    b.add(timeseries("Time until GPU memory is full (autoscaler input)",
+                     [target('namespace_pod:l9gpu_gpu_memory_full_in_seconds:deriv30m{namespace=~"$namespace"}',
+                             "{{namespace}}/{{pod}}")],
+                     "s", "Free memory of each workload's GPUs over its own growth in the last 30 minutes, the soonest "
+                          "of its GPUs (recorded by l9gpu.rules.yaml for KEDA's Prometheus scaler or an HPA through "
+                          "prometheus-adapter). Only workloads whose GPU memory grows appear: inference engines "
+                          "preallocate theirs, watch their KV cache below instead.",
+                     thresholds=[("red", None), ("orange", 3600), ("green", 6 * 3600)]), 24, 7)
+
+    b.row("Inference: tokens and what they cost (engines' own /metrics, docs/INFERENCE.md)")
+    ns = 'namespace=~"$namespace"'
+    pm = "namespace_pod_model_name:l9gpu_inference_"
+    inference_note = (" Per served model (model_name, from each engine's /metrics joined with the GPU time of its pod "
+                      "on namespace and pod; a pod serving several models splits its GPU time by their tokens).")
+
+    def per_million(numerator: str, scale: str, window: str | None = None) -> str:
+        def total(name: str) -> str:
+            series = f"{pm}{name}:rate5m{{{ns}}}"
+            return f"sum by (model_name) (sum_over_time({series}[{window}]))" if window else \
+                f"sum by (model_name) ({series})"
+        return f"{total(numerator)} {scale} / ({total('tokens')} > 0)"
+
+    b.add(table("Per model (selected time range)", [
+        target(per_million("allocated_cost_per_hour", "/ 3600 * 1e6", "$__range"), ref="A", instant=True, table=True),
+        target(per_million("effective_cost_per_hour", "/ 3600 * 1e6", "$__range"), ref="B", instant=True, table=True),
+        target(per_million("energy_joules", "/ 3.6e6 * 1e6", "$__range"), ref="C", instant=True, table=True),
+        target(per_million("allocated_gpu_seconds", "* 1e6", "$__range"), ref="D", instant=True, table=True),
+        target(f"count by (model_name) (count_over_time({pm}tokens:rate5m{{{ns}}}[$__range]))", ref="E",
+               instant=True, table=True),
+    ], "Cost per million tokens on the allocated basis (the GPU time the model's pods held, a time-shared GPU by "
+       "their share) and the used basis (their SM time), energy and GPU-seconds per million tokens, and the "
+       "replicas that served the model, over the dashboard's time range (from the recorded 5-minute rates). "
+       "`l9gpu report --by model` gives the exact figures for a period." + inference_note,
+        rename={"Value #A": "cost / M tokens", "Value #B": "cost / M tokens (used)", "Value #C": "kWh / M tokens",
+                "Value #D": "GPU-s / M tokens", "Value #E": "replicas"}, sort="cost / M tokens", overrides=[
+            by_name("cost / M tokens", decimals=3), by_name("cost / M tokens (used)", decimals=3),
+            by_name("kWh / M tokens", unit="kwatth", decimals=3), by_name("GPU-s / M tokens", unit="s", decimals=0),
+        ]), 24, 7)
+    b.add(timeseries("Tokens per second by model",
+                     [target(f"sum by (model_name) ({pm}prompt_tokens:rate5m{{{ns}}})", "{{model_name}} prompt"),
+                      target(f"sum by (model_name) ({pm}generated_tokens:rate5m{{{ns}}})", "{{model_name}} generated",
+                             ref="B")],
+                     "suffix: tok/s", "Prompt (prefill) and generated tokens per second." + inference_note,
+                     stack=True), 12, 8)
+    b.add(timeseries("Cost per million tokens by model",
+                     [target(per_million("allocated_cost_per_hour", "/ 3600 * 1e6"), "{{model_name}}"),
+                      target(per_million("effective_cost_per_hour", "/ 3600 * 1e6"), "{{model_name}} (used)",
+                             ref="B")],
+                     "none", "What a million tokens cost: the GPU time the model's pods held x price (their share of "
+                             "a time-shared GPU), and dashed what their SM time cost. Idle replicas make every token "
+                             "dearer." + inference_note + " " + money,
+                     overrides=[by_regexp(".* \\(used\\)", custom__lineStyle={"fill": "dash", "dash": [10, 10]})]),
+          12, 8)
+    b.add(timeseries("Energy per million tokens by model",
+                     [target(per_million("energy_joules", "/ 3.6e6 * 1e6"), "{{model_name}}")],
+                     "kwatth", "The GPU energy of the model's pods (their share of each GPU's) per million tokens."
+                     + inference_note), 12, 8)
+    b.add(timeseries("KV-cache usage by pod",
+                     [target(f"{pm}kv_cache_usage:ratio{{{ns}}}", "{{namespace}}/{{pod}} {{model_name}}")],
+                     "percentunit", "Share of each engine's KV cache in use. Near full while the engine preempts "
+                                    "requests fires GPUInferenceKVCacheSaturation: scale out. (TGI publishes no "
+                                    "KV-cache gauge.)", maximum=1,
+                     thresholds=[("green", None), ("orange", 0.8), ("red", 0.9)]), 12, 8)
+    b.add(timeseries("Requests running and waiting by pod",
+                     [target(f"{pm}requests_running{{{ns}}}", "{{namespace}}/{{pod}} {{model_name}} running"),
+                      target(f"{pm}requests_waiting{{{ns}}}", "{{namespace}}/{{pod}} {{model_name}} waiting",
+                             ref="B"),
+                      target(f"{pm}preemptions:rate5m{{{ns}}}", "{{namespace}}/{{pod}} {{model_name}} preempted/s",
+                             ref="C")],
+                     "none", "Requests in the running batch, queued, and preempted per second (vLLM preemptions, "
+                             "SGLang retractions): a growing queue with preemptions is a replica out of KV cache."),
+          12, 8)
+    b.add(table("Idle replicas: holding GPUs, serving no token", [
+        target(f"sort_desc({P_ALLOC}{{{ns}}} > 0 and on (namespace, pod) {P_TOKENS} == 0)", ref="A", instant=True,
+               table=True),
+    ], "Inference workloads that hold GPU time (their share of time-shared GPUs) and served no token in the last 5 "
+       "minutes. After 30 minutes this fires GPUInferenceReplicaIdle: scale in, or to zero.",
+        rename={"Value #A": "GPUs held"}, sort="GPUs held", overrides=[by_name("GPUs held", decimals=2)]), 12, 8)
 
     b.row("Who is on each GPU")
     who = b.add(timeseries("GPU $gpu on $node: memory by holder", [

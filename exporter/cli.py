@@ -89,7 +89,8 @@ def _add_device_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``l9gpu`` parser with its ``serve``, ``snapshot``, ``report`` and ``prices`` subcommands."""
+    """The ``l9gpu`` parser with its ``serve``, ``snapshot``, ``report``, ``prices`` and ``inference-rules``
+    subcommands."""
     parser = _Parser(prog="l9gpu", description="GPU telemetry with per-pod and per-Slurm-job attribution.")
     parser.add_argument("--version", action="version", version=f"l9gpu {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -567,7 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
-        if args.command in ("report", "prices"):
+        if args.command in ("report", "prices", "inference-rules"):
             from exporter.report import cli as report_cli
 
             return report_cli.run(args)

@@ -12,6 +12,12 @@ its capacity and ``gpu_unallocated_seconds_total`` by what its workloads did not
 Phase changes, births and restarts fall on a node's sample times, so every figure a
 report should give is simple arithmetic on the scenario (the tests write it out).
 
+Inference engines (`EngineCounters`) write their token counters as the engine names them
+(vLLM's and SGLang's counters, Triton's histogram ``_sum``), scraped every ``step``
+seconds from ``offset``, in phases of constant tokens per second; an engine restart
+(``down``: no samples, and the counters back at 0 at the first sample after) loses what it
+would have served meanwhile.
+
 `write_openmetrics` writes the OpenMetrics text that ``promtool tsdb
 create-blocks-from openmetrics`` turns into TSDB blocks; `backfill` does both.
 """
@@ -66,6 +72,72 @@ class Workload:
     phases: list[tuple[float, float, float]]          # (from time, SM share, watts), sorted, first at begin
     share: float = 1.0                                # GPU-seconds allocated per second
     gpu_instance: str = ""                            # the MIG instance it runs on
+
+
+@dataclass
+class EngineCounters:
+    """One engine's token series for one model in one pod (labels: namespace, pod, the
+    engine's own), counted in ``prompt`` and ``generated`` families as the engine names
+    them; ``histogram``: they are the ``_sum`` of histograms (Triton), else counters."""
+
+    labels: dict[str, str]
+    prompt: str                                        # family, e.g. vllm:prompt_tokens
+    generated: str
+    begin: float
+    end: float
+    phases: list[tuple[float, float, float]]           # (from time, prompt/s, generated/s)
+    histogram: bool = False
+    step: int = 60
+    offset: int = 0
+    down: list[tuple[float, float]] = field(default_factory=list)  # (last sample before, first sample after)
+    generated_labels: dict[str, str] | None = None     # where the generated family's labels differ
+
+
+def engine_samples(e: EngineCounters, start: float, end: float) -> Iterable[tuple[float, float, float]]:
+    """(t, prompt tokens, generated tokens) at each of the engine's samples."""
+    prompt = generated = 0.0
+    prev = None
+    t = start + e.offset
+    while t <= end:
+        if e.begin <= t <= e.end and not any(a < t < b for a, b in e.down):
+            if prev is not None and any(prev <= a and b <= t for a, b in e.down):
+                prompt = generated = 0.0   # the engine restarted: counters from 0
+            elif prev is not None:
+                rate_p = rate_g = 0.0
+                for since, p, g in e.phases:
+                    if since <= prev:
+                        rate_p, rate_g = p, g
+                prompt += rate_p * (t - prev)
+                generated += rate_g * (t - prev)
+            yield t, prompt, generated
+            prev = t
+        t += e.step
+
+
+def _write_engines(out: IO[str], engines: list[EngineCounters], start: float, end: float) -> int:
+    """Each engine family, contiguous; a histogram's count and +Inf bucket beside its sum."""
+    families: dict[str, list[tuple[EngineCounters, int]]] = {}
+    for e in engines:
+        families.setdefault(e.prompt, []).append((e, 1))
+        families.setdefault(e.generated, []).append((e, 2))
+    count = 0
+    for family, members in families.items():
+        histogram = members[0][0].histogram
+        out.write(f"# TYPE {family} {'histogram' if histogram else 'counter'}\n")
+        for e, index in members:
+            own = e.generated_labels if index == 2 and e.generated_labels is not None else e.labels
+            labels = ",".join(f'{k}="{v}"' for k, v in own.items())
+            rows = list(engine_samples(e, start, end))
+            count += len(rows)
+            if not histogram:
+                out.writelines([f"{family}_total{{{labels}}} {row[index]:.17g} {row[0]:.3f}\n" for row in rows])
+                continue
+            for row in rows:
+                requests = int(row[index] // 400)
+                out.write(f'{family}_bucket{{{labels},le="+Inf"}} {requests} {row[0]:.3f}\n'
+                          f"{family}_count{{{labels}}} {requests} {row[0]:.3f}\n"
+                          f"{family}_sum{{{labels}}} {row[index]:.17g} {row[0]:.3f}\n")
+    return count
 
 
 def sample_times(node: Node, start: float, end: float, step: int) -> list[float]:
@@ -141,12 +213,13 @@ def device_samples(device: Device, node: Node, workloads: list[Workload], times:
 
 def write_openmetrics(out: IO[str], nodes: list[Node], workloads: list[Workload], start: float, end: float,
                       step: int, scratch: Path | None = None, held: list[Workload] | None = None,
-                      gpu_series: bool = True) -> int:
+                      gpu_series: bool = True, engines: list[EngineCounters] | None = None) -> int:
     """The history as OpenMetrics text; returns the number of samples.
 
     Each family must be contiguous, so the samples of the later families wait in files under
     ``scratch`` (a temporary directory by default) rather than in memory. The GPU series
-    (with ``gpu_series``) account for the holdings of ``held`` (default ``workloads``).
+    (with ``gpu_series``) account for the holdings of ``held`` (default ``workloads``);
+    ``engines``' token series follow.
     """
     held = workloads if held is None else held
     by_name = {n.name: n for n in nodes}
@@ -181,12 +254,13 @@ def write_openmetrics(out: IO[str], nodes: list[Node], workloads: list[Workload]
         finally:
             for part in parts[1:]:
                 part.close()
+    count += _write_engines(out, engines or [], start, end)
     out.write("# EOF\n")
     return count
 
 
 def backfill(promtool: str, data_dir: Path, nodes: list[Node], workloads: list[Workload], start: float,
-             end: float, step: int, work: Path, parts: int = 1) -> int:
+             end: float, step: int, work: Path, parts: int = 1, engines: list[EngineCounters] | None = None) -> int:
     """Write the history as TSDB blocks under ``data_dir`` (Prometheus' --storage.tsdb.path).
 
     ``parts`` > 1 splits the workloads into that many files converted side by side (blocks
@@ -200,7 +274,7 @@ def backfill(promtool: str, data_dir: Path, nodes: list[Node], workloads: list[W
         text = work / f"history{i}.om"
         with open(text, "w") as f:  # the GPU series once, in the first part
             count += write_openmetrics(f, nodes, chunk, start, end, step, scratch=work, held=workloads,
-                                       gpu_series=i == 0)
+                                       gpu_series=i == 0, engines=engines if i == 0 else None)
         out_dir = data_dir if parts == 1 else work / f"blocks{i}"
         procs.append((text, out_dir, subprocess.Popen(
             [promtool, "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=768h", str(text),

@@ -21,11 +21,14 @@ class PrometheusServer:
     ``scrape`` adds settings to the scrape job as they are written in prometheus.yml, e.g.
     ``{"scheme": "https", "tls_config": {"ca_file": ...}, "basic_auth": {...}}``.
     ``rules`` is one rule file or several; ``args`` are extra command-line flags (e.g. a
-    ``--web.config.file``, or a long retention for backfilled history).
+    ``--web.config.file``, or a long retention for backfilled history). ``jobs`` are more
+    scrape configs as prometheus.yml writes them (``job_name``, ``static_configs`` with
+    their ``labels``, ``relabel_configs``, ...), scraped every second too.
     """
 
     def __init__(self, binary: str, workdir: Path, targets: list[str], rules: Path | list[Path] | None = None,
-                 scrape: dict[str, Any] | None = None, args: list[str] | None = None):
+                 scrape: dict[str, Any] | None = None, args: list[str] | None = None,
+                 jobs: list[dict[str, Any]] | None = None):
         self.binary = binary
         self.workdir = workdir
         self.port = free_port()
@@ -38,7 +41,8 @@ class PrometheusServer:
             + (f"rule_files: {json.dumps([str(r) for r in rule_files])}\n" if rule_files else "")
             + "scrape_configs:\n  - job_name: l9gpu\n"
             + f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
-            + "".join(f"    {key}: {json.dumps(value)}\n" for key, value in (scrape or {}).items()))
+            + "".join(f"    {key}: {json.dumps(value)}\n" for key, value in (scrape or {}).items())
+            + "".join(f"  - {json.dumps(job)}\n" for job in jobs or ()))
         self.config = config
         self.proc: subprocess.Popen | None = None
 

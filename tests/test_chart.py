@@ -200,10 +200,36 @@ def _scrape_config(monitor: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+# PodMonitor endpoint fields the chart sets, and their scrape config keys.
+_POD_ENDPOINT_TO_SCRAPE = {"port": None, "path": "metrics_path", "interval": "scrape_interval",
+                           "honorLabels": "honor_labels", "relabelings": "relabel_configs"}
+
+
+def _pod_scrape_configs(monitor: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Prometheus scrape configs a PodMonitor stands for (one per endpoint)."""
+    spec = monitor["spec"]
+    assert set(spec) <= {"selector", "namespaceSelector", "podMetricsEndpoints"}, set(spec)
+    configs = []
+    for i, endpoint in enumerate(spec["podMetricsEndpoints"]):
+        unknown = set(endpoint) - set(_POD_ENDPOINT_TO_SCRAPE)
+        assert not unknown, f"PodMonitor endpoint fields the test does not know: {unknown}"
+        config: dict[str, Any] = {
+            "job_name": f"podMonitor/{monitor['metadata']['namespace']}/{monitor['metadata']['name']}/{i}",
+            "static_configs": [{"targets": ["vllm-0:8000"]}]}
+        for field, value in endpoint.items():
+            key = _POD_ENDPOINT_TO_SCRAPE[field]
+            if key == "relabel_configs":
+                value = [{_camel_to_snake(k): v for k, v in rule.items()} for rule in value]
+            if key:
+                config[key] = value
+        configs.append(config)
+    return configs
+
+
 def validate_custom_resources(release: Release, tmp_path: Path) -> None:
-    """ServiceMonitor and PrometheusRule, which kubernetes-validate does not know, go through
-    the real Prometheus: the rules through `promtool check rules`, the ServiceMonitor as
-    the scrape config it stands for through `promtool check config`."""
+    """ServiceMonitor, PodMonitor and PrometheusRule, which kubernetes-validate does not know,
+    go through the real Prometheus: the rules through `promtool check rules`, the monitors as
+    the scrape configs they stand for through `promtool check config`."""
     from conftest import need_tool
 
     promtool = need_tool("promtool")
@@ -214,9 +240,10 @@ def validate_custom_resources(release: Release, tmp_path: Path) -> None:
             rules = tmp_path / f"{obj['metadata']['name']}.rules.yaml"
             rules.write_text(yaml.safe_dump(obj["spec"]))
             checks.append([promtool, "check", "rules", str(rules)])
-        elif obj["kind"] == "ServiceMonitor":
+        elif obj["kind"] in ("ServiceMonitor", "PodMonitor"):
             config = tmp_path / f"{obj['metadata']['name']}.prometheus.yml"
-            config.write_text(yaml.safe_dump({"scrape_configs": [_scrape_config(obj)]}))
+            jobs = [_scrape_config(obj)] if obj["kind"] == "ServiceMonitor" else _pod_scrape_configs(obj)
+            config.write_text(yaml.safe_dump({"scrape_configs": jobs}))
             checks.append([promtool, "check", "config", "--syntax-only", str(config)])
     for check in checks:
         result = subprocess.run(check, capture_output=True, text=True, timeout=60)
@@ -265,6 +292,11 @@ CASES: dict[str, dict[str, Any]] = {
         "serviceMonitor.enabled=true", "serviceMonitor.labels.release=kube-prometheus-stack",
         "prometheusRule.enabled=true", "prometheusRule.labels.release=kube-prometheus-stack",
         "grafanaDashboards.enabled=true", "grafanaDashboards.annotations.grafana_folder=GPU"),
+    "PodMonitor for the inference engines": _merge(_sets(
+        "inference.podMonitor.enabled=true", "inference.podMonitor.labels.release=kube-prometheus-stack",
+        "prometheusRule.enabled=true", "prometheusRule.inferenceRules=false"),
+        helm.values_from_yaml("inference: {podMonitor: {namespaces: [ml-prod, search],\n"
+                              "  endpoints: [{port: http}, {port: api, path: /v1/metrics}], interval: ''}}\n")),
     "hostPID false with the host's /proc mounted": _sets("hostPID=false"),
     "backend gaudi": _sets("backend=gaudi"),
     "everything else": _merge(_sets(
@@ -425,12 +457,41 @@ def test_monitoring_objects(releases):
     assert "interval" not in endpoint and "scrapeTimeout" not in endpoint
     rule = release.one("PrometheusRule")
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert rule["spec"] == yaml.safe_load((REPO / "alerts" / "l9gpu.rules.yaml").read_text())
+    # the chart's rules, then the inference rules (on by default)
+    groups = [yaml.safe_load((REPO / "alerts" / name).read_text())["groups"]
+              for name in ("l9gpu.rules.yaml", "l9gpu-inference.rules.yaml")]
+    assert rule["spec"] == {"groups": groups[0] + groups[1]}
+    assert not release.has("PodMonitor")
     dashboards = release.one("ConfigMap")
     assert dashboards["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert dashboards["metadata"]["annotations"] == {"grafana_folder": "GPU"}
     source = {p.name: json.loads(p.read_text()) for p in (REPO / "dashboards").glob("*.json")}
     assert {name: json.loads(text) for name, text in dashboards["data"].items()} == source
+
+
+def test_inference_pod_monitor(releases):
+    """Off by default; on, it scrapes the selected engine pods on each endpoint, keeps the
+    engines' own labels and names TGI's model from the pod's l9gpu.io/model label."""
+    assert not releases["defaults"].has("PodMonitor")
+    release = releases["PodMonitor for the inference engines"]
+    monitor = release.one("PodMonitor")
+    assert monitor["metadata"]["name"] == "l9gpu-inference"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    spec = monitor["spec"]
+    assert spec["selector"] == {"matchLabels": {"l9gpu.io/inference": "true"}}
+    assert spec["namespaceSelector"] == {"matchNames": ["ml-prod", "search"]}
+    relabel = [{"sourceLabels": ["__meta_kubernetes_pod_label_l9gpu_io_model"], "regex": "(.+)",
+                "targetLabel": "model_name"}]
+    assert spec["podMetricsEndpoints"] == [
+        {"port": "http", "path": "/metrics", "honorLabels": True, "relabelings": relabel},
+        {"port": "api", "path": "/v1/metrics", "honorLabels": True, "relabelings": relabel}]
+    # without the inference rules, the chart's own only
+    rule = release.one("PrometheusRule")
+    assert rule["spec"] == yaml.safe_load((REPO / "alerts" / "l9gpu.rules.yaml").read_text())
+    defaults = render(_sets("inference.podMonitor.enabled=true", "inference.podMonitor.modelLabel="))
+    (endpoint,) = defaults.one("PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert endpoint == {"port": "http", "path": "/metrics", "interval": "15s", "honorLabels": True}
+    assert defaults.one("PodMonitor")["spec"]["namespaceSelector"] == {"any": True}
 
 
 def test_host_proc_mount_without_host_pid(releases):
@@ -687,7 +748,8 @@ def test_make_chart_packages_a_repository_helm_can_install_from(tmp_path):
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
     for name in ("Chart.yaml", "values.yaml", "values.schema.json", "README.md", "templates/daemonset.yaml",
-                 "files/l9gpu.rules.yaml", "dashboards/l9gpu-workloads.json"):
+                 "files/l9gpu.rules.yaml", "files/l9gpu-inference.rules.yaml", "templates/podmonitor.yaml",
+                 "dashboards/l9gpu-workloads.json"):
         assert f"l9gpu/{name}" in names, name
     index = yaml.safe_load((repo / "index.yaml").read_text())
     (entry,) = index["entries"]["l9gpu"]
@@ -746,8 +808,9 @@ def test_gitignore_keeps_dist_out():
 # --- copies the chart ships ------------------------------------------------------------
 
 def test_rules_copy_matches_the_alerts_file():
-    assert (CHART / "files" / "l9gpu.rules.yaml").read_bytes() == (REPO / "alerts" / "l9gpu.rules.yaml").read_bytes(), (
-        "cp alerts/l9gpu.rules.yaml charts/l9gpu/files/")
+    for name in ("l9gpu.rules.yaml", "l9gpu-inference.rules.yaml"):
+        assert (CHART / "files" / name).read_bytes() == (REPO / "alerts" / name).read_bytes(), (
+            f"cp alerts/{name} charts/l9gpu/files/")
 
 
 def test_dashboard_copies_match():

@@ -1,5 +1,6 @@
 """The Grafana dashboards: valid JSON, only names the agent exports, and every expression
-evaluated by a real Prometheus that scrapes the agent on the simulated node."""
+evaluated by a real Prometheus that scrapes the agent on the simulated node and, for the
+Inference row, inference engines' /metrics on the demo's pods (tests/fake_engines.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 import yaml
 from agent import AgentProcess, ambient_setting
 from conftest import need_tool
+from fake_engines import app, demo_engines, scrape_jobs
+from loopback_http import LoopbackServer
 from promserver import PrometheusServer
 
 from exporter.catalogue import METRICS
@@ -21,6 +24,7 @@ from exporter.catalogue import METRICS
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
 RULES = REPO / "alerts" / "l9gpu.rules.yaml"
+INFERENCE_RULES = REPO / "alerts" / "l9gpu-inference.rules.yaml"
 PRICES = REPO / "alerts" / "prices.example.yaml"
 
 
@@ -113,8 +117,9 @@ def metric_names(expr: str) -> set[str]:
 
 def known_names() -> set[str]:
     names = {spec.name for spec in METRICS}
-    rules = yaml.safe_load(RULES.read_text())
-    names |= {rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule}
+    for path in (RULES, INFERENCE_RULES):
+        rules = yaml.safe_load(path.read_text())
+        names |= {rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule}
     prices = yaml.safe_load(prices_rules())
     names |= {rule["record"] for group in prices["groups"] for rule in group["rules"]}
     # prometheus_client's own process and platform collectors
@@ -215,7 +220,8 @@ def test_core_views_are_present():
 
 @pytest.fixture(scope="module")
 def prometheus_with_data(tmp_path_factory):
-    """Agent on the simulated node (250 ms passes) scraped every second by a real Prometheus, ~10 s of data."""
+    """Agent on the simulated node (250 ms passes) and the demo's inference engines, scraped every
+    second by a real Prometheus with the rules and example prices, ~10 s of data."""
     binary = need_tool("prometheus")
     tmp = tmp_path_factory.mktemp("dashboards")
     agent = AgentProcess(["--backend", "simulated", "--interval", "250ms", "--pod-label", "team"],
@@ -225,14 +231,19 @@ def prometheus_with_data(tmp_path_factory):
     agent.start()
     prices = tmp / "prices.rules.yaml"
     prices.write_text(prices_rules())
-    server = PrometheusServer(binary, tmp, [f"127.0.0.1:{agent.port}"], [RULES, prices]).start()
-    query = server.query_document
-    try:
-        server.wait_for("count_over_time(gpu_up[1m]) >= 10")
-        yield query
-    finally:
-        server.stop()
-        agent.stop()
+    engines = demo_engines()
+    with LoopbackServer(app(engines)) as engine_pods:
+        server = PrometheusServer(binary, tmp, [f"127.0.0.1:{agent.port}"], [RULES, INFERENCE_RULES, prices],
+                                  jobs=scrape_jobs(engines, engine_pods.base)).start()
+        query = server.query_document
+        try:
+            server.wait_for("count_over_time(gpu_up[1m]) >= 10")
+            server.wait_for(f"count(model_name:l9gpu_inference_allocated_cost_per_million_tokens:rate5m) "
+                            f">= {len(engines)}")
+            yield query
+        finally:
+            server.stop()
+            agent.stop()
 
 
 def _allowed_empty(expr: str) -> str | None:

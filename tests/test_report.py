@@ -7,8 +7,10 @@ holds its GPU for a month and computes for six hours, two Slurm jobs, a pod that
 before the period, and one that ended before it; a GPU time-shared as 4 replicas (a pod
 with 2 of them all month, another with 1 for ten days), a GPU in MIG mode (a 3g instance
 held by a pod, a 1g instance and 3 slices held by nobody), and a GPU that leaves its node
-half-way. Every expected figure below is written out from that description, not computed
-by the code under test.
+half-way. Beside them, inference engines' token counters: vLLM in the inference pod (idle
+two hours on day 5, its engine restarting on day 20), SGLang in the pod on the time-shared
+GPU, and Triton serving two models on the MIG instance. Every expected figure below is
+written out from that description, not computed by the code under test.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from chargeback_history import Device, Node, Workload, backfill
+from chargeback_history import Device, EngineCounters, Node, Workload, backfill
 from conftest import need_tool
 from promserver import PrometheusServer
 
@@ -99,6 +101,32 @@ def scenario() -> tuple[list[Node], list[Workload]]:
     return nodes, workloads
 
 
+def engines() -> list[EngineCounters]:
+    s = START
+    before, after = s - D, END + 12 * H
+    return [
+        # vLLM in ml-prod/vllm-0 (gpu-a GPU 0): 1200 prompt and 300 generated tokens a second,
+        # none on day 5 from 00:00 to 02:00; its engine crashes on day 20 right after the
+        # 12:00 scrape and is back, its counters at 0, at the 12:10 scrape
+        EngineCounters({"namespace": "ml-prod", "pod": "vllm-0", "model_name": "llama-3.1-70b", "engine": "0"},
+                       "vllm:prompt_tokens", "vllm:generation_tokens", before, after,
+                       [(before, 1200, 300), (s + 5 * D, 0, 0), (s + 5 * D + 2 * H, 1200, 300)],
+                       down=[(s + 20 * D + 12 * H, s + 20 * D + 12 * H + 10 * 60)]),
+        # SGLang in shared/embed-a (2 of the time-shared GPU's 4 replicas): 200 and 50 a second
+        EngineCounters({"namespace": "shared", "pod": "embed-a", "model_name": "qwen2.5-7b"},
+                       "sglang:prompt_tokens", "sglang:generation_tokens", before, after, [(before, 200, 50)],
+                       offset=101),
+        # Triton with TensorRT-LLM in mig/infer-0 (the 3g instance), two models: 300 and 100
+        # tokens a second for llama-3.1-8b, 50 and 50 for mistral-7b (80% and 20% of the tokens)
+        *(EngineCounters({"namespace": "mig", "pod": "infer-0", "model": model, "version": "1",
+                          "response_metric_type": "total_input_tokens"}, "nv_llm_input_token_len",
+                         "nv_llm_output_token_len", before, after, [(before, prompt, generated)], histogram=True,
+                         offset=101, generated_labels={"namespace": "mig", "pod": "infer-0", "model": model,
+                                                       "version": "1", "response_metric_type": "total_output_tokens"})
+          for model, prompt, generated in (("llama-3.1-8b", 300, 100), ("mistral-7b", 50, 50))),
+    ]
+
+
 # ---- the hand-computed answers --------------------------------------------------------------
 # (allocated h, used h, zombie h, kWh) per workload over the 30 days
 VLLM = (720 - 0.5, 0.75 * (720 - 0.5), 0.0, 0.5 * (720 - 0.5))               # restart: 30 min unseen
@@ -143,7 +171,7 @@ def prometheus(tmp_path_factory):
     prometheus_bin, promtool = need_tool("prometheus"), need_tool("promtool")
     tmp = tmp_path_factory.mktemp("report")
     nodes, workloads = scenario()
-    backfill(promtool, tmp / "data", nodes, workloads, START - D, END + 12 * H, STEP, tmp)
+    backfill(promtool, tmp / "data", nodes, workloads, START - D, END + 12 * H, STEP, tmp, engines=engines())
     server = PrometheusServer(prometheus_bin, tmp, [], args=["--storage.tsdb.retention.time=400d"]).start()
     try:
         server.wait_for(f'count(last_over_time(container_gpu_usage_seconds_total[40d] @ {END}))', timeout=60)
@@ -370,6 +398,100 @@ def test_html_report_in_a_real_browser_shows_the_totals(prometheus, tmp_path, pr
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 
 
+# ---- per served model: tokens from the engines' counters ------------------------------------
+# vLLM served the month less its two idle hours and the ten minutes its engine was down
+VLLM_SERVING_S = (720 - 2 - 10 / 60) * H
+VLLM_IDLE_H = 2 + 10 / 60  # it held its GPU meanwhile: an idle replica
+
+
+def part(workload: tuple[float, float, float, float], share: float) -> tuple[float, float, float, float]:
+    return tuple(x * share for x in workload)  # type: ignore[return-value]
+
+
+# model -> (prompt tokens, generated tokens, its part of its pod's figures); the Triton pod's
+# GPU time is split 400:100 between its two models
+MODELS = {
+    "llama-3.1-70b": (1200 * VLLM_SERVING_S, 300 * VLLM_SERVING_S, VLLM),
+    "qwen2.5-7b": (200 * 720 * H, 50 * 720 * H, EMBED_A),
+    "llama-3.1-8b": (300 * 720 * H, 100 * 720 * H, part(MIG_POD, 0.8)),
+    "mistral-7b": (50 * 720 * H, 50 * 720 * H, part(MIG_POD, 0.2)),
+}
+NO_MODEL = figures(TRAIN, NOTEBOOK, JOB_4242, JOB_4243, EMBEDDER, RERANK_B)
+
+
+def test_report_by_model_prices_tokens_read_exactly_through_an_engine_restart(prometheus, tmp_path, prices_file):
+    doc = report_json(prometheus, tmp_path, "--by", "model", "--prices", str(prices_file))
+    groups = {g["group"]: g for g in doc["groups"]}
+    assert set(groups) == set(MODELS) | {"(none)"}
+    for model, (prompt, generated, workload) in MODELS.items():
+        g = groups[model]
+        assert g["prompt_tokens"] == pytest.approx(prompt, rel=1e-9), model
+        assert g["generated_tokens"] == pytest.approx(generated, rel=1e-9), model
+        assert_figures(g, figures(workload))
+        tokens = prompt + generated
+        assert g["allocated_cost"] == pytest.approx(workload[0] * 2.50, abs=1e-5), model
+        assert g["cost_per_million_tokens"] == pytest.approx(workload[0] * 2.50 / tokens * 1e6, rel=1e-5), model
+        assert g["effective_cost_per_million_tokens"] == pytest.approx(workload[1] * 2.50 / tokens * 1e6,
+                                                                       rel=1e-5), model
+        assert g["kwh_per_million_tokens"] == pytest.approx(workload[3] / tokens * 1e6, rel=1e-5), model
+        assert g["gpu_hours_per_million_tokens"] == pytest.approx(workload[0] / tokens * 1e6, rel=1e-5), model
+        assert g["replicas"] == 1
+    # the shared GPU's model pays its pod's half of the GPU, not the whole GPU
+    assert groups["qwen2.5-7b"]["allocated_cost"] == pytest.approx(720 / 2 * 2.50)
+    # idle: vLLM held its GPU two hours without traffic and ten minutes with its engine down
+    assert groups["llama-3.1-70b"]["idle_replica_hours"] == pytest.approx(VLLM_IDLE_H, abs=1e-6)
+    assert groups["llama-3.1-70b"]["idle_gpu_hours"] == pytest.approx(VLLM_IDLE_H, abs=1e-6)
+    for model in ("qwen2.5-7b", "llama-3.1-8b", "mistral-7b"):
+        assert groups[model]["idle_replica_hours"] == 0 and groups[model]["idle_gpu_hours"] == 0
+    # everything else serves no model; the bill reconciles as by namespace
+    assert_figures(groups["(none)"], NO_MODEL)
+    assert groups["(none)"]["cost_per_million_tokens"] is None and groups["(none)"]["replicas"] == 0
+    totals = doc["totals"]
+    assert_figures(totals, figures(*ALL))
+    assert totals["gpu_hours_allocated"] + totals["gpu_hours_unallocated"] == pytest.approx(
+        CAPACITY_H100 + CAPACITY_A100, abs=1e-5)
+    assert round(totals["allocated_cost"] + totals["unallocated_cost"] + totals["price_overrides_cost"], 2) == \
+        round(CAPACITY_COST, 2)
+    assert totals["prompt_tokens"] == pytest.approx(sum(m[0] for m in MODELS.values()), rel=1e-9)
+    assert doc["notes"] == []
+
+
+def test_report_by_model_figures_do_not_depend_on_the_step(prometheus, tmp_path):
+    default = {g["group"]: g for g in report_json(prometheus, tmp_path, "--by", "model")["groups"]}
+    hourly = {g["group"]: g for g in report_json(prometheus, tmp_path, "--by", "model", "--step", "1h")["groups"]}
+    assert set(default) == set(hourly)
+    for name, g in default.items():
+        for key in ("prompt_tokens", "generated_tokens", "gpu_hours_allocated", "kwh_per_million_tokens",
+                    "gpu_hours_per_million_tokens", "idle_replica_hours", "idle_gpu_hours"):
+            want = g[key] if g[key] is None else pytest.approx(g[key], rel=1e-6, abs=1e-6)
+            assert hourly[name][key] == want, (name, key)
+
+
+def test_one_day_by_model_across_the_engine_restart(prometheus, tmp_path):
+    """Day 20: the vLLM engine restarts at 12:00 (counters back to 0, ten minutes unseen)."""
+    day = START + 20 * D
+    doc = report_json(prometheus, tmp_path, "--by", "model", "--from", str(day), "--to", str(day + D))
+    vllm = {g["group"]: g for g in doc["groups"]}["llama-3.1-70b"]
+    serving = (24 - 10 / 60) * H
+    assert vllm["prompt_tokens"] == pytest.approx(1200 * serving, rel=1e-9)
+    assert vllm["generated_tokens"] == pytest.approx(300 * serving, rel=1e-9)
+    assert vllm["idle_replica_hours"] == pytest.approx(10 / 60, abs=1e-6)
+    assert vllm["gpu_hours_allocated"] == pytest.approx(24)
+
+
+def test_report_by_model_csv_has_the_model_columns(prometheus, tmp_path, prices_file):
+    out = tmp_path / "models.csv"
+    assert main(["report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END), "--by", "model",
+                 "--prices", str(prices_file), "-o", str(out)]) == 0
+    rows = {row["group"]: row for row in csv.DictReader(io.StringIO(out.read_text()))}
+    assert set(rows) == set(MODELS) | {"(none)"} | set(RECONCILIATION)
+    prompt, generated, workload = MODELS["qwen2.5-7b"]
+    assert float(rows["qwen2.5-7b"]["cost_per_million_tokens"]) == pytest.approx(
+        workload[0] * 2.50 / (prompt + generated) * 1e6, rel=1e-5)
+    assert float(rows["llama-3.1-70b"]["idle_replica_hours"]) == pytest.approx(VLLM_IDLE_H, abs=1e-6)
+    assert rows["(none)"]["cost_per_million_tokens"] == "" and rows["(capacity)"]["prompt_tokens"] == ""
+
+
 # ---- mistakes: one line, the right exit status, nothing written ---------------------------
 @pytest.mark.parametrize("text,message", [
     ("gpu_hour: {NVIDIA H100 80GB HBM3: cheap}", "gpu_hour['NVIDIA H100 80GB HBM3']: a price must be a number >= 0, "
@@ -413,7 +535,8 @@ def test_a_model_without_a_price_is_named(prometheus, tmp_path, capsys):
     (["--from", "last tuesday"], 2, "--from: invalid time 'last tuesday'"),
     (["--from", "2026-13-01"], 2, "--from: invalid time '2026-13-01'"),
     (["--from", "1d", "--to", "2d"], 2, "must be after --from"),
-    (["--from", "1d", "--by", "team"], 2, "--by 'team': use namespace, label_<key>, slurm_account or slurm_user"),
+    (["--from", "1d", "--by", "team"], 2,
+     "--by 'team': use namespace, model, label_<key>, slurm_account or slurm_user"),
     (["--from", "1d", "--step", "10s"], 2, "--step must be at least 1m"),
     (["--from", "1d", "--password", "x"], 2, "--password needs --username"),
     (["--from", "1d", "--ca-file", "/nonexistent/ca.pem"], 2, "--ca-file /nonexistent/ca.pem: no such file"),

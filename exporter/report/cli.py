@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("report", "prices")
-BY = re.compile(r"^(namespace|slurm_account|slurm_user|label_[a-zA-Z0-9_]+)$")
+COMMANDS = ("report", "prices", "inference-rules")
+BY = re.compile(r"^(namespace|model|slurm_account|slurm_user|label_[a-zA-Z0-9_]+)$")
 
 
 def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
-    """Add the ``report`` and ``prices`` subcommands to the ``l9gpu`` parser."""
+    """Add the ``report``, ``prices`` and ``inference-rules`` subcommands to the ``l9gpu`` parser."""
     report = sub.add_parser("report", help="chargeback: GPU-hours, energy, cost and waste per team from Prometheus",
                             description="GPU-hours used and allocated, waste, zombie hours, energy and cost per "
                                         "namespace, pod label, Slurm account or Slurm user over a period, from the "
@@ -33,8 +33,12 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
                              "(required)")
     report.add_argument("--to", dest="end", default="now", metavar="END", help="end, same forms (default: now)")
     report.add_argument("--by", default="namespace", metavar="LABEL",
-                        help="group by namespace, label_<key> (a --pod-label of the agents), slurm_account or "
-                             "slurm_user (default: namespace)")
+                        help="group by namespace, model (the model each inference engine serves: tokens and cost "
+                             "per million tokens, see docs/INFERENCE.md), label_<key> (a --pod-label of the "
+                             "agents), slurm_account or slurm_user (default: namespace)")
+    report.add_argument("--engines", metavar="FILE",
+                        help="with --by model: inference engines to read besides (or instead of) the built-in "
+                             "vLLM, SGLang, TGI, Triton TensorRT-LLM and NIM (YAML, see docs/INFERENCE.md)")
     report.add_argument("--prices", metavar="FILE", help="prices file (YAML, see docs/CHARGEBACK.md): adds costs")
     report.add_argument("--format", choices=("csv", "json", "html"),
                         help="output format (default: from the --output extension, else csv)")
@@ -68,7 +72,19 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
                                         "chargeback rules and the Grafana dashboard the same prices.")
     prices.add_argument("file", metavar="FILE", help="prices file (YAML)")
     prices.add_argument("--output", "-o", metavar="FILE", help="write the rules here instead of standard output")
-    return [report, prices]
+
+    rules = sub.add_parser("inference-rules",
+                           help="write the recording rules and alerts that join inference engines' tokens with "
+                                "GPU time",
+                           description="Write the Prometheus rules for tokens per second, GPU-seconds, kWh and cost "
+                                       "per million tokens per workload and served model, KV-cache saturation and "
+                                       "idle replicas, for the built-in engines and those of --engines "
+                                       "(alerts/l9gpu-inference.rules.yaml is the built-in engines' file; see "
+                                       "docs/INFERENCE.md).")
+    rules.add_argument("--engines", metavar="FILE",
+                       help="engines to add to, or override in, the built-in mapping (YAML)")
+    rules.add_argument("--output", "-o", metavar="FILE", help="write the rules here instead of standard output")
+    return [report, prices, rules]
 
 
 class _Fail(Exception):
@@ -82,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.command == "prices":
             return _prices(args)
+        if args.command == "inference-rules":
+            return _inference_rules(args)
         return _report(args)
     except _Fail as exc:
         print(f"l9gpu {args.command}: {exc}", file=sys.stderr)
@@ -124,6 +142,27 @@ def _prices(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engines(path: str | None) -> Any:
+    from exporter.inference.engines import EnginesError, load_engines
+
+    try:
+        return load_engines(path)
+    except EnginesError as exc:
+        raise _Fail(str(exc)) from None
+
+
+def _inference_rules(args: argparse.Namespace) -> int:
+    from exporter.inference.rules import rules_text
+
+    _check_output(args.output)
+    engines = _engines(args.engines)
+    source = "the built-in engines"
+    if args.engines:  # into a comment line of the rule file: no line breaks or control characters
+        source += " and " + "".join(c if c.isprintable() else "?" for c in args.engines)
+    _write(args.output, rules_text(engines, source))
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from exporter.report import compute, output, summary
     from exporter.report.periods import parse_duration, parse_period
@@ -134,7 +173,7 @@ def _report(args: argparse.Namespace) -> int:
         if not value:  # required, from the command line or L9GPU_PROMETHEUS / L9GPU_FROM
             raise _Fail(f"{flag} is required")
     if not BY.match(args.by):
-        raise _Fail(f"--by {args.by!r}: use namespace, label_<key>, slurm_account or slurm_user")
+        raise _Fail(f"--by {args.by!r}: use namespace, model, label_<key>, slurm_account or slurm_user")
     if args.top < 0:
         raise _Fail("--top must be 0 or more")
     fmt = args.format
@@ -167,6 +206,10 @@ def _report(args: argparse.Namespace) -> int:
     if (end_ms - start_ms) / (step_s * 1000) > 11000:
         raise _Fail(f"--step {args.step}: over 11,000 steps in the period (Prometheus' limit per series); "
                     "use a longer step")
+    # an --engines file is checked whatever --by; only --by model reads the engines' counters
+    engines = _engines(args.engines) if args.by == summary.MODEL_BY or args.engines else ()
+    if args.by != summary.MODEL_BY:
+        engines = ()
     prices = None
     if args.prices:
         try:
@@ -185,14 +228,19 @@ def _report(args: argparse.Namespace) -> int:
 
     async def go() -> Any:
         async with Prometheus(config) as prom:
-            return await compute.fetch(prom, start_ms, end_ms, step_s * 1000, args.selector.strip())
+            return await compute.fetch(prom, start_ms, end_ms, step_s * 1000, args.selector.strip(), engines)
 
     try:
         fetched = asyncio.run(go())
     except PrometheusError as exc:
         raise _Fail(str(exc), status=1) from None
     grid, series, stats = fetched.grid, fetched.series, fetched.stats
-    if series and args.by not in ("namespace",) and not any(s.labels.get(args.by) for s in series):
+    if args.by == summary.MODEL_BY:
+        if not fetched.tokens:
+            print("l9gpu report: note: Prometheus has no inference engine token series with a pod label in this "
+                  f"period (engines read: {', '.join(e.name for e in engines)}); every workload is in group "
+                  f"{summary.NONE_GROUP}", file=sys.stderr)
+    elif series and args.by not in ("namespace",) and not any(s.labels.get(args.by) for s in series):
         hint = (f" (run the agents with --pod-label {args.by[len('label_'):]})" if args.by.startswith("label_")
                 else "")
         print(f"l9gpu report: note: no series carries {args.by}{hint}; everything is in group "
@@ -205,9 +253,13 @@ def _report(args: argparse.Namespace) -> int:
         source["headers"] = config.header_names  # names only: values may be credentials
     try:
         report = summary.summarize(series, grid, args.by, prices, top=args.top, source=source,
-                                   devices=fetched.devices)
+                                   devices=fetched.devices, tokens=fetched.tokens, idle=fetched.idle)
     except PricesError as exc:
         raise _Fail(str(exc)) from None
+    if fetched.unjoined:
+        report["notes"].append(f"{fetched.unjoined} inference engine series have no pod label, so their tokens join "
+                               "no workload and are left out; scrape the engines' pods so that Prometheus adds "
+                               "namespace and pod (docs/INFERENCE.md)")
     for note in report["notes"]:
         print(f"l9gpu report: note: {note}", file=sys.stderr)
     _write(args.output, output.FORMATS[fmt](report))

@@ -146,6 +146,16 @@ def _promql_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def with_matchers(family: str, matchers: str) -> str:
+    """``family`` (a metric name, or a selector ``name{...}``) with more label matchers."""
+    if not matchers:
+        return family
+    if family.endswith("}"):
+        body = family[family.index("{") + 1:-1].strip()
+        return f"{family[:family.index('{')]}{{{body + ', ' if body else ''}{matchers}}}"
+    return f"{family}{{{matchers}}}"
+
+
 def _node_regex(nodes: Sequence[str]) -> str:
     escaped = []
     for node in nodes:
@@ -179,7 +189,7 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
     bounds = grid.bounds
     n = grid.regular
     step_ms = grid.step_ms
-    sel = f"{family}{{{selector}}}" if selector else family
+    sel = with_matchers(family, selector)
     t = [b / 1000 for b in bounds]
     value_q = [prom.query_range(f"last_over_time({sel}[{_dur(step_ms)}])", t[0], t[n], step_ms / 1000)]
     def fell(window_ms: int, previous_ms: int) -> str:
@@ -242,7 +252,7 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
             matcher = f"node=~{_promql_string(_node_regex(batch))}"
             inner = f"{selector}, {matcher}" if selector else matcher
             window = bounds[k] - bounds[k - 1]
-            fetches.append((k, keys, prom.query(f"{family}{{{inner}}}[{_dur(window)}]", bounds[k] / 1000,
+            fetches.append((k, keys, prom.query(f"{with_matchers(family, inner)}[{_dur(window)}]", bounds[k] / 1000,
                                                 expect="matrix")))
     stats.raw_steps += len(flagged)
     results = await _all(*(f for _, _, f in fetches))
@@ -261,13 +271,142 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
 
 
 @dataclass
+class ModelTokens:
+    """The tokens one workload (namespace, pod) served of one model, per step."""
+
+    namespace: str
+    pod: str
+    model: str
+    engine: str
+    prompt: list[float]
+    generated: list[float]
+
+    def total(self, k: int) -> float:
+        return self.prompt[k] + self.generated[k]
+
+
+@dataclass
 class Fetched:
-    """What `fetch` read: the grid, the workload series and the GPU (device) series."""
+    """What `fetch` read: the grid, the workload series and the GPU (device) series; with
+    engines, the tokens each workload served per model and the seconds per step in which a
+    workload held GPUs and served no token (`IDLE_RESOLUTION_S` intervals)."""
 
     grid: Grid
     series: list[SeriesTotals]
     devices: list[SeriesTotals]
     stats: FetchStats
+    tokens: list[ModelTokens] = field(default_factory=list)
+    idle: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    unjoined: int = 0  # engine series without a pod label: no workload to join them with
+
+
+UNNAMED_MODEL = "(unnamed)"
+TOKEN_FIELDS = ("prompt_tokens", "generated_tokens")
+# A workload is idle in a clock-aligned interval of this length when it held GPUs (its
+# allocation counter has a sample there) and none of its token counters changed.
+IDLE_RESOLUTION_S = 300
+
+
+def model_of(labels: Mapping[str, str], model_label: str) -> str:
+    """The served model a token series counts: the engine's model label, else a
+    ``model_name`` the scrape set (relabelling), else `UNNAMED_MODEL`."""
+    return (labels.get(model_label) if model_label else None) or labels.get("model_name") or UNNAMED_MODEL
+
+
+def model_tokens(candidates: Sequence[tuple[str, str, str, dict[SeriesKey, list[float]]]], steps: int
+                 ) -> tuple[list[ModelTokens], int]:
+    """The tokens per workload and model from every engine's counters.
+
+    Args:
+        candidates: (engine, model label, field, per-series increases) in the mapping's
+            order, alternatives of a field after its first choice.
+        steps: the number of steps.
+
+    Returns:
+        The rows, and how many series had no ``pod`` label. As in the rules, the first
+        candidate that has series for a (namespace, pod, model) and a field is the one
+        read there (a pod exposing two engines' names for one model counts once).
+    """
+    chosen: dict[tuple[str, str, str, str], int] = {}
+    rows: dict[tuple[str, str, str], ModelTokens] = {}
+    unjoined = 0
+    for index, (engine, model_label, fieldname, per_series) in enumerate(candidates):
+        for key, increments in per_series.items():
+            labels = dict(key)
+            if not labels.get("pod"):
+                unjoined += 1
+                continue
+            where = (labels.get("namespace", ""), labels["pod"], model_of(labels, model_label))
+            if chosen.setdefault((*where, fieldname), index) != index:
+                continue
+            row = rows.get(where)
+            if row is None:
+                row = rows[where] = ModelTokens(*where, engine, [0.0] * steps, [0.0] * steps)
+            target = row.prompt if fieldname == "prompt_tokens" else row.generated
+            for k, value in enumerate(increments):
+                target[k] += value
+    return list(rows.values()), unjoined
+
+
+def _idle_expression(engines: Sequence[Any], selector: str) -> str:
+    """1 per (namespace, pod) at each `IDLE_RESOLUTION_S` interval where it held GPUs (an
+    allocation sample in the interval) and none of its token counters rose (the last
+    sample in the interval above the last one before it; a series new in the interval
+    rose if it is above 0)."""
+    res = f"{IDLE_RESOLUTION_S}s"
+    allocation = with_matchers("container_gpu_allocation_seconds_total", _join('pod!=""', selector))
+    held = f"group by (namespace, pod) (last_over_time({allocation}[{res}]))"
+    served = []
+    for engine in engines:
+        for fieldname in TOKEN_FIELDS:
+            for sel in engine.selectors(fieldname):
+                s = with_matchers(sel.text('pod!=""'), selector)
+                now, before = f"last_over_time({s}[{res}])", f"last_over_time({s}[{res}] offset {res})"
+                # a rise: a counter that fell restarted, which serves nothing by itself
+                served.append(f"group by (namespace, pod) ({now} > {before} or ({now} > 0 unless {before}))")
+    return f"{held} unless on (namespace, pod) ({' or '.join(served)})"
+
+
+def _join(*matchers: str) -> str:
+    return ", ".join(m for m in matchers if m)
+
+
+async def _idle(prom: Prometheus, grid: Grid, expr: str) -> dict[tuple[str, str], list[float]]:
+    """Per (namespace, pod), the seconds of each step in idle intervals.
+
+    Each interval counts in the step its end falls in, steps taken as [t_{k-1}, t_k): the
+    queries run a millisecond before each step's end, so that an interval ending on a
+    step boundary is counted once (Prometheus 2 includes both ends of a range).
+    """
+    bounds = grid.bounds
+    n = grid.regular
+    step_ms = grid.step_ms
+    out: dict[tuple[str, str], list[float]] = {}
+
+    def add(metric: Mapping[str, str], k: int, count: float) -> None:
+        key = (metric.get("namespace", ""), metric.get("pod", ""))
+        row = out.setdefault(key, [0.0] * (len(bounds) - 1))
+        row[k - 1] = min(count * IDLE_RESOLUTION_S, (bounds[k] - bounds[k - 1]) / 1000)
+
+    queries = []
+    if n >= 1:
+        queries.append(prom.query_range(f"count_over_time(({expr})[{_dur(step_ms)}:{IDLE_RESOLUTION_S}s])",
+                                        bounds[1] / 1000 - 0.001, bounds[n] / 1000 - 0.001, step_ms / 1000))
+    tail_ms = bounds[-1] - bounds[n] if len(bounds) > n + 1 else 0
+    if tail_ms:
+        queries.append(prom.query(f"count_over_time(({expr})[{_dur(tail_ms)}:{IDLE_RESOLUTION_S}s])",
+                                  bounds[-1] / 1000 - 0.001, expect="vector"))
+    answers = await _all(*queries)
+    if n >= 1:
+        for series in answers[0]:
+            for ts, value in series["values"]:
+                k = int(round((float(ts) + 0.001) * 1000 - bounds[0]) // step_ms)
+                if 1 <= k <= n:
+                    add(series["metric"], k, float(value))
+    if tail_ms:
+        for series in answers[-1]:
+            add(series["metric"], len(bounds) - 1, float(series["value"][1]))
+    return out
 
 
 def _rows(counters: dict[str, tuple[str, float]], results: list[dict[SeriesKey, list[float]]]) -> list[SeriesTotals]:
@@ -281,15 +420,30 @@ def _rows(counters: dict[str, tuple[str, float]], results: list[dict[SeriesKey, 
     return list(rows.values())
 
 
-async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, selector: str = "") -> Fetched:
+async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, selector: str = "",
+                engines: Sequence[Any] = ()) -> Fetched:
     """Every workload series with its per-step increases of every counter in `COUNTERS`,
-    and every GPU series with those of `DEVICE_COUNTERS`."""
+    and every GPU series with those of `DEVICE_COUNTERS`; with ``engines``
+    (`exporter.inference.engines.Engine`), their token counters, read the same way, and
+    the idle intervals of the workloads that hold GPUs."""
     grid = Grid(start_ms, end_ms, step_ms)
     stats = FetchStats()
     families = [family for family, _ in COUNTERS.values()] + [family for family, _ in DEVICE_COUNTERS.values()]
-    results = await _all(*(_counter(prom, family, grid, selector, stats) for family in families))
+    candidates = [(engine.name, engine.model_label, fieldname, sel.text('pod!=""'))
+                  for engine in engines for fieldname in TOKEN_FIELDS for sel in engine.selectors(fieldname)]
+    work: list[Any] = [_counter(prom, family, grid, selector, stats) for family in families]
+    work += [_counter(prom, text, grid, selector, stats) for _, _, _, text in candidates]
+    if engines:
+        work.append(_idle(prom, grid, _idle_expression(engines, selector)))
+    results = await _all(*work)
     series = _rows(COUNTERS, results[:len(COUNTERS)])
-    devices = _rows(DEVICE_COUNTERS, results[len(COUNTERS):])
+    devices = _rows(DEVICE_COUNTERS, results[len(COUNTERS):len(families)])
+    fetched = Fetched(grid, series, devices, stats)
+    if engines:
+        token_results = results[len(families):len(families) + len(candidates)]
+        fetched.tokens, fetched.unjoined = model_tokens(
+            [(e, label, f, r) for (e, label, f, _), r in zip(candidates, token_results)], len(grid.bounds) - 1)
+        fetched.idle = results[-1]
     stats.queries = prom.queries
     stats.series = len(series)
-    return Fetched(grid, series, devices, stats)
+    return fetched

@@ -15,9 +15,11 @@ from importlib import resources
 from typing import Any
 
 from exporter.escape import for_spreadsheet, json_for_terminal, strict_json
-from exporter.report.summary import FIGURES, UNALLOCATED_GROUP
+from exporter.report.summary import FIGURES, MODEL_BY, MODEL_FIGURES, UNALLOCATED_GROUP
 
 CSV_COLUMNS = ("group",) + FIGURES + ("waste_ratio", "workloads", "top_waste")
+# --by model: the served model's tokens, costs per million tokens and idle replicas follow
+MODEL_CSV_COLUMNS = CSV_COLUMNS + MODEL_FIGURES
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 
 
@@ -64,16 +66,19 @@ def to_csv(report: dict[str, Any]) -> str:
     Figures are numbers, written unquoted and unchanged (a negative one keeps its ``-``).
     """
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow(CSV_COLUMNS)
+    by_model = report.get("by") == MODEL_BY
+    extra = MODEL_FIGURES if by_model else ()
+    csv.writer(buf, lineterminator="\n").writerow(MODEL_CSV_COLUMNS if by_model else CSV_COLUMNS)
     # QUOTE_NONNUMERIC quotes every str (the names, and the empty cells) and writes the
     # figures, which are int or float here, bare.
     writer = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
     for g in report["groups"]:
         top = "; ".join(f"{w['workload']}={w['waste_gpu_hours']:g}h" for w in g["top_waste"])
         writer.writerow([for_spreadsheet(g["group"])] + [_figure(g[k]) for k in FIGURES]
-                        + [_figure(g["waste_ratio"]), g["workloads"], for_spreadsheet(top)])
+                        + [_figure(g["waste_ratio"]), g["workloads"], for_spreadsheet(top)]
+                        + [_figure(g[k]) for k in extra])
     for row in reconciliation_rows(report):
-        writer.writerow([row["group"]] + [_figure(row.get(k)) for k in FIGURES] + ["", "", ""])
+        writer.writerow([row["group"]] + [_figure(row.get(k)) for k in FIGURES] + ["", "", ""] + [""] * len(extra))
     return buf.getvalue()
 
 
@@ -170,6 +175,7 @@ def to_html(report: dict[str, Any]) -> str:
     template = resources.files("exporter.report").joinpath("report.html.j2").read_text(encoding="utf-8")
     return env.from_string(template).render(**report, fmt=_fmt, money=money, pct=pct, duration=duration,
                                             has_costs=has_costs, chart=svg_chart(report),
+                                            by_model=report["by"] == MODEL_BY,
                                             reconciliation=reconciliation_rows(report))
 
 

@@ -20,19 +20,30 @@ the GPUs cost, ``unallocated_cost`` the part nobody held, and ``price_overrides_
 overrides on workload labels (a namespace's reserved rate) took off the groups' charges
 (negative where they charge more), so that allocated + unallocated + price overrides =
 capacity cost.
+
+Per served model (``--by model``, docs/INFERENCE.md): each inference workload's series are
+split between the models its engine served by their share of its tokens, step by step
+(`_ModelSplit`); workloads serving no model are in `NONE_GROUP`, so the reconciliation
+holds as for any grouping. The groups add tokens, costs, kWh and GPU-hours per million
+tokens, replicas and idle replica hours (`MODEL_FIGURES`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from exporter.report.compute import SCALE, Grid, SeriesTotals
+from exporter.report.compute import SCALE, Grid, ModelTokens, SeriesTotals
 from exporter.report.periods import iso
 from exporter.report.prices import Prices
 
 FIGURES = ("gpu_hours_used", "gpu_hours_allocated", "waste_gpu_hours", "zombie_hours", "energy_kwh",
            "allocated_cost", "effective_cost", "waste_cost", "energy_cost", "total_cost")
 COST_FIGURES = ("allocated_cost", "effective_cost", "waste_cost", "energy_cost", "total_cost")
+# With --by model, per served model (docs/INFERENCE.md).
+MODEL_FIGURES = ("prompt_tokens", "generated_tokens", "cost_per_million_tokens", "effective_cost_per_million_tokens",
+                 "kwh_per_million_tokens", "gpu_hours_per_million_tokens", "replicas", "idle_replica_hours",
+                 "idle_gpu_hours")
+MODEL_BY = "model"
 CAPACITY_FIGURES = ("gpu_hours_capacity", "gpu_hours_unallocated", "capacity_cost", "unallocated_cost",
                     "price_overrides_cost")
 NONE_GROUP = "(none)"
@@ -144,26 +155,125 @@ def _notes(totals: dict[str, Any], series: Sequence[SeriesTotals], devices: Sequ
     return []
 
 
+class _ModelSplit:
+    """How the workloads' GPU time is split between the models they serve (--by model).
+
+    Per step, a workload's series are split by each model's share of the workload's tokens
+    in that step; in a step where it served no token (or for a workload whose token series
+    say nothing of a step), equally between the models it served in the period. Workloads
+    without engine series serve no model: their time is in `NONE_GROUP`.
+    """
+
+    def __init__(self, tokens: Sequence[ModelTokens], idle: Mapping[tuple[str, str], list[float]], grid: Grid):
+        self.by_pod: dict[tuple[str, str], list[ModelTokens]] = {}
+        for row in tokens:
+            self.by_pod.setdefault((row.namespace, row.pod), []).append(row)
+        self.idle = idle
+        bounds = grid.bounds
+        self.lengths = [(bounds[k] - bounds[k - 1]) / 1000 for k in range(1, len(bounds))]
+
+    def shares(self, pod: tuple[str, str]) -> list[tuple[str, list[float]]]:
+        """(model, share per step) for a workload; empty where it serves none."""
+        rows = self.by_pod.get(pod, [])
+        out = []
+        for row in rows:
+            share = []
+            for k in range(len(self.lengths)):
+                total = sum(r.total(k) for r in rows)
+                share.append(row.total(k) / total if total > 0 else 1 / len(rows))
+            out.append((row.model, share))
+        return out
+
+    def idle_fraction(self, pod: tuple[str, str]) -> list[float]:
+        idle = self.idle.get(pod) or [0.0] * len(self.lengths)
+        return [min(1.0, seconds / length) if length else 0.0 for seconds, length in zip(idle, self.lengths)]
+
+    def pieces(self, s: SeriesTotals) -> list[tuple[str, SeriesTotals]]:
+        """The parts of one workload series that each model it serves pays, with the
+        ``idle_gpu`` counter: its allocated time in intervals where nothing was served."""
+        pod = (s.labels.get("namespace", ""), s.labels.get("pod", ""))
+        shares = self.shares(pod) if pod[1] else []
+        if not shares:
+            return [(NONE_GROUP, s)]
+        idle = self.idle_fraction(pod)
+        out = []
+        for model, share in shares:
+            steps = {key: [x * w for x, w in zip(values, share)] for key, values in s.steps.items()}
+            steps["idle_gpu"] = [x * f for x, f in zip(steps.get("allocated", []), idle)]
+            out.append((model, SeriesTotals({**s.labels, "model_name": model}, steps)))
+        return out
+
+    def figures(self) -> dict[str, dict[str, float]]:
+        """Per model: tokens, replicas and idle replica hours."""
+        out: dict[str, dict[str, float]] = {}
+        for pod, rows in self.by_pod.items():
+            idle = self.idle.get(pod) or [0.0] * len(self.lengths)
+            for model, share in self.shares(pod):
+                f = out.setdefault(model, {"prompt_tokens": 0.0, "generated_tokens": 0.0, "replicas": 0,
+                                           "idle_replica_hours": 0.0})
+                row = next(r for r in rows if r.model == model)
+                f["prompt_tokens"] += sum(row.prompt)
+                f["generated_tokens"] += sum(row.generated)
+                f["replicas"] += 1
+                f["idle_replica_hours"] += sum(i * w for i, w in zip(idle, share)) / 3600
+        return out
+
+
+def _per_million(value: float | None, tokens: float) -> float | None:
+    return None if value is None or not tokens else round(value / tokens * 1e6, DIGITS) + 0.0
+
+
+def _model_figures(g: dict[str, Any], tokens: Mapping[str, float] | None) -> dict[str, Any]:
+    tokens = tokens or {}
+    prompt, generated = tokens.get("prompt_tokens", 0.0), tokens.get("generated_tokens", 0.0)
+    total = prompt + generated
+    return {"prompt_tokens": round(prompt, 3) + 0.0, "generated_tokens": round(generated, 3) + 0.0,
+            "cost_per_million_tokens": _per_million(g["allocated_cost"], total),
+            "effective_cost_per_million_tokens": _per_million(g["effective_cost"], total),
+            "kwh_per_million_tokens": _per_million(g["energy_kwh"], total),
+            "gpu_hours_per_million_tokens": _per_million(g["gpu_hours_allocated"], total),
+            "replicas": int(tokens.get("replicas", 0)),
+            "idle_replica_hours": round(tokens.get("idle_replica_hours", 0.0), DIGITS) + 0.0,
+            "idle_gpu_hours": round(g.get("idle_gpu_hours") or 0.0, DIGITS) + 0.0}
+
+
 def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Prices | None, *, top: int = 5,
-              source: dict[str, Any] | None = None, devices: Sequence[SeriesTotals] = ()) -> dict[str, Any]:
+              source: dict[str, Any] | None = None, devices: Sequence[SeriesTotals] = (),
+              tokens: Sequence[ModelTokens] = (), idle: Mapping[tuple[str, str], list[float]] | None = None
+              ) -> dict[str, Any]:
     """The report as plain data (the JSON output; CSV and HTML are views of it).
 
     Args:
         series: the workload series.
         devices: the GPU series (`compute.DEVICE_COUNTERS`), for the reconciliation totals.
+        by: a label of the workload series, or `MODEL_BY`: per served model, from
+            ``tokens`` and ``idle`` (`compute.Fetched`), each workload's GPU time split
+            between the models it serves by their tokens (see `_ModelSplit`).
     """
     groups: dict[str, dict[str, Any]] = {}
     workloads: dict[str, dict[str, dict[str, Any]]] = {}
     per_series = []
+    split = _ModelSplit(tokens, idle or {}, grid) if by == MODEL_BY else None
+    pieces: list[tuple[str, SeriesTotals]] = []
     for s in series:
         if not any(any(steps) for steps in s.steps.values()):
             continue  # seen just before the period, nothing in it
+        pieces += split.pieces(s) if split is not None else [(s.labels.get(by) or NONE_GROUP, s)]
+    for name, s in pieces:
         f = _figures(s, prices)
-        name = s.labels.get(by) or NONE_GROUP
+        if split is not None:
+            f["idle_gpu_hours"] = sum(s.steps.get("idle_gpu", ())) * SCALE["allocated"]
         per_series.append((name, s, f))
-        _add(groups.setdefault(name, {}), f)
+        g = groups.setdefault(name, {})
+        _add(g, f)
+        if "idle_gpu_hours" in f:
+            g["idle_gpu_hours"] = g.get("idle_gpu_hours", 0.0) + f["idle_gpu_hours"]
         w = workloads.setdefault(name, {}).setdefault(workload_name(s.labels), {})
         _add(w, f)
+    model_tokens = split.figures() if split is not None else {}
+    for name in model_tokens:  # models whose pods held no GPU l9gpu saw
+        groups.setdefault(name, {})
+        workloads.setdefault(name, {})
     totals: dict[str, Any] = {}
     for g in groups.values():
         _add(totals, {k: g.get(k) for k in FIGURES})
@@ -180,9 +290,16 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
             top_waste.append({"workload": wname, "waste_gpu_hours": wf["waste_gpu_hours"],
                               "waste_cost": wf["waste_cost"], "gpu_hours_allocated": wf["gpu_hours_allocated"],
                               "gpu_hours_used": wf["gpu_hours_used"], "zombie_hours": wf["zombie_hours"]})
-        out_groups.append({"group": name, **_finish(g), "workloads": len(wl), "top_waste": top_waste})
+        row = {"group": name, **_finish(g), "workloads": len(wl), "top_waste": top_waste}
+        if split is not None:
+            row.update(_model_figures(row, model_tokens.get(name)))
+        out_groups.append(row)
     out_groups.sort(key=lambda g: (-(g[rank_key] or 0.0), g["group"]))
     totals = _finish(totals)
+    if split is not None:
+        for key in ("prompt_tokens", "generated_tokens", "idle_replica_hours", "idle_gpu_hours"):
+            totals[key] = round(sum(g[key] for g in out_groups), DIGITS) + 0.0
+        totals["replicas"] = sum(g["replicas"] for g in out_groups)
     totals["groups"] = len(out_groups)
     totals["workloads"] = sum(len(w) for w in workloads.values())
     capacity, unallocated_steps = _capacity(series, devices, prices)
