@@ -437,6 +437,7 @@ def snapshot(args: argparse.Namespace) -> int:
     backend, attributor = _open_within(args, args.timeout)
     timed = [b for b in getattr(backend, "backends", [backend]) if callable(getattr(b, "enable_timings", None))]
     passes: list[tuple[str, dict[str, Any]]] = []
+    collector = None
     try:
         collector, extra_names = _collector(args, backend, attributor)
         if args.timings:
@@ -456,6 +457,8 @@ def snapshot(args: argparse.Namespace) -> int:
             passes.append(("steady pass", _call_timings(timed)))
         statuses = gpm_status(backend)
     finally:
+        if collector is not None:
+            collector.stop()
         attributor.close()
         _close_backend(backend, min(args.timeout, CLOSE_TIMEOUT))
     if args.json:

@@ -57,6 +57,7 @@ def value(source: Collector, name: str, /, **labels: str) -> float | None:
 @pytest.fixture
 def node() -> Iterator[tuple[FakeNvml, Collector]]:
     """Four fake GPUs (utilisation 10%) read by a running collector; every block released after."""
+    before = set(threading.enumerate())
     fake = FakeNvml([FakeGpu(utilization_gpu=10) for _ in range(4)])
     backend = NvmlBackend(nvml=fake)
     backend.open()
@@ -69,6 +70,8 @@ def node() -> Iterator[tuple[FakeNvml, Collector]]:
         block.release()
     collector.stop()
     backend.close()
+    wait_until(lambda: not [t for t in threading.enumerate() if t not in before and t.name.startswith("l9gpu")],
+               within(INTERVAL), "the collector's threads to end")
 
 
 def stuck_gpu(fake: FakeNvml, collector: Collector, gpu: int = 1) -> Block:
@@ -340,6 +343,37 @@ def test_a_hung_backend_without_parts_is_down_as_a_whole_and_the_other_backend_c
         nvml.close()
 
 
+def test_an_amd_gpu_stuck_in_amdsmi_degrades_only_itself() -> None:
+    from fakes.amdsmi_fake import FakeAmdSmi
+    from fakes.amdsmi_fake import FakeGpu as AmdGpu
+
+    from exporter.devices.amd import AmdBackend
+
+    gpus = [AmdGpu(uuid=f"a4ff740f-0000-1000-80ea-3fe8d9b2e51{i}", bdf=f"0000:c{i}:00.0") for i in range(3)]
+    backend = AmdBackend(amdsmi=FakeAmdSmi(gpus))
+    backend.open()
+    collector = Collector(backend, "amd-node", interval=INTERVAL)
+    collector.start()
+    hang = threading.Event()
+    try:
+        wait_until(lambda: value(collector, "gpu_up", gpu="2") == 1.0, within(INTERVAL), "the first pass")
+        gpus[1].hang = hang
+        wait_until(lambda: value(collector, "gpu_up", gpu="1") == 0.0, within(PROMISE), "GPU 1 down")
+        gpus[0].gfx_activity = 77
+        wait_until(lambda: value(collector, "gpu_utilization_ratio", gpu="0") == pytest.approx(0.77), within(PROMISE),
+                   "GPU 0 read while GPU 1 hangs")
+        (call,) = collector.snapshot.stuck
+        assert (call.backend, call.what, call.call) == ("amd", "GPU 1", "amdsmi_get_gpu_activity")
+        assert value(collector, "gpu_stuck_call_seconds", gpu="1", call="amdsmi_get_gpu_activity") >= 1.0
+        gpus[1].hang = None
+        hang.set()
+        wait_until(lambda: value(collector, "gpu_up", gpu="1") == 1.0, within(2 * INTERVAL), "GPU 1 back")
+    finally:
+        hang.set()
+        collector.stop()
+        backend.close()
+
+
 # ---- the bulkhead itself -------------------------------------------------------------------------
 
 
@@ -422,33 +456,38 @@ def test_a_read_given_up_on_stops_when_its_call_returns() -> None:
 
 
 def _snapshot(monkeypatch, capsys, fake: FakeNvml, *args: str) -> tuple[int, str, str, float]:
-    """``l9gpu snapshot ARGS`` in process, on the fake (its threads must meet the blocks)."""
+    """``l9gpu snapshot ARGS`` in process, on the fake (its threads must meet the blocks).
+
+    Afterwards the blocks are released and the threads left stuck in them are waited for,
+    so that they do not log into another test's output.
+    """
     from exporter.cli import main
 
     install(monkeypatch, fake)
     root = logging.getLogger()
-    # main() sets up logging for the process: keep this test run's handlers and level
-    # (the stuck threads log when released, after this test's output is closed).
+    # main() sets up logging for the process: keep this test run's handlers and level.
     handlers, level = list(root.handlers), root.level
+    before = set(threading.enumerate())
     started = time.monotonic()
     try:
         status = main(["snapshot", "--backend", "nvml", "--kubernetes", "off", "--pod-resources-socket", "off",
                        "--cri-socket", "off", "--gpm-interval", "off", *args])
+        took = time.monotonic() - started
+        out, err = capsys.readouterr()
     finally:
+        for block in fake.blocks:
+            block.release()
+        wait_until(lambda: not [t for t in threading.enumerate() if t not in before and t.name.startswith("l9gpu")],
+                   within(1.0), "the threads left stuck to return")
         root.handlers[:] = handlers
         root.setLevel(level)
-    took = time.monotonic() - started
-    out, err = capsys.readouterr()
     return status, out, err, took
 
 
 def test_snapshot_prints_what_it_could_read_within_its_timeout(monkeypatch, capsys) -> None:
     fake = FakeNvml([FakeGpu(utilization_gpu=10 * (i + 1)) for i in range(4)])
-    block = fake.block(STUCK, gpu=1)
-    try:
-        status, out, err, took = _snapshot(monkeypatch, capsys, fake, "--timeout", "1s")
-    finally:
-        block.release()
+    fake.block(STUCK, gpu=1)
+    status, out, err, took = _snapshot(monkeypatch, capsys, fake, "--timeout", "1s")
     assert status == 0, err
     assert took < within(2 * 1.0), took
     lines = {line.split()[0]: line for line in out.splitlines()[2:] if line[:1].isdigit()}
@@ -460,11 +499,8 @@ def test_snapshot_json_lists_the_stuck_call(monkeypatch, capsys) -> None:
     import json
 
     fake = FakeNvml([FakeGpu() for _ in range(2)])
-    block = fake.block(STUCK, gpu=0)
-    try:
-        status, out, err, _ = _snapshot(monkeypatch, capsys, fake, "--timeout", "1s", "--json")
-    finally:
-        block.release()
+    fake.block(STUCK, gpu=0)
+    status, out, err, _ = _snapshot(monkeypatch, capsys, fake, "--timeout", "1s", "--json")
     doc = json.loads(out)
     assert status == 0 and [g["up"] for g in doc["gpus"]] == [False, True]
     assert doc["stuck"][0]["call"] == STUCK and doc["stuck"][0]["gpus"] == [0]
@@ -473,11 +509,8 @@ def test_snapshot_json_lists_the_stuck_call(monkeypatch, capsys) -> None:
 
 def test_snapshot_gives_up_on_a_driver_that_does_not_open(monkeypatch, capsys) -> None:
     fake = FakeNvml([FakeGpu()])
-    block = fake.block("nvmlInit")
-    try:
-        status, out, err, took = _snapshot(monkeypatch, capsys, fake, "--timeout", "1s")
-    finally:
-        block.release()
+    fake.block("nvmlInit")
+    status, out, err, took = _snapshot(monkeypatch, capsys, fake, "--timeout", "1s")
     assert status == 1 and out == ""
     assert err.strip() == "l9gpu: the nvml backend did not open within 1s (stuck in nvmlInit); nothing could be read"
     assert took < within(1.0)
