@@ -34,7 +34,7 @@ import logging
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from typing import Any, Callable, Hashable, Sequence
 
@@ -129,22 +129,28 @@ class _Abandon:
     call: str
 
 
-@dataclass(eq=False)
 class _Job:
-    """Reads one thread runs in order; progress is shared with the waiting pass under ``lock``."""
+    """Reads one thread runs in order; progress is shared with the waiting pass under ``lock``.
 
-    reads: Sequence[Read]
-    indexes: list[int]
-    done: SimpleQueue
-    clock: Callable[[], float]
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    results: dict[int, Any] = field(default_factory=dict)
-    current: int | None = None  # index of the read running now
-    started: float = 0.0  # monotonic start of that read
-    ident: int = 0  # the thread running the job
-    shared: bool = False  # run by the long-lived worker
-    abandoned: bool = False
-    finished: bool = False
+    A plain class with slots: one is made per pass.
+    """
+
+    __slots__ = ("reads", "indexes", "done", "clock", "lock", "results", "current", "started", "ident", "shared",
+                 "abandoned", "finished")
+
+    def __init__(self, reads: Sequence[Read], indexes: list[int], done: SimpleQueue, clock: Callable[[], float]):
+        self.reads = reads
+        self.indexes = indexes
+        self.done = done
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.results: dict[int, Any] = {}
+        self.current: int | None = None  # index of the read running now
+        self.started = 0.0  # monotonic start of that read
+        self.ident = 0  # the thread running the job
+        self.shared = False  # run by the long-lived worker
+        self.abandoned = False
+        self.finished = False
 
     def execute(self, bulkhead: Bulkhead) -> bool:
         """Run the reads (in the job's thread); False if the thread was given up on."""

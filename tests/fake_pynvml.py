@@ -48,6 +48,7 @@ of CPU, as the real one does. Field values cost by the fields asked for.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import threading
 import time
@@ -258,6 +259,7 @@ class Block:
     call: str | None = None
     gpu: int | None = None
     seconds: float | None = None
+    while_exists: str | None = None  # or: hang while this file exists (another process's knob)
     released: threading.Event = field(default_factory=threading.Event)
     entered: threading.Event = field(default_factory=threading.Event)
     waiting: int = 0
@@ -267,9 +269,9 @@ class Block:
     def matches(self, name: str, args: tuple[Any, ...]) -> bool:
         if self.released.is_set() or (self.call is not None and name != self.call):
             return False
-        if self.gpu is None:
-            return True
-        return bool(args) and isinstance(args[0], FakeHandle) and args[0].index == self.gpu
+        if self.gpu is not None and not (args and isinstance(args[0], FakeHandle) and args[0].index == self.gpu):
+            return False
+        return self.while_exists is None or os.path.exists(self.while_exists)
 
     def hold(self) -> None:
         with self._lock:
@@ -277,7 +279,13 @@ class Block:
             self.calls += 1
         self.entered.set()
         try:
-            self.released.wait(self.seconds)  # like a ctypes call: nothing can interrupt it
+            if self.while_exists is None:
+                self.released.wait(self.seconds)  # like a ctypes call: nothing can interrupt it
+            else:
+                deadline = None if self.seconds is None else time.monotonic() + self.seconds
+                while os.path.exists(self.while_exists) and not self.released.is_set() and (
+                        deadline is None or time.monotonic() < deadline):
+                    self.released.wait(0.01)
         finally:
             with self._lock:
                 self.waiting -= 1
@@ -818,10 +826,12 @@ class FakeNvml(_FakeGpmFunctions):
 
     # ---- test helpers ---------------------------------------------------------------
 
-    def block(self, call: str | None = None, gpu: int | None = None, seconds: float | None = None) -> Block:
+    def block(self, call: str | None = None, gpu: int | None = None, seconds: float | None = None,
+              while_exists: str | None = None) -> Block:
         """Make ``call`` (every call if None) on GPU ``gpu`` (any, if None) hang until the
-        returned `Block` is released, or for ``seconds``."""
-        block = Block(call, gpu, seconds)
+        returned `Block` is released, for ``seconds``, or while the file ``while_exists``
+        exists (for an agent in another process: see tests/nvml_shim)."""
+        block = Block(call, gpu, seconds, while_exists)
         self.blocks.append(block)
         return block
 

@@ -522,3 +522,85 @@ def test_snapshot_timeout_must_be_a_duration() -> None:
     result = run_cli(["snapshot", "--backend", "simulated", "--timeout", "soon"])
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "--timeout" in result.stderr
+
+
+# ---- the real agent, in its own process -------------------------------------------------------
+
+
+def _agent(tmp_path, hang: list[dict[str, Any]]) -> Any:
+    """``l9gpu serve --backend nvml`` whose ``import pynvml`` is the fake (tests/nvml_shim)."""
+    import json
+    import os
+
+    from agent import REPO, AgentProcess
+
+    spec = {"gpus": [{"utilization_gpu": 10, "power_mw": 200_000} for _ in range(4)], "hang": hang}
+    path = os.pathsep.join([str(REPO / "tests" / "nvml_shim"), str(REPO / "tests"), str(REPO)])
+    return AgentProcess(["--backend", "nvml", "--interval", f"{INTERVAL}s", "--kubernetes", "off",
+                         "--cri-socket", "off", "--pod-resources-socket", "off"],
+                        env={"PYTHONPATH": path, "FAKE_NVML_SPEC": json.dumps(spec)},
+                        log_path=tmp_path / "agent.log")
+
+
+def _seq(agent: Any) -> int:
+    import json
+
+    status, _, body = agent.get("/api/v1/snapshot")
+    assert status == 200, body
+    return int(json.loads(body)["seq"])
+
+
+def test_the_agent_serves_a_hung_gpu_as_down_and_takes_it_back(tmp_path) -> None:
+    hang = tmp_path / "gpu-1-hangs"
+    hang.touch()
+    agent = _agent(tmp_path, [{"call": STUCK, "gpu": 1, "while_exists": str(hang)}])
+    agent.start()  # ready: the first pass was published, with GPU 1 given up on
+    try:
+        m = agent.samples()
+        assert pick(m, "gpu_up", gpu="1") == [0.0] and pick(m, "gpu_up", gpu="0") == [1.0]
+        assert pick(m, "gpu_stuck_call_seconds", gpu="1", call=STUCK)[0] >= DEFAULT_READ_TIMEOUT
+        # Passes go on at the interval: new snapshots, GPU 0's energy counter moving.
+        seq, energy = _seq(agent), pick(m, "gpu_energy_joules_total", gpu="0")[0]
+        wait_until(lambda: _seq(agent) >= seq + 3, within(3 * INTERVAL), "three more passes")
+        assert pick(agent.samples(), "gpu_energy_joules_total", gpu="0")[0] > energy
+        status, _, body = agent.get("/healthz")
+        assert status == 200 and f"GPU 1: {STUCK} for" in body.decode()
+        assert agent.get("/readyz")[0] == 200
+        status, _, page = agent.get("/")
+        assert status == 200 and f"is down: stuck in {STUCK} for" in page.decode()
+        assert agent.log().count("has not returned after") == 1, agent.log()
+
+        hang.unlink()  # the driver answers again
+        wait_until(lambda: pick(agent.samples(), "gpu_up", gpu="1") == [1.0], within(2 * INTERVAL), "GPU 1 back")
+        assert pick(agent.samples(), "gpu_power_watts", gpu="1") == [200.0]
+        assert "GPU 1: nvmlDeviceGetPowerUsage returned after" in agent.log()
+    finally:
+        if hang.exists():
+            hang.unlink()
+        agent.stop()
+
+
+def test_the_agent_says_so_when_every_call_hangs_and_still_exits_on_sigterm(tmp_path) -> None:
+    held = tmp_path / "driver-lock-held"
+    agent = _agent(tmp_path, [{"while_exists": str(held)}])  # every call, once the file exists
+    agent.start()
+    try:
+        assert pick(agent.samples(), "gpu_up") == [1.0] * 4
+        held.touch()
+        wait_until(lambda: pick(agent.samples(), "gpu_up") == [0.0] * 4, within(PROMISE), "every GPU down")
+        m = agent.samples()
+        assert sorted(lab["gpu"] for lab, _ in m["gpu_stuck_call_seconds"]) == ["0", "1", "2", "3"]
+        assert pick(m, "l9gpu_snapshot_age_seconds")[0] < within(INTERVAL)  # fresh passes, no old values
+        assert pick(m, "gpu_utilization_ratio") == []
+        status, _, body = agent.get("/healthz")
+        assert status == 200 and "stuck in driver calls" in body.decode()
+        assert agent.get("/readyz")[0] == 200
+        # SIGTERM while the calls hang: the agent does not wait for the driver to exit.
+        started = time.monotonic()
+        assert agent.stop() == 0
+        assert time.monotonic() - started < within(1.0), agent.log()
+        assert "exiting without it" in agent.log()
+    finally:
+        if held.exists():
+            held.unlink()
+        agent.stop()

@@ -461,6 +461,8 @@ class NvmlBackend:
         self._mig_enabled: dict[int, bool] = {}
         self._mig_slots: dict[int, Any] = {}
         self._unfinished: set[int] = set()  # GPUs whose read is under way (or was given up on)
+        self._parts: list[Read] | None = None  # what `reads` returns, made once
+        self._pass_now = 0.0  # the time of the pass `reads` was last asked for
 
     # ---- lifecycle --------------------------------------------------------------
 
@@ -510,6 +512,7 @@ class NvmlBackend:
         for index in range(self._count):
             self._get_handle(index)
         self._register_xid_events()
+        self._parts = None
         log.info("NVML: %d GPU(s), driver %s", self._count, self._driver_version or "unknown")
 
     @staticmethod
@@ -540,6 +543,7 @@ class NvmlBackend:
             except Exception:
                 log.debug("nvmlEventSetFree failed", exc_info=True)
             self._event_set = None
+        self._parts = None
         if self._initialized:
             try:
                 nvml.call("nvmlShutdown")
@@ -606,23 +610,29 @@ class NvmlBackend:
         Args:
             now: monotonic seconds of this pass (see `sample`).
         """
-        nvml = self._require()
+        self._require()
+        self._pass_now = now
         if self._gpm is not None:
             self._gpm.begin_pass(now)
-        parts: list[Read] = []
-        if self._event_set is not None:
-            parts.append(Read("events", "NVML XID events", functools.partial(self._read_xid_events, nvml),
-                              calls=_CALL_PREFIXES))
-        for index in range(self._count):
-            parts.append(Read(index, f"GPU {index}", functools.partial(self._read_gpu, nvml, index, now),
-                              calls=_CALL_PREFIXES, down=functools.partial(self._down_samples, index)))
-        if self._gpm is not None:
-            parts.append(Read("gpm", "NVML GPM buffers", self._end_gpm_pass, calls=_CALL_PREFIXES, last=True))
+        parts = self._parts
+        if parts is None:  # the same parts every pass (they read the pass's time from here)
+            parts = []
+            if self._event_set is not None:
+                parts.append(Read("events", "NVML XID events", self._read_xid_events, calls=_CALL_PREFIXES))
+            for index in range(self._count):
+                parts.append(Read(index, f"GPU {index}", functools.partial(self._read_gpu_part, index),
+                                  calls=_CALL_PREFIXES, down=functools.partial(self._down_samples, index)))
+            if self._gpm is not None:
+                parts.append(Read("gpm", "NVML GPM buffers", self._end_gpm_pass, calls=_CALL_PREFIXES, last=True))
+            self._parts = parts
         return parts
 
-    def _read_xid_events(self, nvml: _Nvml) -> list[DeviceSample]:
-        self._drain_xid_events(nvml)
+    def _read_xid_events(self) -> list[DeviceSample]:
+        self._drain_xid_events(self._require())
         return []
+
+    def _read_gpu_part(self, index: int) -> list[DeviceSample]:
+        return self._read_gpu(self._require(), index, self._pass_now)
 
     def _end_gpm_pass(self) -> list[DeviceSample]:
         if self._gpm is not None:
