@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 #: Seconds a read (one GPU's queries in a pass) may take before it is given up on. A
 #: normal read takes milliseconds on a real driver (the slowest NVML query, ~20 ms).
 DEFAULT_READ_TIMEOUT = 1.0
+#: Seconds between two warnings about the same part (stuck, or returned): a GPU that keeps
+#: overrunning and answering is logged once a minute, with a count, not once per pass.
+LOG_EVERY = 60.0
 
 # Idents of the threads whose read was given up on (backends only read it): tested by
 # `check_abandoned` after every driver call, so a plain set (an empty one is a cheap falsy test).
@@ -196,6 +199,7 @@ class Bulkhead:
         self._lock = threading.Lock()
         self._stuck: dict[Hashable, _Abandon] = {}
         self._jobs: SimpleQueue | None = None  # the long-lived worker's queue; None: no idle worker
+        self._warned: dict[Hashable, tuple[float, int]] = {}  # topic -> (last warning, quieted since)
 
     # ---- what is stuck ------------------------------------------------------------------
 
@@ -219,8 +223,24 @@ class Bulkhead:
                 del self._stuck[key]
             ABANDONED.discard(ident)
         if entry is not None:
-            log.warning("%s: %s returned after %.1f s; reading it again", entry.read.what, entry.call,
-                        self._clock() - entry.started)
+            self._warn((key, "returned"), "%s: %s returned after %.1f s; reading it again", entry.read.what,
+                       entry.call, self._clock() - entry.started)
+
+    def _warn(self, topic: Hashable, message: str, *args: Any) -> None:
+        """Log a warning, at most one per `LOG_EVERY` seconds and topic; the ones in
+        between go to debug, and the next warning says how many there were (a GPU that
+        keeps overrunning and answering must not flood the log)."""
+        now = self._clock()
+        with self._lock:
+            last, quiet = self._warned.get(topic, (None, 0))
+            recent = last is not None and now - last < LOG_EVERY
+            self._warned[topic] = (last, quiet + 1) if recent else (now, 0)  # type: ignore[assignment]
+        if recent:
+            log.debug(message, *args)
+        elif quiet and last is not None:
+            log.warning(message + " (%d more times in the last %.0f s)", *args, quiet, now - last)
+        else:
+            log.warning(message, *args)
 
     # ---- one pass -----------------------------------------------------------------------
 
@@ -327,8 +347,8 @@ class Bulkhead:
             rest = job.indexes[job.indexes.index(position) + 1:]
         if job.shared:
             self._jobs = None  # that worker is stuck: the next pass starts another
-        log.warning("%s: %s has not returned after %.1f s; reporting it stuck and reading the rest without it",
-                    read.what, call, now - entry.started)
+        self._warn((read.key, "stuck"), "%s: %s has not returned after %.1f s; reporting it stuck and reading the "
+                   "rest without it", read.what, call, now - entry.started)
         return position, entry, rest
 
     def close(self) -> None:

@@ -5,6 +5,11 @@ folds the pass into the derived counters and publishes a new `Snapshot` by swapp
 single reference. Scrapes only ever read the published snapshot, so they never wait on
 hardware, /proc or the network. A failing part (the backend, attribution) is reported in
 ``l9gpu_collector_success`` and degrades only its own part of the snapshot.
+
+The devices are read through a bulkhead (`exporter.bulkhead`): each backend's parts of a
+pass (one per GPU where the backend offers them, else the whole backend) have a deadline,
+and a part stuck in a driver call is published down, with the call, while the others go
+on; nothing more is asked of it until the call returns (docs/HEALTH.md).
 """
 
 from __future__ import annotations

@@ -253,7 +253,8 @@ class Block:
     """Calls that wait until released, as a wedged driver's do (`FakeNvml.block`).
 
     ``call`` None matches every function, ``gpu`` None every device and the calls about
-    none (event sets, counts); ``seconds``: released by itself after that long.
+    none (event sets, counts); ``seconds``: released by itself that long after the first
+    call entered it (one call hangs that long; the next ones answer).
     """
 
     call: str | None = None
@@ -280,8 +281,9 @@ class Block:
         self.entered.set()
         try:
             if self.while_exists is None:
-                self.released.wait(self.seconds)  # like a ctypes call: nothing can interrupt it
-            else:
+                if not self.released.wait(self.seconds):  # like a ctypes call: nothing can interrupt it
+                    self.released.set()  # its time is up: the later calls answer at once
+            else:  # a knob of another process: the file
                 deadline = None if self.seconds is None else time.monotonic() + self.seconds
                 while os.path.exists(self.while_exists) and not self.released.is_set() and (
                         deadline is None or time.monotonic() < deadline):

@@ -163,8 +163,32 @@ def test_the_gpu_comes_back_when_the_call_returns(node, caplog) -> None:
     assert pick(m, "gpu_stuck_call_seconds") == []
     wait_until(lambda: value(collector, "l9gpu_collector_success", collector="nvml") == 1.0, within(INTERVAL),
                "the nvml collector healthy again")
-    assert any("returned after" in r.getMessage() and "GPU 1" in r.getMessage() for r in caplog.records)
+    assert any("returned after" in r.getMessage() and "reading it again" in r.getMessage() and "GPU 1" in r.getMessage()
+               for r in caplog.records)
     assert collector.snapshot.stuck == ()
+
+
+def test_a_call_that_hangs_for_a_while_and_returns_by_itself_gives_the_gpu_back(node) -> None:
+    fake, collector = node
+    block = fake.block(STUCK, gpu=2, seconds=3 * DEFAULT_READ_TIMEOUT)  # as the issue saw: 30 s, shorter here
+    wait_until(lambda: value(collector, "gpu_up", gpu="2") == 0.0, within(PROMISE), "GPU 2 reported down")
+    wait_until(lambda: value(collector, "gpu_up", gpu="2") == 1.0, within(3 * DEFAULT_READ_TIMEOUT + PROMISE),
+               "GPU 2 back once its call returned")
+    assert block.calls == 1  # no second call was made while the first hung
+    block.release()
+
+
+def test_a_gpu_that_keeps_overrunning_is_logged_once_a_minute_not_every_pass(node, caplog) -> None:
+    fake, collector = node
+    with caplog.at_level(logging.WARNING, logger="exporter"):
+        for _ in range(3):  # each time one call takes twice the read timeout, then it answers
+            block = fake.block(STUCK, gpu=3, seconds=2 * DEFAULT_READ_TIMEOUT)
+            wait_until(lambda: value(collector, "gpu_up", gpu="3") == 0.0, within(PROMISE), "GPU 3 down")
+            wait_until(lambda: value(collector, "gpu_up", gpu="3") == 1.0, within(PROMISE), "GPU 3 back")
+            assert block.calls == 1
+    messages = [r.getMessage() for r in caplog.records if "GPU 3" in r.getMessage()]
+    assert len([m for m in messages if "has not returned" in m]) == 1, messages
+    assert len([m for m in messages if "reading it again" in m]) == 1, messages
 
 
 def test_a_hung_xid_event_wait_leaves_the_gpus_up_and_says_so(node) -> None:
