@@ -157,7 +157,7 @@ class GpmReader:
         its buffers: no call is made about it until its stuck call returns.
         """
         read, seen = self._read_gpus, self._seen
-        for key in [k for k in self._windows if k not in seen and k[0] in read]:
+        for key in [k for k in list(self._windows) if k not in seen and k[0] in read]:
             self._free(self._windows.pop(key))
         for reason, devices in self._new_reasons.items():
             log.info("no GPM metrics (SM, tensor-core, DRAM activity) on GPU %s: %s", ", ".join(devices), reason)
@@ -214,9 +214,10 @@ class GpmReader:
 
     def forget(self, index: int) -> None:
         """A GPU went down: drop its windows (and MIG instances') and ask for support again."""
-        for key in [k for k in self._windows if k[0] == index]:
+        # list() copies in one step: after a stuck read, other GPUs may be read concurrently.
+        for key in [k for k in list(self._windows) if k[0] == index]:
             self._free(self._windows.pop(key))
-        for key in [k for k in self._unsupported if k[0] == index]:
+        for key in [k for k in list(self._unsupported) if k[0] == index]:
             del self._unsupported[key]
         self._support.pop(index, None)
 

@@ -305,7 +305,8 @@ class _Nvml:
     def forget(self, handle: Any) -> None:
         """Ask a device everything again (its MIG mode changed, so may its answers)."""
         key = _handle_key(handle)
-        self._unsupported = {k for k in self._unsupported if len(k) < 2 or k[1] != key}
+        # list() copies in one step: after a stuck read, other GPUs may be read concurrently.
+        self._unsupported = {k for k in list(self._unsupported) if len(k) < 2 or k[1] != key}
 
     def invoke(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call ``fn`` (the binding's ``name``), timing it when timings are on.
@@ -1197,7 +1198,7 @@ class NvmlBackend:
             uuid = _text(nvml.call("nvmlDeviceGetUUID", device))
         except nvml.error:
             return None
-        for known, static in self._static.items():
+        for known, static in list(self._static.items()):
             if uuid and static.get("uuid") == uuid:
                 return known
         return None
