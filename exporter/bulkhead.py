@@ -251,6 +251,8 @@ class Bulkhead:
             Per read, in order: what its ``run`` returned, a `Failed` with what it raised,
             or a `Stuck` when it overran its deadline now or in an earlier pass (it is then
             not run again until its call has returned).
+
+        Called from one thread at a time (the collector's).
         """
         out: list[Any] = [None] * len(reads)
         first: list[int] = []

@@ -488,9 +488,12 @@ def _open_within(args: argparse.Namespace, timeout: float) -> tuple[Any, Any]:
 
     outcome = call_within(lambda: _open(args), timeout, ("nvml", "amdsmi_"), name="l9gpu-open")
     if not outcome.returned:
-        raise SnapshotTimeout(f"l9gpu: the {args.backend} backend did not open within {timeout:g}s"
-                              + (f" (stuck in {outcome.call})" if outcome.call else "")
-                              + "; nothing could be read")
+        backend = "GPU" if args.backend == "auto" else args.backend
+        if outcome.call:  # stuck in the vendor library
+            what = f"the {backend} backend did not open within {timeout:g}s (stuck in {outcome.call})"
+        else:  # elsewhere: attribution's sources (the API server, the container runtime)
+            what = f"opening the {backend} backend and attribution did not finish within {timeout:g}s"
+        raise SnapshotTimeout(f"l9gpu: {what}; nothing could be read")
     if outcome.error is not None:
         raise outcome.error
     backend, attributor = outcome.value
