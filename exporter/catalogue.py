@@ -212,6 +212,11 @@ METRICS: tuple[MetricSpec, ...] = (
                D + ("vendor", "driver_version", "pci_bus_id", "serial"), DEVICE),
     MetricSpec("gpu_up", GAUGE, "", "1 if the GPU was read in the last pass, 0 if it failed (lost, driver error).",
                D, DEVICE, "up"),
+    MetricSpec("gpu_stuck_call_seconds", GAUGE, "seconds",
+               "How long a call into the vendor library about this GPU (label call, e.g. "
+               "nvmlDeviceGetPowerUsage) has gone unanswered, in seconds. Present only while the call is "
+               "past its deadline; the GPU is reported down meanwhile and the others are read without it.",
+               D + ("call",), DEVICE),
     MetricSpec("gpu_utilization_ratio", GAUGE, "ratio",
                "Fraction of the last sample period during which one or more kernels ran on the GPU.",
                D, DEVICE, "utilization", ("DCGM_FI_DEV_GPU_UTIL", 100.0)),
@@ -368,6 +373,10 @@ VENDOR_NOTES: dict[str, tuple[str, str, str]] = {
                  "`vendor=\"amd\"`; `pci_bus_id` is the AMD device plugin's device id; `serial` ASIC serial",
                  "`vendor=\"gaudi\"`; `serial` is the Habana device plugin's device id"),
     "gpu_up": ("device handle readable", "any amdsmi read succeeds", "device listed by hl-smi"),
+    "gpu_stuck_call_seconds": ("an NVML call about this GPU past the read timeout (1 s)",
+                               "an amdsmi call past the read timeout (the backend is read as one part: "
+                               "every AMD GPU)",
+                               "hl-smi or the /proc scan past `--hl-smi-timeout` plus 5 s (every device)"),
     "gpu_utilization_ratio": ("NVML GPU utilisation (kernel running)", "`gfx_activity` (graphics/compute engine busy)",
                               "`utilization.aip` (AIP busy)"),
     "gpu_memory_utilization_ratio": ("NVML memory-controller utilisation", "`umc_activity` (memory controller busy)", "—"),

@@ -35,6 +35,8 @@ ENV_PREFIX = "L9GPU_"
 DEFAULT_LISTEN = "0.0.0.0:9835"
 # `l9gpu snapshot` measures GPM activity over this long (two samples this far apart).
 SNAPSHOT_GPM_WINDOW = 1.0
+# Seconds the agent waits for the vendor library to shut down when it exits.
+CLOSE_TIMEOUT = 1.0
 
 
 def parse_gpm_interval(text: str) -> float | None:
@@ -46,6 +48,10 @@ def parse_gpm_interval(text: str) -> float | None:
 
 class UsageError(Exception):
     """A user mistake in flags, environment or files: printed as one line, exit 2."""
+
+
+class SnapshotTimeout(Exception):
+    """`l9gpu snapshot` could read nothing within its --timeout: one line, exit 1."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     snap = sub.add_parser("snapshot", help="collect once and print a table (or JSON) for an on-call engineer")
     _add_device_args(snap)
     snap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    snap.add_argument("--timeout", default="5s", type=argtype(parse_positive_duration), metavar="DURATION",
+                      help="give up on a GPU that has not answered within this long (and on a driver that does "
+                           "not open): it is shown stuck, with the call it is stuck in, and the others are printed "
+                           "(default: 5s)")
     snap.add_argument("--timings", action="store_true",
                       help="also time every vendor library call of a first and a steady pass, to see why a pass "
                            "is slow on this node's driver (NVIDIA)")
@@ -278,8 +288,9 @@ def _collector(args: argparse.Namespace, backend: Any, attributor: Any) -> tuple
     from exporter.derive import label_schema
 
     extra_names, labeller = label_schema(getattr(args, "pod_label", []) or [])
+    timeout = {"read_timeout": args.timeout} if getattr(args, "timeout", None) else {}
     collector = Collector(backend, args.node_name, args.interval, attributor, labeller,
-                          grace_seconds=args.workload_grace)
+                          grace_seconds=args.workload_grace, **timeout)
     return collector, extra_names
 
 
@@ -357,7 +368,8 @@ def serve(args: argparse.Namespace) -> int:
     pages = SnapshotPages(lambda: collector.snapshot, args.node_name, args.interval, extra_names,
                           gpm_status=lambda: gpm_status(backend))
     app = make_app(exposition, lambda: collector.snapshot, collector.alive, args.node_name,
-                   middlewares=[watcher.middleware] if watcher is not None else (), pages=pages)
+                   middlewares=[watcher.middleware] if watcher is not None else (), pages=pages,
+                   health=collector.liveness)
     host, port = args.listen
 
     async def run() -> None:
@@ -396,10 +408,22 @@ def serve(args: argparse.Namespace) -> int:
         if bridge is not None:
             bridge.stop(timeout=0.4)  # one last push, bounded: shutdown stays within about a second
         attributor.close()
-        backend.close()
+        _close_backend(backend, CLOSE_TIMEOUT)
         if watcher is not None:
             watcher.close()
     return 0
+
+
+def _close_backend(backend: Any, timeout: float) -> None:
+    """Close the backend, waiting at most ``timeout`` seconds: with a call stuck in the
+    driver, shutting the library down may block as well, and the agent must still exit."""
+    from exporter.bulkhead import call_within
+
+    outcome = call_within(backend.close, timeout, tuple(getattr(backend, "call_prefixes", ("nvml", "amdsmi_"))),
+                          name="l9gpu-close")
+    if not outcome.returned:
+        log.warning("closing the %s backend did not finish within %gs (stuck in %s); exiting without it",
+                    backend.name, timeout, outcome.call or "the vendor library")
 
 
 def _web_config(path: str | None) -> Any:
@@ -422,9 +446,10 @@ def snapshot(args: argparse.Namespace) -> int:
     """
     if args.gpm_interval is not None:
         args.gpm_interval = 0.0  # sample on each of the (at most two) passes
-    backend, attributor = _open(args)
+    backend, attributor = _open_within(args, args.timeout)
     timed = [b for b in getattr(backend, "backends", [backend]) if callable(getattr(b, "enable_timings", None))]
     passes: list[tuple[str, dict[str, Any]]] = []
+    collector = None
     try:
         collector, extra_names = _collector(args, backend, attributor)
         if args.timings:
@@ -444,8 +469,10 @@ def snapshot(args: argparse.Namespace) -> int:
             passes.append(("steady pass", _call_timings(timed)))
         statuses = gpm_status(backend)
     finally:
+        if collector is not None:
+            collector.stop()
         attributor.close()
-        backend.close()
+        _close_backend(backend, min(args.timeout, CLOSE_TIMEOUT))
     if args.json:
         doc = snapshot_document(snap, extra_names, statuses)
         if args.timings:
@@ -454,6 +481,9 @@ def snapshot(args: argparse.Namespace) -> int:
         sys.stdout.write(document_json(doc))
     else:
         print(format_table(snap, statuses))
+        for call in snap.stuck:  # a stuck GPU is in the table, down; this lists the other parts
+            if not call.devices:
+                print(f"{call.what}: stuck in {call.call} for {call.seconds:.1f} s")
         if args.timings:
             print()
             print(format_timings(passes) if timed else
@@ -462,6 +492,24 @@ def snapshot(args: argparse.Namespace) -> int:
                 print("(nvmlGpm* calls: this snapshot samples GPM on both passes; `l9gpu serve` samples a GPU "
                       "every --gpm-interval)")
     return 0
+
+
+def _open_within(args: argparse.Namespace, timeout: float) -> tuple[Any, Any]:
+    """`_open`, waiting at most ``timeout`` seconds (a wedged driver can block its init)."""
+    from exporter.bulkhead import call_within
+
+    outcome = call_within(lambda: _open(args), timeout, ("nvml", "amdsmi_"), name="l9gpu-open")
+    if not outcome.returned:
+        backend = "GPU" if args.backend == "auto" else args.backend
+        if outcome.call:  # stuck in the vendor library
+            what = f"the {backend} backend did not open within {timeout:g}s (stuck in {outcome.call})"
+        else:  # elsewhere: attribution's sources (the API server, the container runtime)
+            what = f"opening the {backend} backend and attribution did not finish within {timeout:g}s"
+        raise SnapshotTimeout(f"l9gpu: {what}; nothing could be read")
+    if outcome.error is not None:
+        raise outcome.error
+    backend, attributor = outcome.value
+    return backend, attributor
 
 
 def _call_timings(backends: list[Any]) -> dict[str, Any]:
@@ -579,6 +627,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(str(exc), file=sys.stderr)
         return 2
+    except SnapshotTimeout as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

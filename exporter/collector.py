@@ -5,16 +5,24 @@ folds the pass into the derived counters and publishes a new `Snapshot` by swapp
 single reference. Scrapes only ever read the published snapshot, so they never wait on
 hardware, /proc or the network. A failing part (the backend, attribution) is reported in
 ``l9gpu_collector_success`` and degrades only its own part of the snapshot.
+
+The devices are read through a bulkhead (`exporter.bulkhead`): each backend's parts of a
+pass (one per GPU where the backend offers them, else the whole backend) have a deadline,
+and a part stuck in a driver call is published down, with the call, while the others go
+on; nothing more is asked of it until the call returns (docs/HEALTH.md).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from typing import Callable
+from dataclasses import replace
+from typing import Callable, NoReturn
 
 from exporter.attribution import Attributor, NullAttributor
+from exporter.bulkhead import DEFAULT_READ_TIMEOUT, Bulkhead, Failed, Read, Stuck
 from exporter.derive import DeriveState, Labeller, default_labeller, step
 from exporter.devices.base import Backend
 from exporter.model import (
@@ -24,6 +32,7 @@ from exporter.model import (
     DeviceSample,
     ProcessRow,
     Snapshot,
+    StuckCall,
     frozen_mapping,
 )
 
@@ -35,6 +44,10 @@ def _down(device: DeviceSample, error: str) -> DeviceSample:
     return DeviceSample(index=device.index, uuid=device.uuid, model=device.model, vendor=device.vendor,
                         gpu_instance=device.gpu_instance, driver_version=device.driver_version,
                         pci_bus_id=device.pci_bus_id, serial=device.serial, up=False, error=error)
+
+
+def _raise(exc: BaseException) -> NoReturn:
+    raise exc
 
 
 class Collector:
@@ -50,6 +63,9 @@ class Collector:
         clock: monotonic clock (seconds); wall: wall clock (Unix seconds).
         on_snapshot: called from the collector thread after each publish (e.g. to
             pre-render the exposition while no scrape is waiting).
+        read_timeout: seconds one device's read may take in a pass before it is given up
+            on and the device reported stuck (a backend may ask for longer: Gaudi's
+            hl-smi has its own timeout).
     """
 
     def __init__(
@@ -63,6 +79,7 @@ class Collector:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         on_snapshot: Callable[[Snapshot], None] | None = None,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
     ):
         self.backend = backend
         self.node = node
@@ -75,7 +92,12 @@ class Collector:
         self.on_snapshot = on_snapshot
         self._state = DeriveState()
         self._snapshot: Snapshot | None = None
-        self._last_devices: list[DeviceSample] = []
+        self._last_devices: dict[str, list[DeviceSample]] = {}  # per backend, for a whole backend down
+        self.read_timeout = read_timeout
+        self._bulkhead = Bulkhead(read_timeout)
+        self._progress_clock = time.monotonic  # real time: liveness is about a stuck thread
+        self._published_at: float | None = None
+        self._started_at: float | None = None
         self._seq = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -86,22 +108,19 @@ class Collector:
         return self._snapshot
 
     def collect_once(self) -> Snapshot:
-        """Run one pass and publish its snapshot."""
+        """Run one pass and publish its snapshot.
+
+        Never waits on a stuck driver call for longer than the read timeout: a device
+        whose read overruns is published down, with the call it is stuck in (see
+        `exporter.bulkhead`), and the others as they were read.
+        """
         now = self._clock()
         wall = self._wall()
         statuses: list[CollectorStatus] = []
 
         started = time.perf_counter()
-        try:
-            devices = list(self.backend.sample(now))
-            ok = True
-        except Exception as exc:  # noqa: BLE001 - a broken backend must not stop the agent
-            log.warning("reading devices (%s) failed: %s", self.backend.name, exc)
-            devices = [_down(d, str(exc)) for d in self._last_devices]
-            ok = False
+        devices, stuck, ok = self._read_devices(now)
         statuses.append(CollectorStatus(self.backend.name, ok, time.perf_counter() - started))
-        if ok:
-            self._last_devices = devices
 
         pids = sorted({p.pid for d in devices if d.up for p in d.processes})
         started = time.perf_counter()
@@ -146,14 +165,73 @@ class Collector:
             collectors=tuple(statuses),
             backend_errors=frozen_mapping(backend_errors),
             info=frozen_mapping(info),
+            stuck=stuck,
         )
         self._snapshot = snapshot  # the atomic swap readers rely on
+        self._published_at = self._progress_clock()
         if self.on_snapshot is not None:
             try:
                 self.on_snapshot(snapshot)
             except Exception:  # noqa: BLE001
                 log.exception("snapshot hook failed")
         return snapshot
+
+    def _read_devices(self, now: float) -> tuple[list[DeviceSample], tuple[StuckCall, ...], bool]:
+        """Every backend's reads for this pass, each within its deadline.
+
+        Returns:
+            The devices in order, the calls stuck past their deadline, and whether every
+            read answered (the backend collector's success).
+        """
+        backends = list(getattr(self.backend, "backends", [self.backend]))  # MultiBackend or one
+        reads: list[Read] = []
+        owners: list[str] = []
+        for backend in backends:
+            parts = self._backend_reads(backend, now)
+            if len(backends) > 1:  # keys are per backend: tell two backends' GPU 0 apart
+                parts = [replace(read, key=(backend.name, read.key)) for read in parts]
+            reads.extend(parts)
+            owners.extend([backend.name] * len(parts))
+        outcomes = self._bulkhead.run(reads)
+        devices: list[DeviceSample] = []
+        stuck: list[StuckCall] = []
+        ok = True
+        for read, owner, outcome in zip(reads, owners, outcomes):
+            if isinstance(outcome, Stuck):
+                ok = False
+                reason = (f"stuck in {outcome.call} for {outcome.seconds:.1f} s, since "
+                          f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(outcome.since))}")
+                down = list(read.down(reason)) if read.down is not None else []
+                devices.extend(down)
+                stuck.append(StuckCall(owner, outcome.what, outcome.call, outcome.since, outcome.seconds,
+                                       tuple(d.key for d in down)))
+            elif isinstance(outcome, Failed):
+                ok = False
+                log.warning("reading devices (%s: %s) failed: %s", owner, read.what, outcome.error)
+                if read.down is not None:
+                    devices.extend(read.down(str(outcome.error)))
+            elif outcome:
+                devices.extend(outcome)
+        return devices, tuple(stuck), ok
+
+    def _backend_reads(self, backend: Backend, now: float) -> list[Read]:
+        """A backend's parts of a pass: its own (`NvmlBackend.reads`), or all of it as one."""
+        own = getattr(backend, "reads", None)
+        if callable(own):
+            try:
+                return list(own(now))
+            except Exception as exc:  # noqa: BLE001 - a broken backend must not stop the agent
+                return [Read(backend.name, f"the {backend.name} backend", functools.partial(_raise, exc))]
+        name = backend.name
+
+        def run() -> list[DeviceSample]:
+            devices = list(backend.sample(now))
+            self._last_devices[name] = devices
+            return devices
+
+        return [Read(name, f"the {name} backend", run, calls=tuple(getattr(backend, "call_prefixes", ())),
+                     timeout=getattr(backend, "read_timeout", None),
+                     down=lambda reason: [_down(d, reason) for d in self._last_devices.get(name, [])])]
 
     def _allocations(self, devices: list[DeviceSample]) -> tuple[AllocationRow, ...] | None:
         """This pass's device allocations (kubelet pod-resources), None when unknown.
@@ -186,6 +264,7 @@ class Collector:
 
     def start(self) -> None:
         """Start the background thread (the first pass runs immediately)."""
+        self._started_at = self._progress_clock()
         self._thread = threading.Thread(target=self._run, name="l9gpu-collector", daemon=True)
         self._thread.start()
 
@@ -193,8 +272,42 @@ class Collector:
         """True while the collector thread runs."""
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def stall_limit(self) -> float:
+        """Seconds without a finished pass after which the collector counts as stuck itself.
+
+        Passes never wait on a stuck driver call for long (a pass that meets one ends
+        within two read timeouts), so only something outside the device reads can hold
+        a pass this long: a minute, or three intervals and two read timeouts if longer.
+        """
+        timeout = max([self.read_timeout] + [float(getattr(b, "read_timeout", 0.0) or 0.0)
+                                             for b in getattr(self.backend, "backends", [self.backend])])
+        return max(60.0, 3 * self.interval + 2 * timeout)
+
+    def liveness(self) -> tuple[bool, str]:
+        """For /healthz: whether the collector thread runs and finishes passes, and what is
+        degraded meanwhile (GPUs stuck in driver calls, which a restart would not unstick).
+        """
+        if not self.alive():
+            return False, "collector thread is not running"
+        last = self._published_at if self._published_at is not None else self._started_at
+        idle = self._progress_clock() - last if last is not None else 0.0
+        if idle > self.stall_limit:
+            return False, (f"no collection pass has finished for {idle:.0f} s (limit {self.stall_limit:.0f} s): "
+                           "the collector is stuck outside the device reads")
+        return True, self.degraded()
+
+    def degraded(self) -> str:
+        """What the last snapshot could not read, in one line ("" when nothing)."""
+        snap = self._snapshot
+        if snap is None or not snap.stuck:
+            return ""
+        parts = [f"{s.what}: {s.call} for {s.seconds:.0f} s" for s in snap.stuck]
+        return "stuck in driver calls: " + "; ".join(parts)
+
     def stop(self, timeout: float = 1.0) -> None:
         """Stop the thread, waiting at most ``timeout`` seconds for the current pass."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._bulkhead.close()

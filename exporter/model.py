@@ -278,6 +278,29 @@ class CollectorStatus:
 
 
 @dataclass(frozen=True)
+class StuckCall:
+    """A call into a vendor library that has not returned within its deadline.
+
+    Attributes:
+        backend: the backend that made it ("nvml").
+        what: the part of the pass it blocks: "GPU 1", "NVML XID events", "the amd backend".
+        call: the library function it is in (``nvmlDeviceGetPowerUsage``), as far as the
+            stuck thread's stack tells.
+        since: wall-clock time (Unix seconds) at which that part's read started.
+        seconds: how long it had been waiting when the pass was published.
+        devices: `DeviceSample.key` of each device it leaves unread (reported down
+            meanwhile); empty for a part that covers no device (the XID event drain).
+    """
+
+    backend: str
+    what: str
+    call: str
+    since: float
+    seconds: float
+    devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything a scrape serves, produced by one collection pass.
 
@@ -295,6 +318,8 @@ class Snapshot:
         collectors: success and duration of each collector.
         backend_errors: cumulative (backend, reason) -> count from the backends.
         info: free-form self facts (e.g. "host_pids_visible": 1.0).
+        stuck: calls into vendor libraries that have not returned within their deadline
+            (their devices are in ``devices``, down).
     """
 
     seq: int
@@ -310,3 +335,4 @@ class Snapshot:
     collectors: tuple[CollectorStatus, ...] = ()
     backend_errors: Mapping[tuple[str, str], int] = field(default_factory=frozen_mapping)
     info: Mapping[str, float] = field(default_factory=frozen_mapping)
+    stuck: tuple[StuckCall, ...] = ()

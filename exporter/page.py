@@ -206,12 +206,17 @@ def _gpu_card(gpu: Mapping[str, Any], interval: float) -> str:
             f'<div class="facts">{"".join(f"<span>{f}</span>" for f in facts)}</div>{table}</section>')
 
 
-def _attention(gpus: Sequence[Mapping[str, Any]], interval: float) -> str:
+def _attention(gpus: Sequence[Mapping[str, Any]], interval: float,
+               stuck: Sequence[Mapping[str, Any]] = ()) -> str:
     items: list[tuple[str, str]] = []
     for gpu in gpus:
         name = _gpu_name(gpu)
         if not gpu.get("up", True):
             items.append(("bad", f"<b>{_e(name)}</b> is down: {_e(gpu.get('error') or 'not readable')}"))
+    for call in stuck:
+        if not call.get("gpus"):  # a stuck GPU is listed above, down
+            items.append(("bad", f"<b>{_e(call.get('what', ''))}</b>: stuck in {_e(call.get('call', ''))} for "
+                                 f"{duration(call.get('seconds'))}"))
     for gpu in gpus:
         for w in gpu.get("workloads") or ():
             if _is_zombie(w, interval):
@@ -254,7 +259,8 @@ def render_main(doc: Mapping[str, Any] | None, interval: float = 1.0) -> str:
     gpus = doc.get("gpus") or []
     cards = "".join(_gpu_card(g, interval) for g in gpus) or '<p class="none">no GPUs found on this node</p>'
     return (f'<main data-seq="{_e(doc.get("seq", 0))}" data-ts="{_e(doc.get("timestamp", 0))}">'
-            f'{_attention(gpus, interval)}{_summary(gpus)}<div class="grid">{cards}</div></main>')
+            f'{_attention(gpus, interval, doc.get("stuck") or ())}{_summary(gpus)}<div class="grid">{cards}</div>'
+            '</main>')
 
 
 def render_page(doc: Mapping[str, Any] | None, node: str, interval: float, links: Iterable[str] = (),
@@ -285,6 +291,18 @@ class _View:
     etag: str
     body: bytes
     zipped: bytes | None = None
+    timestamp: float = 0.0  # the snapshot's (Unix seconds)
+
+
+def server_timing(snapshot_timestamp: float, now: float | None = None) -> str:
+    """The ``Server-Timing`` header that tells the page how old the snapshot is.
+
+    ``age`` in milliseconds, by the agent's clock: the page counts staleness from it (and
+    from its own monotonic clock since the answer), never comparing the browser's clock
+    with the agent's.
+    """
+    age = max(0.0, (time.time() if now is None else now) - snapshot_timestamp)
+    return f'age;desc="snapshot age";dur={age * 1000:.0f}'
 
 
 class SnapshotPages:
@@ -344,12 +362,13 @@ class SnapshotPages:
         else:
             body = render_page(doc, snap.node or self.node, self.interval, self.links).encode()
         self.renders[kind] += 1
-        hit = _View(kind, snap.seq, f'"{self._boot}-{snap.seq}-{kind}"', body)
+        hit = _View(kind, snap.seq, f'"{self._boot}-{snap.seq}-{kind}"', body, timestamp=snap.timestamp)
         self._views[kind] = hit
         return hit
 
     def _respond(self, request: web.Request, hit: _View, content_type: str) -> web.Response:
-        headers = {"ETag": hit.etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding"}
+        headers = {"ETag": hit.etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding",
+                   "Server-Timing": server_timing(hit.timestamp)}
         if hit.etag in request.headers.get("If-None-Match", ""):
             return web.Response(status=304, headers=headers)
         body = hit.body

@@ -58,7 +58,9 @@ def families(
     for spec in cat.METRICS:
         if spec.name not in enabled or spec.name in cat.REGISTERED_ELSEWHERE:
             continue
-        if spec.scope == cat.DEVICE:
+        if spec.name == "gpu_stuck_call_seconds":
+            family = _stuck_family(spec, snapshot, dev_labels, now)
+        elif spec.scope == cat.DEVICE:
             family = _device_family(spec, snapshot, dev_labels)
         elif spec.scope == cat.WORKLOAD:
             family = _family(spec, spec.labels + extra_labels)
@@ -114,6 +116,22 @@ def sole_workloads(snapshot: Snapshot) -> dict[str, tuple[str, ...]]:
         for key, labels in users.items()
         if len(labels) == 1 and key not in others and key in devices and devices[key].up
     }
+
+
+def _stuck_family(spec: cat.MetricSpec, snapshot: Snapshot, dev_labels: Mapping[str, tuple[str, ...]],
+                  now: float | None) -> Family:
+    """`gpu_stuck_call_seconds`: per device left unread by a stuck call, how long it has waited."""
+    family = _family(spec, spec.labels)
+    if not snapshot.stuck:
+        return family
+    at = time.time() if now is None else now
+    for stuck in snapshot.stuck:
+        seconds = max(stuck.seconds, at - stuck.since)
+        for key in stuck.devices:
+            labels = dev_labels.get(key)
+            if labels is not None:
+                family.add_metric(labels + (stuck.call,), seconds)
+    return family
 
 
 def _device_family(spec: cat.MetricSpec, snapshot: Snapshot,

@@ -246,16 +246,28 @@ def make_app(
     node: str,
     middlewares: Sequence[Callable[..., object]] = (),
     pages: SnapshotPages | None = None,
+    health: Callable[[], tuple[bool, str]] | None = None,
 ) -> web.Application:
     """Build the aiohttp application.
+
+    What the probes mean (docs/HEALTH.md): ``/healthz`` (liveness) fails only when the
+    collector itself no longer runs or finishes passes, which a restart can mend; a GPU
+    stuck in a driver call is no reason to restart (a new agent would meet the same stuck
+    driver), so it is said in the body of a 200. ``/readyz`` fails only before the first
+    snapshot: a target that is not ready is no longer scraped, and its down GPUs would
+    vanish from Prometheus instead of alerting.
 
     Args:
         exposition: renders /metrics; None runs without a metrics endpoint (push-only).
         get_snapshot: the current snapshot, for /readyz.
-        collector_alive: True while the collector thread runs, for /healthz.
+        collector_alive: True while the collector thread runs, for /healthz (when no
+            ``health`` is given).
         node: node name shown on the page.
         middlewares: aiohttp middlewares, e.g. the web config's basic auth and headers.
         pages: serves / and /api/v1/snapshot (default: from ``get_snapshot`` and ``node``).
+        health: (live, note) for /healthz and /readyz: whether the collector runs and
+            finishes passes, and what is degraded meanwhile, in one line
+            (`Collector.liveness`).
     """
 
     async def metrics(request: web.Request) -> web.Response:
@@ -267,15 +279,25 @@ def make_app(
             headers["Content-Encoding"] = "gzip"
         return web.Response(body=body, headers=headers)
 
-    async def healthz(request: web.Request) -> web.Response:
+    def liveness() -> tuple[bool, str]:
+        if health is not None:
+            return health()
         if collector_alive():
-            return web.Response(text="ok\n")
-        return web.Response(status=503, text="collector thread is not running\n")
+            return True, ""
+        return False, "collector thread is not running"
+
+    async def healthz(request: web.Request) -> web.Response:
+        live, note = liveness()
+        if live:
+            return web.Response(text=f"ok: {note}\n" if note else "ok\n")
+        return web.Response(status=503, text=f"{note}\n")
 
     async def readyz(request: web.Request) -> web.Response:
         if get_snapshot() is None:
             return web.Response(status=503, text="not ready: the first collection pass has not finished\n")
-        return web.Response(text="ok\n")
+        # Ready whatever is degraded: Prometheus must keep scraping to see it.
+        _, note = liveness()
+        return web.Response(text=f"ok: {note}\n" if note else "ok\n")
 
     app = web.Application(middlewares=list(middlewares))  # type: ignore[arg-type]
     if exposition is not None:

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from exporter.catalogue import DEVICE_LABELS, WORKLOAD_LABELS
 from exporter.derive import default_labeller
 from exporter.escape import strict_json
-from exporter.model import Snapshot, Workload, WorkloadUsage
+from exporter.model import Snapshot, StuckCall, Workload, WorkloadUsage
 
 #: Bumped only when a key changes meaning or goes away (never for added keys).
 SCHEMA_VERSION = 1
@@ -102,6 +102,8 @@ def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = (),
         if usage.present:  # gone workloads keep only their counters, for the grace period
             workloads.setdefault(usage.device_key, []).append(usage)
     unattributed = {u.device_key: u for u in snap.unattributed}
+    stuck_by_device = {key: call for call in snap.stuck for key in call.devices}
+    index_of = {d.key: d.index for d in snap.devices}
 
     gpus = []
     for d in snap.devices:
@@ -115,6 +117,7 @@ def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = (),
         gpus.append({
             "index": d.index, "uuid": d.uuid, "model": d.model, "vendor": d.vendor,
             "gpu_instance": d.gpu_instance, "up": d.up, "error": d.error,
+            "stuck": _stuck_entry(stuck_by_device[d.key], index_of) if d.key in stuck_by_device else None,
             "utilization_ratio": d.utilization, "memory_used_bytes": d.memory_used_bytes,
             "memory_total_bytes": d.memory_total_bytes, "power_watts": d.power_watts,
             "power_limit_watts": d.power_limit_watts,
@@ -141,7 +144,12 @@ def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = (),
             },
         })
     return {"schema_version": SCHEMA_VERSION, "node": snap.node, "timestamp": snap.timestamp, "seq": snap.seq,
-            "gpus": gpus}
+            "gpus": gpus, "stuck": [_stuck_entry(call, index_of) for call in snap.stuck]}
+
+
+def _stuck_entry(call: StuckCall, index_of: Mapping[str, int]) -> dict[str, Any]:
+    return {"backend": call.backend, "what": call.what, "call": call.call, "since": call.since,
+            "seconds": call.seconds, "gpus": sorted({index_of[k] for k in call.devices if k in index_of})}
 
 
 def document_json(doc: dict[str, Any], pretty: bool = True) -> str:

@@ -30,6 +30,13 @@ Knobs per fake: ``missing`` (function names absent from the module, like an old
 binding), ``init_error`` (code raised by ``nvmlInit``), ``legacy_bytes`` (strings
 returned as bytes, as bindings before 11.5 did), ``costs`` (what each call costs).
 
+Calls that hang. A real driver call can block for seconds or for ever (a GPU that fell
+off the bus, the driver's own lock held), and a thread stuck in it cannot be interrupted.
+``block = fake.block("nvmlDeviceGetPowerUsage", gpu=1)`` makes that call on GPU 1 wait
+until ``block.release()`` (``fake.block()`` with no arguments: every call, as when the
+driver's lock is held; ``seconds=30``: release itself after 30 s). ``block.entered`` is
+set once a call waits in it, ``block.waiting`` counts the calls waiting now.
+
 Call costs. A fake that answers for free hides the calls that make a pass slow on a real
 driver. ``FakeNvml(costs=H200_COSTS)`` charges every call what it cost on a real H200
 (driver 580.159.04, median per call): CPU time is burnt with the GIL released (hashing a
@@ -41,6 +48,7 @@ of CPU, as the real one does. Field values cost by the fields asked for.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import threading
 import time
@@ -235,6 +243,58 @@ def charge(cost: CallCost) -> None:
     left = cost.wall - (time.perf_counter() - start)
     if left > 0:
         time.sleep(left)
+
+
+# ---- calls that hang ------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Block:
+    """Calls that wait until released, as a wedged driver's do (`FakeNvml.block`).
+
+    ``call`` None matches every function, ``gpu`` None every device and the calls about
+    none (event sets, counts); ``seconds``: released by itself that long after the first
+    call entered it (one call hangs that long; the next ones answer).
+    """
+
+    call: str | None = None
+    gpu: int | None = None
+    seconds: float | None = None
+    while_exists: str | None = None  # or: hang while this file exists (another process's knob)
+    released: threading.Event = field(default_factory=threading.Event)
+    entered: threading.Event = field(default_factory=threading.Event)
+    waiting: int = 0
+    calls: int = 0  # calls that waited in it, in all
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def matches(self, name: str, args: tuple[Any, ...]) -> bool:
+        if self.released.is_set() or (self.call is not None and name != self.call):
+            return False
+        if self.gpu is not None and not (args and isinstance(args[0], FakeHandle) and args[0].index == self.gpu):
+            return False
+        return self.while_exists is None or os.path.exists(self.while_exists)
+
+    def hold(self) -> None:
+        with self._lock:
+            self.waiting += 1
+            self.calls += 1
+        self.entered.set()
+        try:
+            if self.while_exists is None:
+                if not self.released.wait(self.seconds):  # like a ctypes call: nothing can interrupt it
+                    self.released.set()  # its time is up: the later calls answer at once
+            else:  # a knob of another process: the file
+                deadline = None if self.seconds is None else time.monotonic() + self.seconds
+                while os.path.exists(self.while_exists) and not self.released.is_set() and (
+                        deadline is None or time.monotonic() < deadline):
+                    self.released.wait(0.01)
+        finally:
+            with self._lock:
+                self.waiting -= 1
+
+    def release(self) -> None:
+        """Let the waiting calls return, and the next ones through."""
+        self.released.set()
 
 
 # ---- errors -------------------------------------------------------------------------
@@ -755,6 +815,7 @@ class FakeNvml(_FakeGpmFunctions):
         self.event_sets: list[c_nvmlEventSet_t] = []
         self._events: list[c_nvmlEventData_t] = []
         self.gpm_samples: list[c_nvmlGpmSample_t] = []  # every GPM sample buffer allocated
+        self.blocks: list[Block] = []  # calls that hang until released (see `block`)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FakeNvml:
         # Only a fake with missing functions pays for hiding them on every attribute
@@ -773,6 +834,15 @@ class FakeNvml(_FakeGpmFunctions):
         return getattr(module, name)
 
     # ---- test helpers ---------------------------------------------------------------
+
+    def block(self, call: str | None = None, gpu: int | None = None, seconds: float | None = None,
+              while_exists: str | None = None) -> Block:
+        """Make ``call`` (every call if None) on GPU ``gpu`` (any, if None) hang until the
+        returned `Block` is released, for ``seconds``, or while the file ``while_exists``
+        exists (for an agent in another process: see tests/nvml_shim)."""
+        block = Block(call, gpu, seconds, while_exists)
+        self.blocks.append(block)
+        return block
 
     def queue_xid(self, gpu_index: int, xid: int, gpu_instance_id: int = 0xFFFFFFFF) -> None:
         """Make an XID critical error event on a GPU, as the driver would."""
@@ -808,6 +878,10 @@ class FakeNvml(_FakeGpmFunctions):
             self.bill[1] += cost.cpu
             if self.spend:
                 charge(cost)
+        if self.blocks:
+            for block in self.blocks:
+                if block.matches(name, args):
+                    block.hold()
         if not self.initialized and name not in ("nvmlInit", "nvmlInitWithFlags"):
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
 
@@ -1142,7 +1216,7 @@ def function_names() -> list[str]:
 
 
 __all__ = [
-    "DEFAULT_COST", "FREE", "H200_COSTS", "CallCost", "charge",
+    "DEFAULT_COST", "FREE", "H200_COSTS", "Block", "CallCost", "charge",
     "FakeGpm", "FakeGpu", "FakeHandle", "FakeMig", "FakeNvml", "FakeProcess", "FakeUtilSample", "NVMLError",
     "function_names", "install",
 ]

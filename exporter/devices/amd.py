@@ -31,12 +31,14 @@ A device whose every read fails comes back with ``up=False``; the others carry o
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from exporter.bulkhead import Read, check_abandoned
 from exporter.devices.base import BackendUnavailable
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
 
@@ -56,6 +58,8 @@ _UNSUPPORTED_NAMES = (
     "NOT_IMPLEMENTED", "STATUS_NOT_YET_IMPLEMENTED", "NO_DATA", "STATUS_NO_DATA",
 )
 _AMDSMI_STATUS_NOT_SUPPORTED = 2  # amdsmi.h, used when the enum cannot be read
+# What amdsmi's function names start with, to name the call a stuck read is in.
+_CALL_PREFIXES = ("amdsmi_",)
 
 
 def number(value: Any) -> float | None:
@@ -208,27 +212,55 @@ class AmdBackend:
     # ---- sampling -------------------------------------------------------------------
     def sample(self, now: float) -> list[DeviceSample]:
         """Read every GPU once; a failing GPU comes back with ``up=False``."""
-        samples = []
-        seen: set[tuple[int, int]] = set()
-        for index, handle in enumerate(self._handles):
-            try:
-                samples.append(self._sample_device(index, handle, now, seen))
-            except Exception as exc:  # noqa: BLE001 - one GPU must not stop the others
-                self._count("gpu_lost")
-                self._log_once(f"gpu{index}:{type(exc).__name__}", logging.WARNING,
-                               "amd: GPU %d could not be read: %s", index, _describe(exc))
-                static = self._static.get(index, {})
-                samples.append(DeviceSample(
-                    index=index, uuid=static.get("uuid", ""), model=static.get("model", ""),
-                    vendor=VENDOR, up=False, error=_describe(exc),
-                    driver_version=static.get("driver_version", ""),
-                    pci_bus_id=static.get("pci_bus_id", ""), serial=static.get("serial", ""),
-                ))
-        # Forget engine counters of processes that are gone.
-        for key in list(self._engine):
-            if key not in seen:
-                del self._engine[key]
+        samples: list[DeviceSample] = []
+        for read in self.reads(now):
+            samples.extend(read.run())
         return samples
+
+    def reads(self, now: float) -> list[Read]:
+        """This pass as parts the collector can give up on one by one (`exporter.bulkhead`):
+        one per GPU (key: its index), then forgetting the engine counters of processes
+        gone from the GPUs that were read. A GPU stuck in an amdsmi call is asked nothing
+        else until the call returns; its processes' counters start afresh then."""
+        seen: set[tuple[int, int]] = set()
+        read_gpus: set[int] = set()
+        parts = [Read(index, f"GPU {index}", functools.partial(self._read_device, index, handle, now, seen, read_gpus),
+                      calls=_CALL_PREFIXES, down=functools.partial(self._down_samples, index))
+                 for index, handle in enumerate(self._handles)]
+        parts.append(Read("processes", "amdsmi process counters",
+                          functools.partial(self._forget_gone, seen, read_gpus), calls=_CALL_PREFIXES, last=True))
+        return parts
+
+    def _read_device(self, index: int, handle: Any, now: float, seen: set[tuple[int, int]],
+                     read_gpus: set[int]) -> list[DeviceSample]:
+        try:
+            sample = self._sample_device(index, handle, now, seen)
+        except Exception as exc:  # noqa: BLE001 - one GPU must not stop the others
+            self._count("gpu_lost")
+            self._log_once(f"gpu{index}:{type(exc).__name__}", logging.WARNING,
+                           "amd: GPU %d could not be read: %s", index, _describe(exc))
+            sample = self._down_sample(index, _describe(exc))
+        read_gpus.add(index)
+        return [sample]
+
+    def _forget_gone(self, seen: set[tuple[int, int]], read_gpus: set[int]) -> list[DeviceSample]:
+        """Forget the engine counters of processes gone from the GPUs read this pass."""
+        for key in list(self._engine):
+            if key not in seen and key[0] in read_gpus:
+                del self._engine[key]
+        return []
+
+    def _down_samples(self, index: int, error: str) -> list[DeviceSample]:
+        return [self._down_sample(index, error)]
+
+    def _down_sample(self, index: int, error: str) -> DeviceSample:
+        static = self._static.get(index, {})
+        return DeviceSample(
+            index=index, uuid=static.get("uuid", ""), model=static.get("model", ""),
+            vendor=VENDOR, up=False, error=error,
+            driver_version=static.get("driver_version", ""),
+            pci_bus_id=static.get("pci_bus_id", ""), serial=static.get("serial", ""),
+        )
 
     def _sample_device(self, index: int, handle: Any, now: float,
                        seen: set[tuple[int, int]]) -> DeviceSample:
@@ -440,6 +472,7 @@ class _Reads:
             return None
         try:
             value = fn(*args)
+            check_abandoned()  # the pass gave up on this read while the call hung: stop here
         except self._errors as exc:
             if self.backend._is_unsupported(exc):
                 self.backend._log_once(f"unsupported:{what}", logging.DEBUG,

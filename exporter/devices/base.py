@@ -29,6 +29,20 @@ class Backend(Protocol):
     Backends may also offer ``errors() -> Mapping[str, int]``: cumulative counts of
     problems they survived, by short reason ("timeout", "malformed_line", "gpu_lost"),
     exported as ``l9gpu_backend_errors_total{backend, reason}``.
+
+    A call into a driver may never return. The collector reads every backend with a
+    deadline (`exporter.bulkhead`); a backend can make that finer and say more:
+
+    * ``reads(now) -> list[exporter.bulkhead.Read]``: the pass as parts, one per GPU, each
+      given up on by itself when it overruns (the others are still read), with the
+      devices to report down while it is stuck. Its driver calls should be followed by
+      `exporter.bulkhead.check_abandoned`, so that a read given up on stops when its call
+      returns. Without it, ``sample(now)`` is one part: every device of the backend is
+      down while it hangs.
+    * ``call_prefixes``: what its library's function names start with (``("amdsmi_",)``),
+      to name the call a stuck read is in.
+    * ``read_timeout``: seconds a part may take, when the collector's default (1 s) is too
+      short for it (Gaudi's hl-smi has a timeout of its own).
     """
 
     name: str

@@ -226,10 +226,15 @@ class GaudiBackend:
     """
 
     name = "gaudi"
+    # Named in what a stuck pass reports: hl-smi that ignores its kill, a /proc scan that hangs.
+    call_prefixes = ("_query", "scan_accel_processes")
 
     def __init__(self, hl_smi: str = "hl-smi", hl_smi_timeout: float = 5.0, proc_root: str = "/proc"):
         self.hl_smi = hl_smi
         self.hl_smi_timeout = float(hl_smi_timeout)
+        # The collector's deadline on a pass of this backend: hl-smi has its own timeout
+        # (it is killed then); past this, even the kill or the /proc scan hangs.
+        self.read_timeout = self.hl_smi_timeout + 5.0
         self.proc_root = proc_root
         self._path: str | None = None
         self._errors: dict[str, int] = {}

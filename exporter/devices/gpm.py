@@ -126,6 +126,7 @@ class GpmReader:
         self._unsupported: dict[DeviceKey, str] = {}  # devices whose sampling NVML refused
         self._windows: dict[DeviceKey, _Window] = {}
         self._seen: set[DeviceKey] = set()
+        self._read_gpus: set[int] = set()
         self._now = 0.0
         self._logged: set[tuple[int, str]] = set()
         self._new_reasons: dict[str, list[str]] = defaultdict(list)
@@ -142,10 +143,21 @@ class GpmReader:
         """Start a collection pass at monotonic time ``now`` (seconds)."""
         self._now = now
         self._seen = set()
+        self._read_gpus = set()
+
+    def gpu_read(self, index: int) -> None:
+        """GPU ``index`` was read completely this pass: its devices not read are gone."""
+        self._read_gpus.add(index)
 
     def end_pass(self) -> None:
-        """Free the buffers of devices not read this pass; log new reasons once."""
-        for key in [k for k in self._windows if k not in self._seen]:
+        """Free the buffers of devices that were not read this pass on a GPU that was (a MIG
+        instance that went away, a MIG mode change); log new reasons once.
+
+        A GPU whose read did not complete (stuck in a call, see `exporter.bulkhead`) keeps
+        its buffers: no call is made about it until its stuck call returns.
+        """
+        read, seen = self._read_gpus, self._seen
+        for key in [k for k in list(self._windows) if k not in seen and k[0] in read]:
             self._free(self._windows.pop(key))
         for reason, devices in self._new_reasons.items():
             log.info("no GPM metrics (SM, tensor-core, DRAM activity) on GPU %s: %s", ", ".join(devices), reason)
@@ -202,9 +214,10 @@ class GpmReader:
 
     def forget(self, index: int) -> None:
         """A GPU went down: drop its windows (and MIG instances') and ask for support again."""
-        for key in [k for k in self._windows if k[0] == index]:
+        # list() copies in one step: after a stuck read, other GPUs may be read concurrently.
+        for key in [k for k in list(self._windows) if k[0] == index]:
             self._free(self._windows.pop(key))
-        for key in [k for k in self._unsupported if k[0] == index]:
+        for key in [k for k in list(self._unsupported) if k[0] == index]:
             del self._unsupported[key]
         self._support.pop(index, None)
 

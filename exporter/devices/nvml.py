@@ -94,6 +94,7 @@ other devices carry on. Such problems are counted by reason in `NvmlBackend.erro
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import threading
 import time
@@ -102,6 +103,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from exporter.bulkhead import ABANDONED, Read, check_abandoned
 from exporter.devices.base import BackendUnavailable
 from exporter.devices.gpm import DEFAULT_INTERVAL_SECONDS, GpmReader
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
@@ -178,6 +180,10 @@ _THROTTLE_FUNCTIONS = (
     "nvmlDeviceGetCurrentClocksEventReasons",
     "nvmlDeviceGetCurrentClocksThrottleReasons",
 )
+
+# What NVML's function names start with, to name the call a stuck read is in: pynvml's
+# functions are named as NVML's own.
+_CALL_PREFIXES = ("nvml",)
 
 # (call, device) pairs remembered as NOT_SUPPORTED at most.
 _MAX_UNSUPPORTED = 4096
@@ -299,13 +305,23 @@ class _Nvml:
     def forget(self, handle: Any) -> None:
         """Ask a device everything again (its MIG mode changed, so may its answers)."""
         key = _handle_key(handle)
-        self._unsupported = {k for k in self._unsupported if len(k) < 2 or k[1] != key}
+        # list() copies in one step: after a stuck read, other GPUs may be read concurrently.
+        self._unsupported = {k for k in list(self._unsupported) if len(k) < 2 or k[1] != key}
 
     def invoke(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Call ``fn`` (the binding's ``name``), timing it when timings are on."""
+        """Call ``fn`` (the binding's ``name``), timing it when timings are on.
+
+        Every call into the driver goes through here. When it returns in a thread whose
+        read the pass gave up on (it overran its deadline, see `exporter.bulkhead`), this
+        raises `Abandoned` instead, so that the stale read goes no further.
+        """
         timings = self.timings
         if timings is None:
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if ABANDONED:
+                    check_abandoned()
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
             return fn(*args, **kwargs)
@@ -316,6 +332,7 @@ class _Nvml:
             entry[1] += wall
             entry[2] += cpu
             entry[3] = max(entry[3], wall)
+            check_abandoned()
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``name`` on the binding.
@@ -445,6 +462,9 @@ class NvmlBackend:
         self._mig_enabled: dict[int, bool] = {}
         self._mig_slots: dict[int, Any] = {}
         self._mig_capacities: dict[str, float] = {}  # MIG UUID -> its part of the GPU
+        self._unfinished: set[int] = set()  # GPUs whose read is under way (or was given up on)
+        self._parts: list[Read] | None = None  # what `reads` returns, made once
+        self._pass_now = 0.0  # the time of the pass `reads` was last asked for
 
     # ---- lifecycle --------------------------------------------------------------
 
@@ -494,6 +514,7 @@ class NvmlBackend:
         for index in range(self._count):
             self._get_handle(index)
         self._register_xid_events()
+        self._parts = None
         log.info("NVML: %d GPU(s), driver %s", self._count, self._driver_version or "unknown")
 
     @staticmethod
@@ -524,6 +545,7 @@ class NvmlBackend:
             except Exception:
                 log.debug("nvmlEventSetFree failed", exc_info=True)
             self._event_set = None
+        self._parts = None
         if self._initialized:
             try:
                 nvml.call("nvmlShutdown")
@@ -565,45 +587,104 @@ class NvmlBackend:
     # ---- sampling ---------------------------------------------------------------
 
     def sample(self, now: float) -> list[DeviceSample]:
-        """Read every GPU (and MIG instance) once.
+        """Read every GPU (and MIG instance) once, in this thread, without deadlines.
+
+        The collector runs `reads` instead, each part with a deadline.
 
         Args:
             now: monotonic seconds of this pass; schedules the slow re-reads and the
                 power integral between energy counter reads.
         """
-        nvml = self._require()
-        self._drain_xid_events(nvml)
+        samples: list[DeviceSample] = []
+        for read in self.reads(now):
+            samples.extend(read.run())
+        return samples
+
+    def reads(self, now: float) -> list[Read]:
+        """This pass as parts the collector can give up on one by one (`exporter.bulkhead`).
+
+        The XID event drain (key ``"events"``), one part per GPU (key: its index; MIG
+        instances are part of their GPU's), and last the GPM cleanup (``"gpm"``). A
+        GPU stuck in a call is not asked anything else (its XID events, GPM buffers and
+        counters stay as they are) until the call returns; then it is read afresh, as
+        after a lost GPU: a new energy reading, new GPM windows.
+
+        Args:
+            now: monotonic seconds of this pass (see `sample`).
+        """
+        self._require()
+        self._pass_now = now
         if self._gpm is not None:
             self._gpm.begin_pass(now)
-        samples: list[DeviceSample] = []
-        for index in range(self._count):
-            try:
-                samples.extend(self._sample_gpu(nvml, index, now))
-            except _DeviceDown as down:
-                if self._gpm is not None:
-                    self._gpm.forget(index)
-                self._errors[down.reason] += 1
-                self._handles.pop(index, None)  # get a fresh handle next pass
-                self._energy.pop(index, None)  # and a fresh energy reading: nothing integrated across the gap
-                static = self._static.get(index, {})
-                log.debug("GPU %d not readable: %s", index, down)
-                samples.append(
-                    DeviceSample(
-                        index=index,
-                        uuid=static.get("uuid", ""),
-                        model=static.get("model", ""),
-                        vendor="nvidia",
-                        up=False,
-                        error=str(down),
-                        driver_version=self._driver_version,
-                        pci_bus_id=static.get("pci_bus_id", ""),
-                        serial=static.get("serial", ""),
-                        xid_errors=frozen_mapping(self._xid_counts.get(index)),
-                    )
-                )
+        parts = self._parts
+        if parts is None:  # the same parts every pass (they read the pass's time from here)
+            parts = []
+            if self._event_set is not None:
+                parts.append(Read("events", "NVML XID events", self._read_xid_events, calls=_CALL_PREFIXES))
+            for index in range(self._count):
+                parts.append(Read(index, f"GPU {index}", functools.partial(self._read_gpu_part, index),
+                                  calls=_CALL_PREFIXES, down=functools.partial(self._down_samples, index)))
+            if self._gpm is not None:
+                parts.append(Read("gpm", "NVML GPM buffers", self._end_gpm_pass, calls=_CALL_PREFIXES, last=True))
+            self._parts = parts
+        return parts
+
+    def _read_xid_events(self) -> list[DeviceSample]:
+        self._drain_xid_events(self._require())
+        return []
+
+    def _read_gpu_part(self, index: int) -> list[DeviceSample]:
+        return self._read_gpu(self._require(), index, self._pass_now)
+
+    def _end_gpm_pass(self) -> list[DeviceSample]:
         if self._gpm is not None:
             self._gpm.end_pass()
+        return []
+
+    def _read_gpu(self, nvml: _Nvml, index: int, now: float) -> list[DeviceSample]:
+        """One GPU's part of a pass; a GPU that cannot be read comes back down."""
+        if index in self._unfinished:
+            # Its last read never finished (given up on while stuck in a call, which has
+            # returned since): start afresh, as after a lost GPU.
+            self._forget_gpu(index)
+        self._unfinished.add(index)
+        try:
+            samples = self._sample_gpu(nvml, index, now)
+        except _DeviceDown as down:
+            self._errors[down.reason] += 1
+            self._forget_gpu(index)
+            self._handles.pop(index, None)  # get a fresh handle next pass
+            log.debug("GPU %d not readable: %s", index, down)
+            samples = [self._down_sample(index, str(down))]
+        self._unfinished.discard(index)
+        if self._gpm is not None:
+            self._gpm.gpu_read(index)
         return samples
+
+    def _forget_gpu(self, index: int) -> None:
+        """Drop what is carried from pass to pass for a GPU (after it was down or stuck)."""
+        if self._gpm is not None:
+            self._gpm.forget(index)
+        self._energy.pop(index, None)  # a fresh energy reading: nothing integrated across the gap
+
+    def _down_samples(self, index: int, error: str) -> list[DeviceSample]:
+        return [self._down_sample(index, error)]
+
+    def _down_sample(self, index: int, error: str) -> DeviceSample:
+        """A GPU that could not be read: its identity, XID counts and why, no values."""
+        static = self._static.get(index, {})
+        return DeviceSample(
+            index=index,
+            uuid=static.get("uuid", ""),
+            model=static.get("model", ""),
+            vendor="nvidia",
+            up=False,
+            error=error,
+            driver_version=self._driver_version,
+            pci_bus_id=static.get("pci_bus_id", ""),
+            serial=static.get("serial", ""),
+            xid_errors=frozen_mapping(self._xid_counts.get(index)),
+        )
 
     def _require(self) -> _Nvml:
         if self._nvml is None or not self._initialized:
@@ -624,7 +705,7 @@ class NvmlBackend:
         if handle is not None:
             return handle
         try:
-            handle = nvml.module.nvmlDeviceGetHandleByIndex(index)
+            handle = nvml.invoke("nvmlDeviceGetHandleByIndex", nvml.module.nvmlDeviceGetHandleByIndex, index)
         except nvml.error as exc:
             log.debug("no NVML handle for GPU %d: %s", index, exc)
             return None
@@ -1149,7 +1230,7 @@ class NvmlBackend:
             uuid = _text(nvml.call("nvmlDeviceGetUUID", device))
         except nvml.error:
             return None
-        for known, static in self._static.items():
+        for known, static in list(self._static.items()):
             if uuid and static.get("uuid") == uuid:
                 return known
         return None

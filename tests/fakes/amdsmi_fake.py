@@ -20,7 +20,9 @@ the same units:
   cumulative nanoseconds, ``memory_usage.vram_mem`` bytes.
 
 Tests mutate the `FakeGpu` objects between passes. A field set to an exception instance
-raises it; ``lost=True`` makes every call for that GPU raise a DRM error.
+raises it; ``lost=True`` makes every call for that GPU raise a DRM error; ``hang`` (a
+``threading.Event``) makes every call for that GPU wait until it is set, as a call into a
+wedged driver does.
 """
 
 from __future__ import annotations
@@ -174,6 +176,7 @@ class FakeGpu:
     processes: list = field(default_factory=list)
     lost: bool = False
     process_list_error: BaseException | None = None
+    hang: Any = None  # a threading.Event: calls for this GPU wait until it is set
 
 
 class FakeHandle:
@@ -360,6 +363,8 @@ class FakeAmdSmi:
         if not isinstance(handle, FakeHandle):
             raise AmdSmiParameterException(handle, FakeHandle)
         self._check_init()
+        if handle.gpu.hang is not None:
+            handle.gpu.hang.wait()
         if handle.gpu.lost:
             raise AmdSmiLibraryException(AmdSmiRetCode.DRM_ERROR)
         return handle.gpu
