@@ -666,6 +666,10 @@ def devices() -> dict[str, Any]:
                              leg + " xid {{xid}}")], "none", "XID events by code. NVIDIA only.", draw="bars"), 8, 7)
     b.add(timeseries("GPU up", [target(f"gpu_up{{{DEV}}}", leg)], "none", "1 read, 0 failed.", maximum=1,
                      draw="line"), 8, 7)
+    b.add(timeseries("Stuck in a driver call", [target(f"gpu_stuck_call_seconds{{{DEV}}}", leg + " {{call}}")], "s",
+                     "How long a GPU has not returned from a call into the vendor library (the call is named): the "
+                     "GPU is reported down meanwhile and the other GPUs go on (GPUStuckInDriverCall, "
+                     "docs/HEALTH.md).", thresholds=[("green", None), ("red", 30)]), 24, 7)
 
     b.row("Agent health")
     b.add(timeseries("Collector success", [

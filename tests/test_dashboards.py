@@ -41,6 +41,7 @@ ALLOWED_EMPTY = {
     "l9gpu_backend_errors_total": "the simulated backend meets no errors, so the counter has no series",
     "l9gpu_otlp_exports_total": "OTLP push is off in this test; the family exists only while it is on",
     "gpu_up{node=~\".*\", gpu=~\".*\"} == 0": "every simulated GPU is up",
+    "gpu_stuck_call_seconds": "no simulated GPU is stuck in a driver call: the family has series only then",
 }
 
 PROMQL_KEYWORDS = {

@@ -54,10 +54,13 @@ def value(source: Collector, name: str, /, **labels: str) -> float | None:
     return values[0] if len(values) == 1 else None
 
 
+_BEFORE: list[threading.Thread] = []  # the threads alive when the node fixture started
+
 @pytest.fixture
 def node() -> Iterator[tuple[FakeNvml, Collector]]:
     """Four fake GPUs (utilisation 10%) read by a running collector; every block released after."""
     before = set(threading.enumerate())
+    _BEFORE[:] = list(before)
     fake = FakeNvml([FakeGpu(utilization_gpu=10) for _ in range(4)])
     backend = NvmlBackend(nvml=fake)
     backend.open()
@@ -72,6 +75,13 @@ def node() -> Iterator[tuple[FakeNvml, Collector]]:
     backend.close()
     wait_until(lambda: not [t for t in threading.enumerate() if t not in before and t.name.startswith("l9gpu")],
                within(INTERVAL), "the collector's threads to end")
+
+
+def read_threads() -> list[str]:
+    """The read threads this test's collector started (collectors of earlier tests in the
+    same process may leave their idle workers behind)."""
+    before = set(_BEFORE)
+    return [t.name for t in threading.enumerate() if t not in before and t.name.startswith("l9gpu-read")]
 
 
 def stuck_gpu(fake: FakeNvml, collector: Collector, gpu: int = 1) -> Block:
@@ -147,7 +157,7 @@ def test_nothing_else_is_asked_of_the_stuck_gpu(node) -> None:
     about = {args[0].index for _, args in later if args and isinstance(args[0], FakeHandle)}
     assert about == {0, 2, 3}, about  # the others are read every pass, GPU 1 never
     assert [name for name, _ in later if name == "nvmlGpmSampleFree"] == []  # its GPM buffers are kept
-    threads = [t.name for t in threading.enumerate() if t.name.startswith("l9gpu-read")]
+    threads = read_threads()
     assert len(threads) <= 3, threads  # the stuck one, the worker, at most one fanned-out read finishing
 
 
@@ -247,7 +257,7 @@ def test_when_every_call_hangs_the_agent_says_so_and_stays_scraped(node) -> None
     assert pick(m, "gpu_utilization_ratio") == [] and pick(m, "gpu_up") == [0.0] * 4
     assert sorted(lab["gpu"] for lab, _ in m["gpu_stuck_call_seconds"]) == ["0", "1", "2", "3"]
     # No thread piles up: at most one per stuck part, whatever the number of passes.
-    assert block.waiting <= 5 and len([t for t in threading.enumerate() if t.name.startswith("l9gpu-read")]) <= 6
+    assert block.waiting <= 5 and len(read_threads()) <= 6
 
     # Live (a restart cannot unstick the driver) and ready (so Prometheus keeps scraping
     # and alerts on the down GPUs); both say what is wrong.
