@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="TLS, client certificates, basic auth and response headers from a web config file in "
                           "Prometheus exporter-toolkit's format (as node_exporter's --web.config.file); re-read "
                           "when it changes. /healthz and /readyz need no credentials (see docs/SECURITY.md)")
+    _add_connection_args(web)
     _add_schema_args(serve)
     _add_bridge_args(serve)
     snap = sub.add_parser("snapshot", help="collect once and print a table (or JSON) for an on-call engineer")
@@ -116,6 +117,47 @@ def build_parser() -> argparse.ArgumentParser:
     for action in (serve, snap, *report_cli.add_parsers(sub)):
         _apply_environment(action)
     return parser
+
+
+def _add_connection_args(group: Any) -> None:
+    """The listener's limits (docs/SECURITY.md, "Limits")."""
+    from exporter.connections import ConnectionLimits, parse_connections, parse_header_bytes
+
+    d = ConnectionLimits()
+    group.add_argument("--max-connections", default=d.max_connections, type=argtype(parse_connections), metavar="N",
+                       help="open HTTP connections at most; lowered at start so that the open-file limit keeps "
+                            "descriptors for attribution. At the limit the oldest idle or unfinished connection "
+                            f"is closed to admit a new one (default: {d.max_connections})")
+    group.add_argument("--keepalive-timeout", default=f"{d.keepalive_timeout:g}s",
+                       type=argtype(parse_positive_duration), metavar="DURATION",
+                       help=f"close a keep-alive connection idle for this long (default: {d.keepalive_timeout:g}s)")
+    group.add_argument("--header-timeout", default=f"{d.header_timeout:g}s",
+                       type=argtype(parse_positive_duration), metavar="DURATION",
+                       help="a request's line and headers (and a TLS handshake) must arrive within this, or the "
+                            f"connection is answered 408 and closed (default: {d.header_timeout:g}s)")
+    group.add_argument("--max-header-bytes", default=d.max_header_bytes, type=argtype(parse_header_bytes),
+                       metavar="BYTES",
+                       help="a request's line and headers together at most, or 431 and the connection is closed "
+                            f"(default: {d.max_header_bytes})")
+
+
+def _connection_limits(args: argparse.Namespace) -> Any:
+    """The listener's limits from the flags, the connection cap fitted to the open-file
+    limit (logged), with descriptors kept for attribution's pidfds and /proc files."""
+    import resource
+
+    from exporter.attribution.procfs import max_kept_open
+    from exporter.connections import ConnectionLimits, connection_budget, descriptors_in_use
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    in_use, reserved = descriptors_in_use(), max_kept_open()
+    cap = connection_budget(args.max_connections, soft, in_use, reserved)
+    if cap < args.max_connections:
+        log.warning("at most %d HTTP connections, not --max-connections %d: the open-file limit %d keeps %d "
+                    "descriptors for attribution and has %d in use (raise LimitNOFILE, or ulimit -n)",
+                    cap, args.max_connections, soft, reserved, in_use)
+    return ConnectionLimits(max_connections=cap, keepalive_timeout=args.keepalive_timeout,
+                            header_timeout=args.header_timeout, max_header_bytes=args.max_header_bytes)
 
 
 def _add_schema_args(parser: argparse.ArgumentParser) -> None:
@@ -313,11 +355,14 @@ def serve(args: argparse.Namespace) -> int:
     """Run the agent until SIGTERM or SIGINT."""
     from aiohttp import web
 
+    from exporter.connections import GuardedSite, install_accept_error_log, raise_open_file_limit
     from exporter.server import Exposition, make_app
 
     enabled = _enabled(args)
     dcgm_selection = _dcgm_selection(args)
     watcher = _web_config(args.web_config)
+    # before attribution sizes its kept-open /proc files and pidfds by the limit
+    log.info("%s", raise_open_file_limit().describe())
     backend, attributor = _open(args)
     if dcgm_selection is not None and not {"nvml", "simulated"} & set(backend.name.split(",")):
         log.warning("the DCGM schema covers NVIDIA GPUs only: the %s backend's GPUs are exported in the l9gpu "
@@ -348,11 +393,15 @@ def serve(args: argparse.Namespace) -> int:
                    middlewares=[watcher.middleware] if watcher is not None else (), pages=pages)
     host, port = args.listen
 
+    ssl_context = watcher.ssl_context if watcher is not None else None
+    limits = _connection_limits(args)
+
     async def run() -> None:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.2,
+                               **limits.handler_kwargs())
         await runner.setup()
-        site = web.TCPSite(runner, host, port, shutdown_timeout=0.2,
-                           ssl_context=watcher.ssl_context if watcher is not None else None)
+        site = GuardedSite(runner, host, port, limits, ssl_context=ssl_context)
+        install_accept_error_log(asyncio.get_running_loop(), site.guard.describe)
         try:
             await site.start()
         except OSError as exc:
@@ -364,8 +413,9 @@ def serve(args: argparse.Namespace) -> int:
         gc.freeze()
         collector.start()
         scheme = watcher.scheme if watcher is not None else "http"
-        log.info("l9gpu %s serving node %s with backend %s on %s://%s:%d/metrics (interval %gs)",
-                 __version__, args.node_name, backend.name, scheme, host, port, args.interval)
+        log.info("l9gpu %s serving node %s with backend %s on %s://%s:%d/metrics (interval %gs; at most %d "
+                 "connections)", __version__, args.node_name, backend.name, scheme, host, port, args.interval,
+                 limits.max_connections)
         reload_task = asyncio.create_task(watcher.watch()) if watcher is not None else None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -163,7 +163,7 @@ class ProcFS:
         return parse_environ(data)
 
 
-def _max_kept_open() -> int:
+def max_kept_open() -> int:
     """Proc files kept open at most (one per GPU process): a quarter of the descriptor
     limit, 2048 at most (GPU processes rarely number more than a few hundred on a node)."""
     try:
@@ -272,7 +272,7 @@ class ProcCache:
         self._exits = (ProcessExits.open()
                        if pidfds and self._real_procfs and _own_pid_namespace(procfs.root) else None)
         self._fds: dict[int, int] = {}
-        self._max_open = _max_kept_open()
+        self._max_open = max_kept_open()
 
     def __len__(self) -> int:
         return len(self._entries)
