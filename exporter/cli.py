@@ -33,6 +33,8 @@ ENV_PREFIX = "L9GPU_"
 DEFAULT_LISTEN = "0.0.0.0:9835"
 # `l9gpu snapshot` measures GPM activity over this long (two samples this far apart).
 SNAPSHOT_GPM_WINDOW = 1.0
+# `l9gpu snapshot` waits this long (seconds) for the API server's pod list, for names.
+SNAPSHOT_POD_LIST_WAIT = 10.0
 
 
 def parse_gpm_interval(text: str) -> float | None:
@@ -278,8 +280,9 @@ def setup_logging(level: str, fmt: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-def _open(args: argparse.Namespace) -> tuple[Any, Any]:
-    """Open the backend and the attributor the flags ask for."""
+def _open(args: argparse.Namespace, wait_for_pods: float = 0.0) -> tuple[Any, Any]:
+    """Open the backend and the attributor the flags ask for (``wait_for_pods``: seconds to
+    wait for the API server's first pod list; the agent waits for none)."""
     from exporter import attribution
     from exporter.devices import BackendUnavailable, open_backend
 
@@ -297,7 +300,7 @@ def _open(args: argparse.Namespace) -> tuple[Any, Any]:
         scenario = getattr(backend, "scenario", None)
         args.node_name = os.environ.get("NODE_NAME") or getattr(scenario, "node", "") or socket.gethostname()
     try:
-        attributor = attribution.build_attributor(args, backend, args.node_name)
+        attributor = attribution.build_attributor(args, backend, args.node_name, wait_for_pods=wait_for_pods)
     except ValueError as exc:
         backend.close()
         raise UsageError(f"l9gpu: {exc}") from None
@@ -361,9 +364,9 @@ def serve(args: argparse.Namespace) -> int:
     enabled = _enabled(args)
     dcgm_selection = _dcgm_selection(args)
     watcher = _web_config(args.web_config)
-    # before attribution sizes its kept-open /proc files and pidfds by the limit
-    log.info("%s", raise_open_file_limit().describe())
+    open_files = raise_open_file_limit()  # before attribution sizes its pidfds and /proc files by it
     backend, attributor = _open(args)
+    log.info("%s", open_files.describe())
     if dcgm_selection is not None and not {"nvml", "simulated"} & set(backend.name.split(",")):
         log.warning("the DCGM schema covers NVIDIA GPUs only: the %s backend's GPUs are exported in the l9gpu "
                     "schema only", backend.name)
@@ -460,7 +463,7 @@ def snapshot(args: argparse.Namespace) -> int:
     """
     if args.gpm_interval is not None:
         args.gpm_interval = 0.0  # sample on each of the (at most two) passes
-    backend, attributor = _open(args)
+    backend, attributor = _open(args, wait_for_pods=SNAPSHOT_POD_LIST_WAIT)
     timed = [b for b in getattr(backend, "backends", [backend]) if callable(getattr(b, "enable_timings", None))]
     passes: list[tuple[str, dict[str, Any]]] = []
     try:
