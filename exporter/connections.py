@@ -298,6 +298,7 @@ class _GuardedConnection(asyncio.Protocol):
         self.closing = False
         self.lost = False
         self._tls: asyncio.Task[None] | None = None
+        self._early: list[bytes] = []  # what TLS decrypted before HTTP started on it
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -308,6 +309,9 @@ class _GuardedConnection(asyncio.Protocol):
             transport.abort()  # type: ignore[attr-defined]
             return
         if self.guard.ssl_context is not None:
+            # Nothing may be read before start_tls takes the connection over: the
+            # ClientHello belongs to the TLS layer (start_tls resumes reading).
+            transport.pause_reading()  # type: ignore[attr-defined]
             self._tls = asyncio.get_running_loop().create_task(self._start_tls())
         else:
             self._attach(self.raw)  # type: ignore[arg-type]
@@ -331,10 +335,23 @@ class _GuardedConnection(asyncio.Protocol):
         self.transport = transport
         self.inner = self.guard.handler_factory()
         self.inner.connection_made(transport)
+        early, self._early = self._early, []
+        self.head_bytes = 0  # counted again as it is handed on
+        for data in early:
+            self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
         inner = self.inner
-        if inner is None or self.closing:
+        if inner is None:
+            # TLS: the request can come with the handshake's last flight, before start_tls
+            # has returned the transport to us; keep it (bounded) for the request handler.
+            self._early.append(data)
+            self.head_bytes += len(data)
+            if self.head_bytes > self.guard.limits.max_header_bytes:
+                self.guard.too_large.event()
+                self.abort()
             return
         if not self.busy():
             if self.head_started is None:
