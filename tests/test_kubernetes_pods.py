@@ -200,8 +200,11 @@ def test_a_hung_api_server_does_not_hold_up_building_the_attributor(apiserver: F
 
     apiserver.add(make_pod("a", "ns", "uid-a", "node-a", {"c": C1}))
     apiserver.stall()
+    started = time.monotonic()
     attributor = build_attributor(_args(kubernetes="on", kubeconfig=kubeconfig(tmp_path, apiserver)), object(),
                                   "node-a")
+    # returned before the list could even time out once (it waited out 4 of them: 41 s)
+    assert time.monotonic() - started < attributor.pod_source.request_timeout
     try:
         wait_until(lambda: apiserver.held >= 1, what="the first list held by the hung server")
         assert attributor.statuses() == {"kubernetes": False}
