@@ -28,6 +28,7 @@ class _Conn:
     out: bytes = b""
     sent: int = 0
     answer: bytes = b""
+    opened: float = 0.0
 
 
 @dataclass
@@ -36,6 +37,7 @@ class FloodStats:
     closed_by_server: int = 0
     connect_failures: int = 0
     statuses: Counter[str] = field(default_factory=Counter)
+    lifetimes: list[float] = field(default_factory=list)  # seconds from connect to the server's close
 
     @property
     def summary(self) -> str:
@@ -51,17 +53,19 @@ class Flood:
         idle: connections that connect and send nothing.
         heavy: connections that send an unfinished request of about ``header_bytes``.
         header_bytes: bytes of header fields each heavy connection sends (no final CRLF).
+        head: what heavy connections send instead (e.g. a request line and one header).
         reconnect: open a new connection for each one the server closes.
         rate: new connections per second at most (0: as fast as the kernel accepts).
     """
 
     def __init__(self, host: str, port: int, idle: int = 0, heavy: int = 0, header_bytes: int = 960_000,
-                 reconnect: bool = False, rate: float = 0.0):
+                 reconnect: bool = False, rate: float = 0.0, head: bytes | None = None):
         self.address = (host, port)
         self.idle, self.heavy = idle, heavy
         self.header_bytes = header_bytes
         self.reconnect = reconnect
         self.rate = rate
+        self.head = head
         self.stats = FloodStats()
         self._sel = selectors.DefaultSelector()
         self._conns: dict[int, _Conn] = {}
@@ -103,6 +107,8 @@ class Flood:
     # -- the loop --------------------------------------------------------------------
 
     def _request(self) -> bytes:
+        if self.head is not None:  # a given unfinished request (e.g. a slowloris' first line)
+            return self.head
         head = b"GET /metrics HTTP/1.1\r\nHost: l9gpu\r\n"
         count = max(1, self.header_bytes // len(_PAD % 0))
         return head + b"".join(_PAD % i for i in range(count))  # no blank line: never finished
@@ -118,7 +124,7 @@ class Flood:
             sock.close()
             self.stats.connect_failures += 1
             return
-        conn = _Conn(sock, heavy, self._payload if heavy else b"")
+        conn = _Conn(sock, heavy, self._payload if heavy else b"", opened=time.monotonic())
         with self._lock:
             self._conns[sock.fileno()] = conn
         self._sel.register(sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if heavy else 0), conn)
@@ -130,6 +136,7 @@ class Flood:
             self._conns.pop(conn.sock.fileno(), None)
         conn.sock.close()
         self.stats.closed_by_server += 1
+        self.stats.lifetimes.append(time.monotonic() - conn.opened)
         if conn.answer:
             self.stats.statuses[conn.answer.split(b"\r\n", 1)[0].decode(errors="replace")] += 1
         if self.reconnect and not self._stop.is_set():

@@ -45,6 +45,8 @@ IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 # (the API server serves it from its watch cache).
 WATCH_SECONDS = 60
 STALL_SECONDS = 30.0
+# Connect timeout of every request to the API server, and read timeout of a list.
+REQUEST_TIMEOUT = 10.0
 
 _CRONJOB_JOB = re.compile(r"^(.+)-(\d{8,})$")  # <cronjob>-<scheduled time in minutes>
 _GENERATED_SUFFIX = re.compile(r"^(.+)-([a-z0-9]{5,10})$")
@@ -333,7 +335,7 @@ class PodWatcher:
     name = "kubernetes"
 
     def __init__(self, api_client: Any, node: str, index: PodIndex, watch_seconds: int = WATCH_SECONDS,
-                 backoff: tuple[float, float] = (1.0, 30.0), request_timeout: float = 10.0,
+                 backoff: tuple[float, float] = (1.0, 30.0), request_timeout: float = REQUEST_TIMEOUT,
                  sleep: Callable[[float], bool] | None = None, stall_seconds: float = STALL_SECONDS,
                  clock: Callable[[], float] = time.monotonic):
         from kubernetes import client
