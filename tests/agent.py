@@ -52,14 +52,15 @@ class AgentProcess:
 
     ``scheme``, ``ssl_context`` and ``headers`` (e.g. Authorization) apply to the
     readiness poll and to `get`, for an agent behind a --web-config. ``launcher`` replaces
-    ``-m exporter`` (e.g. a script that installs a fake first); ``open_files`` holds the
-    agent's soft and hard open-file limit there (RLIMIT_NOFILE), so it cannot raise it.
+    ``-m exporter`` (e.g. a script that installs a fake first); ``open_files`` sets the
+    agent's open-file limit (RLIMIT_NOFILE): one number holds soft and hard there, so it
+    cannot raise it; a (soft, hard) pair sets both.
     """
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None, log_path: Path | None = None,
                  scheme: str = "http", ssl_context: ssl.SSLContext | None = None,
                  headers: dict[str, str] | None = None, launcher: Sequence[str] = ("-m", "exporter"),
-                 open_files: int | None = None):
+                 open_files: int | tuple[int, int] | None = None):
         self.port = free_port()
         self.args = args
         self.launcher = list(launcher)
@@ -84,7 +85,7 @@ class AgentProcess:
 
         def hold_open_files() -> None:
             if limit is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+                resource.setrlimit(resource.RLIMIT_NOFILE, limit if isinstance(limit, tuple) else (limit, limit))
 
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      preexec_fn=hold_open_files if limit is not None else None)

@@ -137,6 +137,44 @@ def test_idle_keepalive_connections_close_after_the_timeout(agent_factory) -> No
         conn.close()
 
 
+def test_request_lines_fields_and_header_counts_are_limited(agent_factory) -> None:
+    """Besides the total, a request line or one header field over 8190 bytes, or more than
+    100 header fields, is answered 400 (aiohttp's parser limits) and the agent goes on."""
+    agent = agent_factory("--backend", "simulated")
+    for request in (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+                    b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 9000 + b"\r\n\r\n",
+                    b"GET / HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(101)) + b"\r\n"):
+        with socket.create_connection(("127.0.0.1", agent.port), timeout=PATIENCE) as sock:
+            sock.sendall(request)
+            answer = sock.recv(4096)
+        assert re.match(rb"HTTP/1\.[01] 400 ", answer), answer[:200]
+    assert agent.get("/healthz")[0] == 200
+
+
+def test_the_soft_open_file_limit_is_raised_to_the_hard_limit(tmp_path) -> None:
+    """As systemd starts the shipped unit (soft limit 1024, hard its LimitNOFILE, here at
+    most the test's own hard limit): the agent raises the soft limit to the hard one, says
+    so, and has no reason to lower --max-connections."""
+    import resource
+
+    unit = (REPO / "deploy" / "systemd" / "l9gpu.service").read_text()
+    unit_hard = int(re.search(r"^LimitNOFILE=(\d+)$", unit, re.M).group(1))
+    assert unit_hard >= 65536
+    hard = min(unit_hard, resource.getrlimit(resource.RLIMIT_NOFILE)[1])  # raising it needs CAP_SYS_RESOURCE
+    if hard < 2048:
+        pytest.skip(f"the test's own hard open-file limit ({hard}) is too low to tell")
+    agent = AgentProcess(["--backend", "simulated"], open_files=(1024, hard), log_path=tmp_path / "agent.log")
+    agent.start()
+    try:
+        log = agent.log()
+        assert f"open-file limit raised from 1024 to {hard} (hard limit {hard})" in log
+        assert "at most 512 connections" in log and "not --max-connections" not in log
+        limits = Path(f"/proc/{agent.proc.pid}/limits").read_text()
+        assert re.search(rf"Max open files\s+{hard}\s+{hard}", limits), limits
+    finally:
+        agent.stop()
+
+
 def test_limits_flags_are_validated_with_one_clear_line() -> None:
     from agent import run_cli
 

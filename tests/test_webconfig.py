@@ -357,6 +357,29 @@ def test_https_with_the_ca_and_not_without(tmp_path, pki, agents):
         urllib.request.urlopen(f"http://127.0.0.1:{agent.port}/healthz", timeout=5).read()
 
 
+def test_a_tls_handshake_that_never_starts_is_closed_at_the_header_deadline(tmp_path, pki, agents):
+    """Connections that never send a ClientHello count against the connection cap and
+    are closed once --header-timeout has passed (asyncio's own default is a minute)."""
+    import socket
+
+    config = write_config(tmp_path / "web.yml", {"tls_server_config": {
+        "cert_file": str(pki.server_cert), "key_file": str(pki.server_key)}})
+    agent = AgentProcess([*SIM, "--web-config", str(config), "--header-timeout", "1s"],
+                         log_path=tmp_path / "agent.log", scheme="https", ssl_context=client_context(pki))
+    agent.start()
+    agents.append(agent)
+    socks = [socket.create_connection(("127.0.0.1", agent.port), timeout=PATIENCE) for _ in range(5)]
+    opened = time.monotonic()
+    try:
+        for sock in socks:
+            assert sock.recv(1) == b""  # closed by the agent
+        assert time.monotonic() - opened >= 1.0
+    finally:
+        for sock in socks:
+            sock.close()
+    assert agent.get("/healthz")[0] == 200
+
+
 def test_tls_version_bounds_refuse_older_clients(tmp_path, pki, agents):
     config = write_config(tmp_path / "web.yml", {"tls_server_config": {
         "cert_file": str(pki.server_cert), "key_file": str(pki.server_key), "min_version": "TLS13"}})
