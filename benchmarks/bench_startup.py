@@ -71,8 +71,8 @@ def one_start(tmp: Path, server: FakeApiServer, tree: str) -> tuple[float, float
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--tree", default=str(REPO), help="checkout whose agent to run, with this tests/fake_nvml_node.py "
-                        "(default: this one)")
+    parser.add_argument("--tree", default=str(REPO),
+                        help="checkout whose agent to run, with this tests/fake_nvml_node.py (default: this one)")
     args = parser.parse_args(argv)
     for name, hang in (("API server answering", False), ("API server hung (accepts, never answers)", True)):
         server = FakeApiServer()

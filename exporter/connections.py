@@ -27,7 +27,8 @@ do for exporters written in Go:
 
 `GuardedSite` is the aiohttp site that applies all of this; TLS is started per
 connection after the connection is admitted, so handshakes in progress count against
-the cap and the header deadline too. docs/SECURITY.md lists every limit and its default.
+the cap and the header deadline too (from Python 3.11; on 3.10 asyncio runs the
+handshakes, bounded by the header deadline). docs/SECURITY.md lists every limit and its default.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import logging
 import os
 import resource
 import ssl
+import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -58,6 +60,10 @@ SPARE_DESCRIPTORS = 64
 
 #: The fewest connections the cap is lowered to, however low the open-file limit.
 MIN_CONNECTIONS = 8
+
+#: Seconds a refused connection (408, 431) is still read from, and what it sends dropped,
+#: so that the client reads the answer before the agent closes.
+LINGER_SECONDS = 1.0
 
 # aiohttp's request-line and per-field limits (its defaults), and header count.
 DEFAULT_MAX_LINE = 8190
@@ -299,6 +305,7 @@ class _GuardedConnection(asyncio.Protocol):
         self.lost = False
         self._tls: asyncio.Task[None] | None = None
         self._early: list[bytes] = []  # what TLS decrypted before HTTP started on it
+        self._linger: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -319,12 +326,15 @@ class _GuardedConnection(asyncio.Protocol):
     async def _start_tls(self) -> None:
         loop = asyncio.get_running_loop()
         timeout = self.guard.limits.header_timeout
+        # Python 3.11+ bounds the TLS shutdown too (a peer that never answers close_notify).
+        shutdown: dict[str, Any] = {"ssl_shutdown_timeout": timeout} if sys.version_info >= (3, 11) else {}
         try:
             tls = await loop.start_tls(self.raw, self, self.guard.ssl_context,  # type: ignore[arg-type]
-                                       server_side=True, ssl_handshake_timeout=timeout,
-                                       ssl_shutdown_timeout=timeout)
-        except Exception:  # noqa: BLE001 - a failed or timed-out handshake: start_tls closed the
-            return  # connection, and connection_lost follows
+                                       server_side=True, ssl_handshake_timeout=timeout, **shutdown)
+        except Exception:  # noqa: BLE001 - a failed or timed-out handshake: start_tls closed the connection
+            # Python 3.11+ then calls connection_lost; 3.10 does not for a handshake that failed
+            self.connection_lost(None)
+            return
         if tls is None or self.closing or self.lost:
             if tls is not None:
                 tls.abort()
@@ -385,6 +395,8 @@ class _GuardedConnection(asyncio.Protocol):
             return
         self.lost = True
         self.guard.release(self)
+        if self._linger is not None:
+            self._linger.cancel()
         if self._tls is not None and not self._tls.done():
             self._tls.cancel()
         if self.inner is not None:
@@ -405,7 +417,14 @@ class _GuardedConnection(asyncio.Protocol):
                 and now - started > self.guard.limits.header_timeout)
 
     def refuse(self, status: int) -> None:
-        """Answer ``status`` (408 or 431) and close."""
+        """Answer ``status`` (408 or 431) and close.
+
+        A client still sending would get a reset for the unread bytes if the connection
+        closed at once, and with it lose the answer: so the agent stops writing, reads and
+        drops what still comes for `LINGER_SECONDS` (or until the client closes), then
+        closes. A lingering connection holds no request bytes and is the first to be
+        closed should the cap be reached.
+        """
         self.closing = True
         transport = self.transport
         if transport is None or transport.is_closing():
@@ -415,7 +434,9 @@ class _GuardedConnection(asyncio.Protocol):
         body = f"{reason}\n".encode()
         transport.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-        transport.close()
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._linger = asyncio.get_running_loop().call_later(LINGER_SECONDS, self.abort)
 
     def abort(self) -> None:
         """Close at once, without a word (eviction, a handshake past its deadline)."""
@@ -469,7 +490,9 @@ class ConnectionGuard:
         """Admit a new connection, closing the oldest idle or unfinished one at the cap;
         False when every open connection is busy with a request."""
         if len(self._open) >= self.limits.max_connections:
-            victim = next((c for c in self._open if not c.busy()), None)
+            # one being closed already (answered 408 or 431), else the least recently active idle one
+            victim = (next((c for c in self._open if c.closing), None)
+                      or next((c for c in self._open if not c.busy()), None))
             if victim is None:
                 self.refused.event()
                 return False
@@ -534,11 +557,16 @@ class GuardedSite(web.BaseSite):
         assert server is not None
         self._host = host
         self._port = port
-        self.guard = ConnectionGuard(server, limits, ssl_context)
+        self._tls = ssl_context
+        # Python 3.10's transports may read before start_tls takes a connection over (a
+        # paused one is resumed by its own set-up): there, asyncio runs TLS itself, and
+        # handshakes in progress are bounded by the header timeout but not counted.
+        self._native_tls = ssl_context is not None and sys.version_info < (3, 11)
+        self.guard = ConnectionGuard(server, limits, None if self._native_tls else ssl_context)
 
     @property
     def name(self) -> str:
-        scheme = "https" if self.guard.ssl_context is not None else "http"
+        scheme = "https" if self._tls is not None else "http"
         return f"{scheme}://{self._host}:{self.port}"
 
     @property
@@ -551,7 +579,10 @@ class GuardedSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self.guard.protocol, self._host, self._port, backlog=self._backlog)
+        tls: dict[str, Any] = ({"ssl": self._tls, "ssl_handshake_timeout": self.guard.limits.header_timeout}
+                               if self._native_tls else {})
+        self._server = await loop.create_server(self.guard.protocol, self._host, self._port, backlog=self._backlog,
+                                                **tls)
         self.guard.start()
 
     async def stop(self) -> None:
