@@ -143,9 +143,10 @@ def _add_connection_args(group: Any) -> None:
                             f"(default: {d.max_header_bytes})")
 
 
-def _connection_limits(args: argparse.Namespace) -> Any:
+def _connection_limits(args: argparse.Namespace) -> tuple[Any, str]:
     """The listener's limits from the flags, the connection cap fitted to the open-file
-    limit (logged), with descriptors kept for attribution's pidfds and /proc files."""
+    limit, with descriptors kept for attribution's pidfds and /proc files; and, when the cap
+    is below --max-connections, the warning to log once the agent listens."""
     import resource
 
     from exporter.attribution.procfs import max_kept_open
@@ -154,12 +155,13 @@ def _connection_limits(args: argparse.Namespace) -> Any:
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     in_use, reserved = descriptors_in_use(), max_kept_open()
     cap = connection_budget(args.max_connections, soft, in_use, reserved)
+    warning = ""
     if cap < args.max_connections:
-        log.warning("at most %d HTTP connections, not --max-connections %d: the open-file limit %d keeps %d "
-                    "descriptors for attribution and has %d in use (raise LimitNOFILE, or ulimit -n)",
-                    cap, args.max_connections, soft, reserved, in_use)
+        warning = (f"at most {cap} HTTP connections, not --max-connections {args.max_connections}: the open-file "
+                   f"limit {soft} keeps {reserved} descriptors for attribution and has {in_use} in use (raise "
+                   "LimitNOFILE, or ulimit -n)")
     return ConnectionLimits(max_connections=cap, keepalive_timeout=args.keepalive_timeout,
-                            header_timeout=args.header_timeout, max_header_bytes=args.max_header_bytes)
+                            header_timeout=args.header_timeout, max_header_bytes=args.max_header_bytes), warning
 
 
 def _add_schema_args(parser: argparse.ArgumentParser) -> None:
@@ -366,7 +368,6 @@ def serve(args: argparse.Namespace) -> int:
     watcher = _web_config(args.web_config)
     open_files = raise_open_file_limit()  # before attribution sizes its pidfds and /proc files by it
     backend, attributor = _open(args)
-    log.info("%s", open_files.describe())
     if dcgm_selection is not None and not {"nvml", "simulated"} & set(backend.name.split(",")):
         log.warning("the DCGM schema covers NVIDIA GPUs only: the %s backend's GPUs are exported in the l9gpu "
                     "schema only", backend.name)
@@ -397,7 +398,7 @@ def serve(args: argparse.Namespace) -> int:
     host, port = args.listen
 
     ssl_context = watcher.ssl_context if watcher is not None else None
-    limits = _connection_limits(args)
+    limits, limits_warning = _connection_limits(args)
 
     async def run() -> None:
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.2,
@@ -415,6 +416,9 @@ def serve(args: argparse.Namespace) -> int:
         gc.collect()
         gc.freeze()
         collector.start()
+        log.info("%s", open_files.describe())
+        if limits_warning:
+            log.warning("%s", limits_warning)
         scheme = watcher.scheme if watcher is not None else "http"
         log.info("l9gpu %s serving node %s with backend %s on %s://%s:%d/metrics (interval %gs; at most %d "
                  "connections)", __version__, args.node_name, backend.name, scheme, host, port, args.interval,

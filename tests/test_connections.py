@@ -164,8 +164,8 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_limit(tmp_path) -> None:
     if hard < 2048:
         pytest.skip(f"the test's own hard open-file limit ({hard}) is too low to tell")
     agent = AgentProcess(["--backend", "simulated"], open_files=(1024, hard), log_path=tmp_path / "agent.log")
-    agent.start()
     try:
+        agent.start()
         log = agent.log()
         assert f"open-file limit raised from 1024 to {hard} (hard limit {hard})" in log
         assert "at most 512 connections" in log and "not --max-connections" not in log

@@ -137,7 +137,11 @@ def start_agent(tmp_path: Path, config: Path, *, scheme: str = "https", ctx: ssl
     env = {"L9GPU_WEB_CONFIG": str(config)} if via_env else None
     agent = AgentProcess(args, env=env, log_path=tmp_path / f"agent-{time.monotonic_ns()}.log",
                          scheme=scheme, ssl_context=ctx)
-    agent.start()
+    try:
+        agent.start()
+    except BaseException:
+        agent.stop()  # one that never got ready must not outlive the test
+        raise
     return agent
 
 
@@ -366,8 +370,8 @@ def test_a_tls_handshake_that_never_starts_is_closed_at_the_header_deadline(tmp_
         "cert_file": str(pki.server_cert), "key_file": str(pki.server_key)}})
     agent = AgentProcess([*SIM, "--web-config", str(config), "--header-timeout", "1s"],
                          log_path=tmp_path / "agent.log", scheme="https", ssl_context=client_context(pki))
-    agent.start()
     agents.append(agent)
+    agent.start()
     socks = [socket.create_connection(("127.0.0.1", agent.port), timeout=PATIENCE) for _ in range(5)]
     opened = time.monotonic()
     try:
