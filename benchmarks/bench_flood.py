@@ -39,7 +39,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from flood import Flood  # noqa: E402
 from processes import free_port  # noqa: E402
 
 
@@ -93,21 +92,38 @@ def _limit_files(limit: int):  # type: ignore[no-untyped-def]
     return apply
 
 
+_FLOOD = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from flood import Flood
+port, idle, heavy, size, reconnect, rate, seconds = sys.argv[2:9]
+with Flood("127.0.0.1", int(port), idle=int(idle), heavy=int(heavy), header_bytes=int(size),
+           reconnect=reconnect == "1", rate=float(rate)) as flood:
+    print("started", flush=True)
+    time.sleep(float(seconds))
+    print(flood.stats.summary, flush=True)
+"""
+
+
 def phase(name: str, url: str, pid: int, port: int, args: argparse.Namespace, reconnect: bool) -> dict:
+    """One phase: the flood from its own process (so that its 400 MB of sends do not hold
+    up the scraper's thread), the scraper and the RSS sampling from this one."""
     before = rss(pid)[0]
     scraper = Scraper(url + "/metrics")
-    flood = Flood("127.0.0.1", port, idle=args.idle, heavy=args.heavy, header_bytes=args.header_bytes,
-                  reconnect=reconnect, rate=args.rate if reconnect else 0.0)
+    flood = subprocess.Popen([sys.executable, "-c", _FLOOD, str(REPO / "tests"), str(port), str(args.idle),
+                              str(args.heavy), str(args.header_bytes), "1" if reconnect else "0",
+                              str(args.rate if reconnect else 0.0), str(args.seconds)],
+                             stdout=subprocess.PIPE, text=True)
+    assert flood.stdout is not None and flood.stdout.readline().strip() == "started"
     peak = 0.0
-    with flood:
-        scraper.start()
-        deadline = time.monotonic() + args.seconds
-        while time.monotonic() < deadline:
-            peak = max(peak, rss(pid)[0])
-            time.sleep(0.2)
-        scraper.stop.set()
-        scraper.join(30)
-        stats = flood.stats
+    scraper.start()
+    deadline = time.monotonic() + args.seconds
+    while time.monotonic() < deadline:
+        peak = max(peak, rss(pid)[0])
+        time.sleep(0.2)
+    scraper.stop.set()
+    scraper.join(30)
+    stats = flood.communicate(timeout=120)[0].strip()
     time.sleep(1.0)
     lat = sorted(scraper.latencies)
     q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else [float("nan")] * 99
@@ -117,7 +133,7 @@ def phase(name: str, url: str, pid: int, port: int, args: argparse.Namespace, re
             "unattributed_max": max(scraper.unattributed, default=float("nan")),
             "workload_gib_min": min(scraper.workload_bytes, default=0.0) / 2**30,
             "workload_gib_max": max(scraper.workload_bytes, default=0.0) / 2**30,
-            "flood": stats.summary}
+            "flood": stats}
 
 
 def main(argv: list[str] | None = None) -> int:

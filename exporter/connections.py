@@ -38,6 +38,7 @@ import errno
 import logging
 import os
 import resource
+import socket
 import ssl
 import sys
 import time
@@ -203,6 +204,23 @@ def connection_budget(requested: int, soft_limit: int, in_use: int, reserved: in
         return requested
     available = soft_limit - in_use - reserved - SPARE_DESCRIPTORS
     return max(MIN_CONNECTIONS, min(requested, available))
+
+
+def listen_backlog() -> int:
+    """The longest listen queue the kernel allows (``net.core.somaxconn``), as Go listens.
+
+    A burst of connections (a flood opening hundreds at once) overflows a short queue, and
+    the kernel drops the SYNs it has no room for: a scraper whose connection was among them
+    waits a second for its SYN to be sent again. A long queue holds them until accepted
+    (costing the kernel memory, not the agent descriptors). asyncio still accepts only
+    ``backlog`` of them per turn of the loop, so the requests of those accepted are read
+    before more arrive to push them out at the connection cap.
+    """
+    try:
+        with open("/proc/sys/net/core/somaxconn") as src:
+            return max(128, int(src.read()))
+    except (OSError, ValueError):
+        return 4096
 
 
 # ---------------------------------------------------------------- throttled logs
@@ -547,7 +565,8 @@ class GuardedSite(web.BaseSite):
         host, port: where to listen (port 0: any free one, see `port`).
         limits: the listener's limits, ``max_connections`` fitted to the open-file limit.
         ssl_context: TLS for every connection, or None.
-        backlog: the listen queue's length.
+        backlog: connections accepted at most per turn of the event loop (asyncio's use of
+            it); the kernel's listen queue is made as long as it allows (`listen_backlog`).
     """
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, limits: ConnectionLimits,
@@ -583,6 +602,12 @@ class GuardedSite(web.BaseSite):
                                if self._native_tls else {})
         self._server = await loop.create_server(self.guard.protocol, self._host, self._port, backlog=self._backlog,
                                                 **tls)
+        for listening in self._server.sockets:  # a deeper kernel queue (asyncio listens with backlog)
+            deeper = socket.socket(fileno=os.dup(listening.fileno()))
+            try:
+                deeper.listen(listen_backlog())
+            finally:
+                deeper.close()  # the duplicate descriptor only
         self.guard.start()
 
     async def stop(self) -> None:
