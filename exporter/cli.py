@@ -37,6 +37,9 @@ DEFAULT_LISTEN = "0.0.0.0:9835"
 SNAPSHOT_GPM_WINDOW = 1.0
 # Seconds the agent waits for the vendor library to shut down when it exits.
 CLOSE_TIMEOUT = 1.0
+# `l9gpu snapshot` waits this long (seconds) for the API server's pod list, for names (at
+# most half its --timeout, so that a hung API server leaves time to read the GPUs).
+SNAPSHOT_POD_LIST_WAIT = 10.0
 
 
 def parse_gpm_interval(text: str) -> float | None:
@@ -112,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="TLS, client certificates, basic auth and response headers from a web config file in "
                           "Prometheus exporter-toolkit's format (as node_exporter's --web.config.file); re-read "
                           "when it changes. /healthz and /readyz need no credentials (see docs/SECURITY.md)")
+    _add_connection_args(web)
     _add_schema_args(serve)
     _add_bridge_args(serve)
     snap = sub.add_parser("snapshot", help="collect once and print a table (or JSON) for an on-call engineer")
@@ -129,6 +133,49 @@ def build_parser() -> argparse.ArgumentParser:
     for action in (serve, snap, *report_cli.add_parsers(sub)):
         _apply_environment(action)
     return parser
+
+
+def _add_connection_args(group: Any) -> None:
+    """The listener's limits (docs/SECURITY.md, "Limits")."""
+    from exporter.connections import ConnectionLimits, parse_connections, parse_header_bytes
+
+    d = ConnectionLimits()
+    group.add_argument("--max-connections", default=d.max_connections, type=argtype(parse_connections), metavar="N",
+                       help="open HTTP connections at most; lowered at start so that the open-file limit keeps "
+                            "descriptors for attribution. At the limit the oldest idle or unfinished connection "
+                            f"is closed to admit a new one (default: {d.max_connections})")
+    group.add_argument("--keepalive-timeout", default=f"{d.keepalive_timeout:g}s",
+                       type=argtype(parse_positive_duration), metavar="DURATION",
+                       help=f"close a keep-alive connection idle for this long (default: {d.keepalive_timeout:g}s)")
+    group.add_argument("--header-timeout", default=f"{d.header_timeout:g}s",
+                       type=argtype(parse_positive_duration), metavar="DURATION",
+                       help="a request's line and headers (and a TLS handshake) must arrive within this, or the "
+                            f"connection is answered 408 and closed (default: {d.header_timeout:g}s)")
+    group.add_argument("--max-header-bytes", default=d.max_header_bytes, type=argtype(parse_header_bytes),
+                       metavar="BYTES",
+                       help="a request's line and headers together at most, or 431 and the connection is closed "
+                            f"(default: {d.max_header_bytes})")
+
+
+def _connection_limits(args: argparse.Namespace) -> tuple[Any, str]:
+    """The listener's limits from the flags, the connection cap fitted to the open-file
+    limit, with descriptors kept for attribution's pidfds and /proc files; and, when the cap
+    is below --max-connections, the warning to log once the agent listens."""
+    import resource
+
+    from exporter.attribution.procfs import max_kept_open
+    from exporter.connections import ConnectionLimits, connection_budget, descriptors_in_use
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    in_use, reserved = descriptors_in_use(), max_kept_open()
+    cap = connection_budget(args.max_connections, soft, in_use, reserved)
+    warning = ""
+    if cap < args.max_connections:
+        warning = (f"at most {cap} HTTP connections, not --max-connections {args.max_connections}: the open-file "
+                   f"limit {soft} keeps {reserved} descriptors for attribution and has {in_use} in use (raise "
+                   "LimitNOFILE, or ulimit -n)")
+    return ConnectionLimits(max_connections=cap, keepalive_timeout=args.keepalive_timeout,
+                            header_timeout=args.header_timeout, max_header_bytes=args.max_header_bytes), warning
 
 
 def _add_schema_args(parser: argparse.ArgumentParser) -> None:
@@ -257,8 +304,9 @@ def setup_logging(level: str, fmt: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-def _open(args: argparse.Namespace) -> tuple[Any, Any]:
-    """Open the backend and the attributor the flags ask for."""
+def _open(args: argparse.Namespace, wait_for_pods: float = 0.0) -> tuple[Any, Any]:
+    """Open the backend and the attributor the flags ask for (``wait_for_pods``: seconds to
+    wait for the API server's first pod list; the agent waits for none)."""
     from exporter import attribution
     from exporter.devices import BackendUnavailable, open_backend
 
@@ -276,7 +324,7 @@ def _open(args: argparse.Namespace) -> tuple[Any, Any]:
         scenario = getattr(backend, "scenario", None)
         args.node_name = os.environ.get("NODE_NAME") or getattr(scenario, "node", "") or socket.gethostname()
     try:
-        attributor = attribution.build_attributor(args, backend, args.node_name)
+        attributor = attribution.build_attributor(args, backend, args.node_name, wait_for_pods=wait_for_pods)
     except ValueError as exc:
         backend.close()
         raise UsageError(f"l9gpu: {exc}") from None
@@ -335,11 +383,13 @@ def serve(args: argparse.Namespace) -> int:
     """Run the agent until SIGTERM or SIGINT."""
     from aiohttp import web
 
+    from exporter.connections import GuardedSite, install_accept_error_log, raise_open_file_limit
     from exporter.server import Exposition, make_app
 
     enabled = _enabled(args)
     dcgm_selection = _dcgm_selection(args)
     watcher = _web_config(args.web_config)
+    open_files = raise_open_file_limit()  # before attribution sizes its pidfds and /proc files by it
     backend, attributor = _open(args)
     if dcgm_selection is not None and not {"nvml", "simulated"} & set(backend.name.split(",")):
         log.warning("the DCGM schema covers NVIDIA GPUs only: the %s backend's GPUs are exported in the l9gpu "
@@ -372,11 +422,15 @@ def serve(args: argparse.Namespace) -> int:
                    health=collector.liveness)
     host, port = args.listen
 
+    ssl_context = watcher.ssl_context if watcher is not None else None
+    limits, limits_warning = _connection_limits(args)
+
     async def run() -> None:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.2,
+                               **limits.handler_kwargs())
         await runner.setup()
-        site = web.TCPSite(runner, host, port, shutdown_timeout=0.2,
-                           ssl_context=watcher.ssl_context if watcher is not None else None)
+        site = GuardedSite(runner, host, port, limits, ssl_context=ssl_context)
+        install_accept_error_log(asyncio.get_running_loop(), site.guard.describe)
         try:
             await site.start()
         except OSError as exc:
@@ -387,9 +441,13 @@ def serve(args: argparse.Namespace) -> int:
         gc.collect()
         gc.freeze()
         collector.start()
+        log.info("%s", open_files.describe())
+        if limits_warning:
+            log.warning("%s", limits_warning)
         scheme = watcher.scheme if watcher is not None else "http"
-        log.info("l9gpu %s serving node %s with backend %s on %s://%s:%d/metrics (interval %gs)",
-                 __version__, args.node_name, backend.name, scheme, host, port, args.interval)
+        log.info("l9gpu %s serving node %s with backend %s on %s://%s:%d/metrics (interval %gs; at most %d "
+                 "connections)", __version__, args.node_name, backend.name, scheme, host, port, args.interval,
+                 limits.max_connections)
         reload_task = asyncio.create_task(watcher.watch()) if watcher is not None else None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -446,7 +504,8 @@ def snapshot(args: argparse.Namespace) -> int:
     """
     if args.gpm_interval is not None:
         args.gpm_interval = 0.0  # sample on each of the (at most two) passes
-    backend, attributor = _open_within(args, args.timeout)
+    backend, attributor = _open_within(args, args.timeout,
+                                       wait_for_pods=min(SNAPSHOT_POD_LIST_WAIT, args.timeout / 2))
     timed = [b for b in getattr(backend, "backends", [backend]) if callable(getattr(b, "enable_timings", None))]
     passes: list[tuple[str, dict[str, Any]]] = []
     collector = None
@@ -494,11 +553,12 @@ def snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open_within(args: argparse.Namespace, timeout: float) -> tuple[Any, Any]:
+def _open_within(args: argparse.Namespace, timeout: float, wait_for_pods: float = 0.0) -> tuple[Any, Any]:
     """`_open`, waiting at most ``timeout`` seconds (a wedged driver can block its init)."""
     from exporter.bulkhead import call_within
 
-    outcome = call_within(lambda: _open(args), timeout, ("nvml", "amdsmi_"), name="l9gpu-open")
+    outcome = call_within(lambda: _open(args, wait_for_pods=wait_for_pods), timeout, ("nvml", "amdsmi_"),
+                          name="l9gpu-open")
     if not outcome.returned:
         backend = "GPU" if args.backend == "auto" else args.backend
         if outcome.call:  # stuck in the vendor library

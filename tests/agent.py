@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import ssl
@@ -12,7 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import PATIENCE
@@ -50,14 +51,20 @@ class AgentProcess:
     """`python -m exporter serve ...` with stdout/stderr to a log file.
 
     ``scheme``, ``ssl_context`` and ``headers`` (e.g. Authorization) apply to the
-    readiness poll and to `get`, for an agent behind a --web-config.
+    readiness poll and to `get`, for an agent behind a --web-config. ``launcher`` replaces
+    ``-m exporter`` (e.g. a script that installs a fake first); ``open_files`` sets the
+    agent's open-file limit (RLIMIT_NOFILE): one number holds soft and hard there, so it
+    cannot raise it; a (soft, hard) pair sets both.
     """
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None, log_path: Path | None = None,
                  scheme: str = "http", ssl_context: ssl.SSLContext | None = None,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, launcher: Sequence[str] = ("-m", "exporter"),
+                 open_files: int | tuple[int, int] | None = None):
         self.port = free_port()
         self.args = args
+        self.launcher = list(launcher)
+        self.open_files = open_files
         self.scheme = scheme
         self.ssl_context = ssl_context
         self.headers = dict(headers or {})
@@ -72,9 +79,16 @@ class AgentProcess:
         return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def start(self, wait_ready: bool = True, timeout: float = PATIENCE) -> None:
-        cmd = [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{self.port}", *self.args]
+        cmd = [sys.executable, *self.launcher, "serve", "--listen", f"127.0.0.1:{self.port}", *self.args]
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+        limit = self.open_files
+
+        def hold_open_files() -> None:
+            if limit is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, limit if isinstance(limit, tuple) else (limit, limit))
+
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     preexec_fn=hold_open_files if limit is not None else None)
         if wait_ready:
             self.wait_ready(timeout)
 

@@ -11,7 +11,9 @@ idle keep-alive ones included, is closed and new ones are refused, then it is ba
 same port), and ``stall()``/``resume()`` (the server hangs: it keeps accepting
 connections but sends nothing more on any of them, as behind a partition or a stuck
 proxy, until it resumes; ``stall(streams=False)`` holds only new requests, so open
-watches still end on time and the next one gets no answer).
+watches still end on time and the next one gets no answer), and ``garble(body)``
+(every pod list is answered ``200 OK`` with ``body`` instead of the PodList, as a broken
+server or proxy might; ``garble(None)`` answers properly again).
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class FakeApiServer:
         self._stalled = False  # set: answer nothing (see stall())
         self._holding = False  # set: answer no new request (see stall(streams=False))
         self.held = 0  # requests that arrived while stalled
+        self._garbage: bytes | None = None  # set: the body of every list answer (see garble())
         self.requests: list[tuple[str, dict[str, str]]] = []  # ("list"|"watch", query)
         self.port = 0
         self._server: ThreadingHTTPServer | None = None
@@ -148,6 +151,11 @@ class FakeApiServer:
         with self._cond:
             self._stalled = self._holding = False
             self._cond.notify_all()
+
+    def garble(self, body: bytes | str | None) -> None:
+        """Answer every pod list ``200 OK`` with ``body`` (None: the real PodList again)."""
+        with self._cond:
+            self._garbage = body.encode() if isinstance(body, str) else body
 
     def _wait_while_stalled(self, new_request: bool = False) -> None:
         """Block (under ``_cond``) while stalled; returns early when stopped."""
@@ -222,6 +230,9 @@ class FakeApiServer:
                     self._watch(node, int(query.get("resourceVersion") or 0), float(query.get("timeoutSeconds", 300)))
                 else:
                     api.requests.append(("list", query))
+                    if api._garbage is not None:
+                        self._raw(200, api._garbage)
+                        return
                     with api._cond:
                         items = [p for p in api._pods.values() if node is None or p["spec"]["nodeName"] == node]
                         body = {"kind": "PodList", "apiVersion": "v1",
@@ -229,7 +240,9 @@ class FakeApiServer:
                     self._json(200, body)
 
             def _json(self, code: int, body: Any) -> None:
-                data = json.dumps(body).encode()
+                self._raw(code, json.dumps(body).encode())
+
+            def _raw(self, code: int, data: bytes) -> None:
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

@@ -353,6 +353,13 @@ def test_the_dcgm_node_label_reaches_the_agent(schema, label, served):
     assert (selection.hostname_label if selection else None) == served
 
 
+def test_http_limits_reach_the_agent():
+    args = serve_args(render(_sets("http.maxConnections=64", "http.keepaliveTimeout=30s", "http.headerTimeout=5s")))
+    assert (args.max_connections, args.keepalive_timeout, args.header_timeout) == (64, 30.0, 5.0)
+    defaults = serve_args(render())
+    assert (defaults.max_connections, defaults.keepalive_timeout, defaults.header_timeout) == (512, 75.0, 10.0)
+
+
 def test_the_documented_install_command_sets_every_value_it_names():
     values, name, namespace = _documented()
     release = render(values, name=name, namespace=namespace)
@@ -567,6 +574,9 @@ def _schema_error(*expressions: str, values: dict[str, Any] | None = None) -> st
     ("otlp.timeout=-1s", "'-1s' does not match pattern"),
     ("serviceMonitor.interval=1.5s", "'1.5s' does not match pattern"),
     ("port=0", "minimum: got 0, want 1"),
+    ("http.maxConnections=0", "minimum: got 0, want 1"),
+    ("http.keepaliveTimeout=forever", "'forever' does not match pattern"),
+    ("http.headerTimout=5s", "additional properties 'headerTimout' not allowed"),
     ("port=65536", "maximum: got 65,536, want 65,535"),
     ("port=metrics", "got string, want integer"),
     ("backend=nvidia", "'nvidia' does not match pattern"),

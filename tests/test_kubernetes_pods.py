@@ -154,6 +154,68 @@ def test_a_server_that_stops_answering_is_noticed_within_the_bound(apiserver: Fa
         watcher.stop()
 
 
+@pytest.mark.parametrize("body,reason", [
+    ('{"kind": "PodList", "metadata": {"resourceVersion": "7"}, "items": "x"}', "items is a JSON str, not a list"),
+    ('{"kind": "PodList", "metadata": {"resourceVersion": "7"}}', "pod list has no items"),
+    ('{"kind": "PodList", "metadata": {"resourceVersion": "7"}, "items": [1, "p"]}', "2 item(s) that are not objects"),
+    ('{"kind": "PodList", "items": []}', "no metadata.resourceVersion"),
+    ('{"kind": "Status", "status": "Failure"}', "'Status', not a PodList"),
+    ('[{"metadata": {"uid": "u"}}]', "a JSON list, not an object"),
+    ("<html>502 Bad Gateway</html>", "not JSON"),
+])
+def test_a_malformed_pod_list_fails_with_its_reason_and_keeps_the_last_good_names(
+        apiserver: FakeApiServer, caplog, body: str, reason: str) -> None:
+    """A list answered 200 with something that is not a pod list (from a broken server or
+    proxy) does not empty the index: the watcher turns unhealthy (the ``kubernetes``
+    collector's success 0), says why, and keeps the names of the last good list."""
+    apiserver.add(make_pod("a", "ns", "uid-a", "node-a", {"c": C1}))
+    index = PodIndex()
+    watcher = _watcher(apiserver, index)
+    watcher.start()
+    try:
+        wait_until(lambda: index.get("uid-a") is not None and watcher.healthy(), what="the first good list")
+        lists = apiserver.count("list")
+        with caplog.at_level(logging.WARNING, logger="exporter.attribution.kubernetes"):
+            apiserver.garble(body)
+            apiserver.expire()  # the resumed watch gets 410 Gone: the watcher lists again
+            wait_until(lambda: apiserver.count("list") > lists and not watcher.healthy(),
+                       what="a failed relist")
+            wait_until(lambda: reason in caplog.text, what="the reason in the log")
+        assert index.get("uid-a").name == "a" and len(index) == 1
+        assert "Traceback" not in caplog.text
+        apiserver.garble(None)
+        apiserver.add(make_pod("b", "ns", "uid-b", "node-a", {"c": C2}))
+        wait_until(lambda: watcher.healthy() and index.get("uid-b") is not None,
+                   what="healthy again once the list is good")
+    finally:
+        watcher.stop()
+
+
+def test_a_hung_api_server_does_not_hold_up_building_the_attributor(apiserver: FakeApiServer, tmp_path) -> None:
+    """The first pod list runs in the watch thread: building the attributor (and so the
+    agent's start-up) returns while the API server holds the request unanswered."""
+    from cgroup_helpers import kubeconfig
+
+    from exporter.attribution import build_attributor
+
+    apiserver.add(make_pod("a", "ns", "uid-a", "node-a", {"c": C1}))
+    apiserver.stall()
+    started = time.monotonic()
+    attributor = build_attributor(_args(kubernetes="on", kubeconfig=kubeconfig(tmp_path, apiserver)), object(),
+                                  "node-a")
+    # returned before the list could even time out once (it waited out 4 of them: 41 s)
+    assert time.monotonic() - started < attributor.pod_source.request_timeout
+    try:
+        wait_until(lambda: apiserver.held >= 1, what="the first list held by the hung server")
+        assert attributor.statuses() == {"kubernetes": False}
+        assert attributor.pod_source.index.get("uid-a") is None
+        apiserver.resume()
+        wait_until(lambda: attributor.pod_source.index.get("uid-a") is not None, what="names once it answers")
+        wait_until(lambda: attributor.statuses() == {"kubernetes": True}, what="healthy once it answers")
+    finally:
+        attributor.close()
+
+
 def test_forbidden_is_reported_with_the_rbac_hint(caplog) -> None:
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

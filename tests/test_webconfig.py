@@ -12,6 +12,7 @@ import base64
 import datetime
 import ipaddress
 import ssl
+import statistics
 import time
 import urllib.error
 import urllib.request
@@ -136,7 +137,11 @@ def start_agent(tmp_path: Path, config: Path, *, scheme: str = "https", ctx: ssl
     env = {"L9GPU_WEB_CONFIG": str(config)} if via_env else None
     agent = AgentProcess(args, env=env, log_path=tmp_path / f"agent-{time.monotonic_ns()}.log",
                          scheme=scheme, ssl_context=ctx)
-    agent.start()
+    try:
+        agent.start()
+    except BaseException:
+        agent.stop()  # one that never got ready must not outlive the test
+        raise
     return agent
 
 
@@ -356,6 +361,29 @@ def test_https_with_the_ca_and_not_without(tmp_path, pki, agents):
         urllib.request.urlopen(f"http://127.0.0.1:{agent.port}/healthz", timeout=5).read()
 
 
+def test_a_tls_handshake_that_never_starts_is_closed_at_the_header_deadline(tmp_path, pki, agents):
+    """Connections that never send a ClientHello count against the connection cap and
+    are closed once --header-timeout has passed (asyncio's own default is a minute)."""
+    import socket
+
+    config = write_config(tmp_path / "web.yml", {"tls_server_config": {
+        "cert_file": str(pki.server_cert), "key_file": str(pki.server_key)}})
+    agent = AgentProcess([*SIM, "--web-config", str(config), "--header-timeout", "1s"],
+                         log_path=tmp_path / "agent.log", scheme="https", ssl_context=client_context(pki))
+    agents.append(agent)
+    agent.start()
+    socks = [socket.create_connection(("127.0.0.1", agent.port), timeout=PATIENCE) for _ in range(5)]
+    opened = time.monotonic()
+    try:
+        for sock in socks:
+            assert sock.recv(1) == b""  # closed by the agent
+        assert time.monotonic() - opened >= 1.0
+    finally:
+        for sock in socks:
+            sock.close()
+    assert agent.get("/healthz")[0] == 200
+
+
 def test_tls_version_bounds_refuse_older_clients(tmp_path, pki, agents):
     config = write_config(tmp_path / "web.yml", {"tls_server_config": {
         "cert_file": str(pki.server_cert), "key_file": str(pki.server_key), "min_version": "TLS13"}})
@@ -512,3 +540,128 @@ def test_a_rotated_certificate_is_served_without_a_restart(tmp_path, pki, agents
     wait_until(renewed_certificate_served, what="the renewed certificate served")
     _fails_tls(agent, client_context(pki))  # the old CA no longer matches
 
+
+
+# ---------------------------------------------------------------- auth under attack
+
+
+def hash_at(password: str, cost: int) -> str:
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(cost)).decode().replace("$2b$", "$2y$", 1)
+
+
+def get_from(agent: AgentProcess, source: str, path: str = "/metrics", headers: dict[str, str] | None = None,
+             timeout: float = PATIENCE / 2) -> tuple[int, dict[str, str], float]:
+    """GET over plain HTTP from the loopback address ``source`` (another client address
+    for the agent); (status, headers, seconds it took)."""
+    import http.client
+
+    started = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", agent.port, timeout=timeout, source_address=(source, 0))
+    try:
+        conn.request("GET", path, headers=headers or {})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status, dict(resp.getheaders()), time.perf_counter() - started
+    finally:
+        conn.close()
+
+
+class WrongPasswords:
+    """Threads sending wrong passwords as fast as answered, from the given addresses."""
+
+    def __init__(self, agent: AgentProcess, sources: list[str], threads_per_source: int):
+        import threading
+
+        self.agent, self.stop = agent, threading.Event()
+        self.results: list[tuple[int, str | None, float]] = []  # status, Retry-After, seconds
+        self.threads = [threading.Thread(target=self._run, args=(src,), daemon=True)
+                        for src in sources for _ in range(threads_per_source)]
+
+    def _run(self, source: str) -> None:
+        while not self.stop.is_set():
+            try:
+                status, headers, took = get_from(self.agent, source, headers=basic("alice", "wrong"), timeout=60)
+            except OSError:
+                continue
+            self.results.append((status, headers.get("Retry-After"), took))
+
+    def __enter__(self) -> WrongPasswords:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(90)
+
+
+def _plain_agent(tmp_path: Path, agents: list, doc: dict) -> AgentProcess:
+    agent = start_agent(tmp_path, write_config(tmp_path / "web.yml", doc), scheme="http")
+    agents.append(agent)
+    return agent
+
+
+def test_failed_logins_take_as_long_for_unknown_users_as_for_configured_ones(tmp_path, agents):
+    """No user enumeration by timing: configured users whose hashes have different costs
+    (htpasswd -B defaults to 5; 10 is common) and unknown users all fail in about the time
+    of the dearest hash. Medians of interleaved attempts, compared with a wide tolerance."""
+    agent = _plain_agent(tmp_path, agents, {"basic_auth_users": {"cheap": hash_at("a", 4), "dear": hash_at("b", 10)}})
+    assert get_from(agent, "127.0.0.1", headers=basic("dear", "b"))[0] == 200  # a known-good baseline
+    times: dict[str, list[float]] = {"cheap": [], "dear": [], "nobody": []}
+    for _ in range(9):
+        for user in times:
+            status, _, took = get_from(agent, "127.0.0.1", headers=basic(user, "wrong"))
+            assert status == 401
+            times[user].append(took)
+    medians = {user: statistics.median(values) for user, values in times.items()}
+    for user in ("cheap", "nobody"):
+        ratio = medians[user] / medians["dear"]
+        assert 0.5 < ratio < 2.0, medians  # cost 4 against cost 10 alone is a ratio of 1/64
+
+
+def test_a_wrong_password_flood_fails_fast_and_a_new_valid_login_gets_through(tmp_path, agents):
+    """300 wrong passwords at once from one address no longer queue in front of everyone:
+    that address gets a few checks queued and the rest 503 with Retry-After at once, and a
+    valid login not cached yet, from the scraper's address, is answered within
+    Prometheus' default 10 s scrape timeout (it waited 17 s behind such a queue)."""
+    agent = _plain_agent(tmp_path, agents, {"basic_auth_users": {"alice": hash_at("right", 10)}})
+    with WrongPasswords(agent, ["127.0.0.3"], threads_per_source=30) as flood:
+        wait_until(lambda: sum(1 for s, _, _ in flood.results if s == 503) >= 30, what="refusals of the excess")
+        status, _, took = get_from(agent, "127.0.0.2", headers=basic("alice", "right"))
+        assert status == 200 and took < 10.0
+    refused = [(retry, took) for status, retry, took in flood.results if status == 503]
+    assert all(retry == "1" for retry, _ in refused)
+    # refused without waiting behind the queue (a queue of 30 cost-10 checks takes seconds)
+    assert statistics.median(took for _, took in refused) < 1.0
+    assert {s for s, _, _ in flood.results} <= {401, 503}
+
+
+def test_cached_credentials_answer_at_once_while_the_queue_is_full(tmp_path, agents):
+    """Wrong passwords from many addresses fill the bcrypt queue; a scraper whose
+    credentials passed before is answered from the cache, never queued or refused."""
+    agent = _plain_agent(tmp_path, agents, {"basic_auth_users": {"alice": hash_at("right", 10),
+                                                                "prom": hash_at("scrape", 10)}})
+    assert get_from(agent, "127.0.0.2", headers=basic("prom", "scrape"))[0] == 200  # now cached
+    sources = [f"127.0.0.{i}" for i in range(3, 19)]
+    with WrongPasswords(agent, sources, threads_per_source=4) as flood:
+        wait_until(lambda: sum(1 for s, _, _ in flood.results if s == 503) >= 20, what="a full queue")
+        cached = [get_from(agent, "127.0.0.2", headers=basic("prom", "scrape")) for _ in range(10)]
+    assert all(status == 200 for status, _, _ in cached)
+    assert statistics.median(took for _, _, took in cached) < 1.0
+
+
+def test_rate_limit_is_per_address_and_never_charged_to_valid_credentials(tmp_path, agents):
+    """rate_limit: an address sending many unauthenticated requests is refused with 429
+    and Retry-After; a credential that passed before is answered all the same, and other
+    addresses keep their own budget (one shared bucket refused the next valid scrape)."""
+    agent = _plain_agent(tmp_path, agents, {"basic_auth_users": {"prom": hash_at("scrape", 5)},
+                                            "rate_limit": {"interval": "10s", "burst": 5}})
+    assert get_from(agent, "127.0.0.3", headers=basic("prom", "scrape"))[0] == 200  # charged: not yet cached
+    statuses = [get_from(agent, "127.0.0.3")[:2] for _ in range(30)]
+    assert [s for s, _ in statuses].count(401) <= 5 and [s for s, _ in statuses].count(429) >= 24
+    assert all(int(h["Retry-After"]) >= 1 for s, h in statuses if s == 429)
+    for _ in range(10):  # the cached credential, from the address that is over its limit
+        assert get_from(agent, "127.0.0.3", headers=basic("prom", "scrape"))[0] == 200
+    assert get_from(agent, "127.0.0.4")[0] == 401  # another address: its own bucket
+    assert get_from(agent, "127.0.0.4", headers=basic("prom", "scrape"))[0] == 200

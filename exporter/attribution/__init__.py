@@ -190,13 +190,17 @@ def _pod_resources_source(args: argparse.Namespace) -> Any:
     return podresources.build(path)
 
 
-def build_attributor(args: argparse.Namespace, backend: object, node: str) -> Attributor:
+def build_attributor(args: argparse.Namespace, backend: object, node: str, wait_for_pods: float = 0.0) -> Attributor:
     """Build the attributor the CLI flags ask for.
 
     The simulated backend gets a fixture /proc tree and its pods; any other backend gets
     ``--proc-root`` and, where configured, the Kubernetes API watch of this node's pods and
     the container runtime's CRI socket (``--cri-socket``) for pods the API has not named,
     and the kubelet's pod-resources socket (``--pod-resources-socket``) for allocations.
+
+    The API watch lists pods in its own thread: nothing here waits on the API server,
+    unless ``wait_for_pods`` (seconds) asks to wait for its first list (a one-shot
+    ``l9gpu snapshot`` wants names on its only pass; the agent must listen at once).
 
     Raises:
         ValueError: the flags ask for something unavailable (``--kubernetes on``
@@ -212,10 +216,9 @@ def build_attributor(args: argparse.Namespace, backend: object, node: str) -> At
     index = PodIndex()
     watcher = _pod_watcher(args, node, index)
     if watcher is not None:
-        try:  # a first list now, so the first pass (and `l9gpu snapshot`) has names
-            watcher.list_pods()
-        except Exception as exc:  # noqa: BLE001 - the watch thread retries with backoff
-            log.warning("listing pods on node %s failed (%s); retrying in the background", node, exc)
-        watcher.start()
+        watcher.start()  # lists, then watches; failures are logged and retried there
+        if wait_for_pods > 0 and not watcher.wait_listed(wait_for_pods):
+            log.warning("the Kubernetes API server has not answered the pod list within %gs: pods are named by UID "
+                        "until it does", wait_for_pods)
     return ProcAttributor(getattr(args, "proc_root", "/proc") or "/proc", index, watcher,
                           fallback=_cri_source(args, index), allocation_source=_pod_resources_source(args))

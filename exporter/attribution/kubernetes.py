@@ -45,6 +45,8 @@ IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 # (the API server serves it from its watch cache).
 WATCH_SECONDS = 60
 STALL_SECONDS = 30.0
+# Connect timeout of every request to the API server, and read timeout of a list.
+REQUEST_TIMEOUT = 10.0
 
 _CRONJOB_JOB = re.compile(r"^(.+)-(\d{8,})$")  # <cronjob>-<scheduled time in minutes>
 _GENERATED_SUFFIX = re.compile(r"^(.+)-([a-z0-9]{5,10})$")
@@ -146,6 +148,42 @@ def pod_meta(obj: Any) -> PodMeta | None:
     return PodMeta(uid=uid, name=_str(meta.get("name")), namespace=_str(meta.get("namespace")),
                    owner_kind=owner_kind, owner_name=owner_name, labels=tuple(sorted(labels.items())),
                    containers=containers, resource_version=_str(meta.get("resourceVersion")))
+
+
+def parse_pod_list(data: bytes | str) -> tuple[list[PodMeta], int, str]:
+    """The pods of a ``PodList`` answer, how many were skipped (no UID), its resourceVersion.
+
+    An answer that is not a pod list (not JSON, not an object, another ``kind``, ``items``
+    missing or not a list of objects, no ``metadata.resourceVersion`` to watch from) is
+    refused as a whole, so that a broken proxy or server cannot empty the pod index.
+
+    Raises:
+        ValueError: one line saying what is wrong.
+    """
+    try:
+        body = json.loads(data)
+    except ValueError as exc:
+        raise ValueError(f"pod list is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ValueError(f"pod list is a JSON {type(body).__name__}, not an object")
+    kind = body.get("kind")
+    if kind is not None and kind != "PodList":
+        raise ValueError(f"pod list answer is a {str(kind)[:40]!r}, not a PodList")
+    if "items" not in body:
+        raise ValueError("pod list has no items")
+    items = body["items"]
+    if items is None:  # Go encodes an empty list as null
+        items = []
+    if not isinstance(items, list):
+        raise ValueError(f"pod list items is a JSON {type(items).__name__}, not a list")
+    bad = sum(1 for item in items if not isinstance(item, dict))
+    if bad:
+        raise ValueError(f"pod list has {bad} item(s) that are not objects")
+    version = _str(_dict(body.get("metadata")).get("resourceVersion"))
+    if not version:
+        raise ValueError("pod list has no metadata.resourceVersion to watch from")
+    pods = [p for p in (pod_meta(item) for item in items) if p is not None]
+    return pods, len(items) - len(pods), version
 
 
 class PodIndex:
@@ -297,7 +335,7 @@ class PodWatcher:
     name = "kubernetes"
 
     def __init__(self, api_client: Any, node: str, index: PodIndex, watch_seconds: int = WATCH_SECONDS,
-                 backoff: tuple[float, float] = (1.0, 30.0), request_timeout: float = 10.0,
+                 backoff: tuple[float, float] = (1.0, 30.0), request_timeout: float = REQUEST_TIMEOUT,
                  sleep: Callable[[float], bool] | None = None, stall_seconds: float = STALL_SECONDS,
                  clock: Callable[[], float] = time.monotonic):
         from kubernetes import client
@@ -319,6 +357,7 @@ class PodWatcher:
         self._thread: threading.Thread | None = None
         self._watch: Any = None
         self._failures = 0
+        self._first_list = threading.Event()  # set once the first list was answered or failed
         self.relists = 0
         self.events = 0
         self.errors = 0  # failed lists and watches (stuck streams included), since start
@@ -362,22 +401,27 @@ class PodWatcher:
             self._thread.join(timeout)
 
     def list_pods(self) -> None:
-        """List this node's pods into the index and remember the list's resourceVersion."""
+        """List this node's pods into the index and remember the list's resourceVersion.
+
+        Raises:
+            ValueError: the answer is not a pod list (`parse_pod_list`); the index keeps
+                the pods of the last good list.
+        """
         resp = self.api.list_pod_for_all_namespaces(field_selector=self.selector, _preload_content=False,
                                                     _request_timeout=self.request_timeout)
-        try:
-            body = json.loads(resp.data)  # type: ignore[attr-defined]  # raw urllib3 response
-        except ValueError as exc:
-            raise ValueError(f"pod list is not JSON: {exc}") from None
-        items = _list(_dict(body).get("items"))
-        pods = [p for p in (pod_meta(item) for item in items) if p is not None]
-        if len(pods) != len(items):
-            log.warning("ignored %d pod(s) without a UID in the pod list", len(items) - len(pods))
+        pods, skipped, version = parse_pod_list(resp.data)  # type: ignore[attr-defined]  # raw urllib3 response
+        if skipped:
+            log.warning("ignored %d pod(s) without a UID in the pod list", skipped)
         self.index.replace(pods)
-        self.resource_version = _str(_dict(_dict(body).get("metadata")).get("resourceVersion")) or None
+        self.resource_version = version
         self.relists += 1
-        self._answered()  # (before the watch thread starts, too)
+        self._answered()
         log.debug("listed %d pod(s) on node %s at resourceVersion %s", len(pods), self.node, self.resource_version)
+
+    def wait_listed(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the first list to be answered or to fail
+        (for a one-shot ``l9gpu snapshot``; the agent itself never waits). True when it was."""
+        return self._first_list.wait(timeout)
 
     def watch_once(self) -> None:
         """One watch request from the last resourceVersion, until it ends or fails."""
@@ -436,7 +480,10 @@ class PodWatcher:
         while not self._stop.is_set():
             try:
                 if self.resource_version is None:
-                    self.list_pods()
+                    try:
+                        self.list_pods()
+                    finally:
+                        self._first_list.set()
                 self.watch_once()
                 self._heard = self._clock()  # the server ended the watch (on time, or closed it)
                 self._failures = 0

@@ -11,6 +11,7 @@ gone are dropped.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import select
@@ -163,7 +164,7 @@ class ProcFS:
         return parse_environ(data)
 
 
-def _max_kept_open() -> int:
+def max_kept_open() -> int:
     """Proc files kept open at most (one per GPU process): a quarter of the descriptor
     limit, 2048 at most (GPU processes rarely number more than a few hundred on a node)."""
     try:
@@ -213,10 +214,15 @@ class ProcessExits:
             return None
 
     def watch(self, pid: int) -> int | None:
-        """Watch the process that has ``pid`` now; its pidfd, None when there is none."""
+        """Watch the process that has ``pid`` now; its pidfd, None when there is none.
+
+        Raises:
+            OSError: the pidfd could not be opened for another reason than the process
+                being gone (EMFILE: out of descriptors).
+        """
         try:
             fd = os.pidfd_open(pid)
-        except OSError:  # ESRCH: no such process
+        except ProcessLookupError:  # ESRCH: no such process
             return None
         try:
             self._epoll.register(fd, select.EPOLLIN)
@@ -272,7 +278,7 @@ class ProcCache:
         self._exits = (ProcessExits.open()
                        if pidfds and self._real_procfs and _own_pid_namespace(procfs.root) else None)
         self._fds: dict[int, int] = {}
-        self._max_open = _max_kept_open()
+        self._max_open = max_kept_open()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -343,7 +349,10 @@ class ProcCache:
         if len(kept) >= self._max_open:
             return self.procfs.start_time(pid), False
         if self._exits is not None:
-            new_fd = self._exits.watch(pid)
+            try:
+                new_fd = self._exits.watch(pid)
+            except OSError:  # out of descriptors: read by path this pass, watch it on a later one
+                return self.procfs.start_time(pid), False
             if new_fd is None:
                 return None, False
             fd = new_fd
@@ -353,7 +362,9 @@ class ProcCache:
         else:
             try:
                 fd = os.open(f"{self.procfs.root}/{pid}/comm", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE):  # out of descriptors: by path this pass
+                    return self.procfs.start_time(pid), False
                 return None, False
             replaced = gone  # a zombie's comm still reads: a failed read means reaped
         start = self.procfs.start_time(pid)
