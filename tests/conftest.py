@@ -85,6 +85,18 @@ def apiserver():
 
 
 @pytest.fixture
+def fake_nvml_node(tmp_path, cgroups, apiserver):
+    """`fake_nvml_node.Node`: the agent on a one-GPU NVML fake with real processes in pod
+    cgroups, named by the local API server; its agent is stopped after."""
+    from fake_nvml_node import Node
+
+    n = Node(tmp_path, cgroups, apiserver)
+    yield n
+    if n.agent is not None:
+        n.agent.stop()
+
+
+@pytest.fixture
 def sockdir():
     """A short temporary directory for unix sockets (a socket path must fit in 108 bytes;
     pytest's tmp_path may not)."""

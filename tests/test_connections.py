@@ -37,11 +37,8 @@ def rss_peak_mib(pid: int) -> float:
 
 
 @pytest.fixture
-def node(tmp_path, cgroups, apiserver):
-    n = Node(tmp_path, cgroups, apiserver)
-    yield n
-    if n.agent is not None:
-        n.agent.stop()
+def node(fake_nvml_node):
+    return fake_nvml_node
 
 
 def scrape(agent: AgentProcess) -> dict:

@@ -40,8 +40,7 @@ import containerd_runtime as runtime  # noqa: E402
 import cri_runtime_api_pb2 as api  # noqa: E402
 import fake_pynvml as F  # noqa: E402
 from agent import REPO  # noqa: E402
-from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from test_podresources import scrape as _scrape  # noqa: E402
 from waiting import PATIENCE, wait_until, within  # noqa: E402
 
 from exporter.attribution import build_attributor, cri  # noqa: E402
@@ -51,7 +50,6 @@ from exporter.attribution.resolver import ProcAttributor  # noqa: E402
 from exporter.collector import Collector  # noqa: E402
 from exporter.derive import label_schema  # noqa: E402
 from exporter.devices.nvml import NvmlBackend  # noqa: E402
-from exporter.render import SnapshotCollector  # noqa: E402
 
 GiB = 2**30
 NODE = "gpu-node-1"
@@ -119,14 +117,6 @@ def _nvml(pids_memory: dict[int, int]) -> tuple[Any, NvmlBackend]:
     return fake, backend
 
 
-def _scrape(collector: Collector, extra: tuple[str, ...] = ()) -> dict[str, list[tuple[dict[str, str], float]]]:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: collector.snapshot, None, extra))
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return out
 
 
 def _value(metrics: dict, name: str, **labels: str) -> float:

@@ -24,11 +24,8 @@ pytestmark = pytest.mark.skipif(bool(cgroup2_unwritable()), reason=cgroup2_unwri
 
 
 @pytest.fixture
-def node(tmp_path, cgroups, apiserver):
-    n = Node(tmp_path, cgroups, apiserver)
-    yield n
-    if n.agent is not None:
-        n.agent.stop()
+def node(fake_nvml_node):
+    return fake_nvml_node
 
 
 def _kubernetes_success(node: Node) -> list[float]:
