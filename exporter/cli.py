@@ -81,7 +81,8 @@ def _add_device_args(parser: argparse.ArgumentParser) -> None:
                             "tensor-core and DRAM activity are averaged; 0 samples every pass, off turns GPM "
                             "off (default: 5s)")
     group.add_argument("--process-metrics", action="store_true",
-                       help="also export per-process series (pid, comm) for debugging")
+                       help="also export per-process series (pid, comm) for debugging; every GPU's per-process "
+                            "samples are then read every pass, also where one workload holds the GPU")
     group.add_argument("--enable-metric", action="append", default=[], metavar="NAME",
                        help="export an opt-in family (repeatable; see docs/METRICS.md)")
     group.add_argument("--disable-metric", action="append", default=[], metavar="NAME",
@@ -289,8 +290,11 @@ def _collector(args: argparse.Namespace, backend: Any, attributor: Any) -> tuple
 
     extra_names, labeller = label_schema(getattr(args, "pod_label", []) or [])
     timeout = {"read_timeout": args.timeout} if getattr(args, "timeout", None) else {}
+    # Per-process series exported: every GPU's per-process samples are read every pass.
+    process_metrics = bool(getattr(args, "process_metrics", False)) or any(
+        name in cat.BY_NAME and cat.get(name).scope == cat.PROCESS for name in getattr(args, "enable_metric", []) or [])
     collector = Collector(backend, args.node_name, args.interval, attributor, labeller,
-                          grace_seconds=args.workload_grace, **timeout)
+                          grace_seconds=args.workload_grace, process_metrics=process_metrics, **timeout)
     return collector, extra_names
 
 

@@ -100,6 +100,11 @@ class DeviceSample:
             parent then runs no process). Per pass, a device's time in GPU-seconds is
             ``capacity`` times the wall time, so a physical GPU's devices add up to one
             GPU-second per second.
+        sm_share_from_device: every process on the device belongs to one owner (one
+            workload, or none attributed) and its per-process utilisation was not read
+            (per-process series off, see docs/ATTRIBUTION.md): that owner's SM share is
+            ``utilization``. The processes' ``sm_utilization`` then stays None, except
+            where the device has one process, whose share it is.
     """
 
     index: int
@@ -132,6 +137,7 @@ class DeviceSample:
     throttle_reasons: Mapping[str, bool] = field(default_factory=frozen_mapping)
     processes: tuple[ProcessSample, ...] = ()
     capacity: float = 1.0
+    sm_share_from_device: bool = False
 
     @property
     def key(self) -> str:
