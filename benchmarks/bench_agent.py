@@ -182,11 +182,11 @@ def _agent_cpu_seconds(proc: subprocess.Popen) -> float:
     return seconds
 
 
-def _wait_ready(port: int, proc: subprocess.Popen) -> None:
+def _wait_ready(port: int, proc: subprocess.Popen, path: str = "/readyz") -> None:
     deadline = time.monotonic() + 60
     while True:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1):
                 return
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -195,30 +195,43 @@ def _wait_ready(port: int, proc: subprocess.Popen) -> None:
 
 
 def bench_serve_cpu(path: Path, h200_costs: bool | None, seconds: float,
-                    scrape_every: float = 15.0) -> tuple[float, int, float]:
+                    scrape_every: float = 15.0, repo: Path = REPO,
+                    peer: Path | None = None) -> tuple[float, int, float]:
     """The agent process's CPU per 1 s interval while Prometheus scrapes every 15 s.
+
+    Args:
+        repo: the checkout whose agent runs (another revision, to compare under the same load).
+        peer: instead of the agent, nvitop-exporter from this directory (``pip install
+            --target``), on the same fake node (`fake_nvml_peer`), collecting every 1 s.
 
     Returns (CPU milliseconds per interval, scrapes made, median pass wall time in ms as
     the agent reports it: ``l9gpu_collector_duration_seconds`` of nvml plus attribution).
     """
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=str(repo))
     serve = ["serve", "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--log-level", "warning"]
-    if h200_costs is None:  # the simulated backend: reading the devices costs next to nothing
+    if peer is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(peer)])
+        argv = [sys.executable, str(REPO / "benchmarks" / "fake_nvml_peer.py"), str(path)]
+        if h200_costs:
+            argv.append("--h200-costs")
+        argv += ["--", "--bind-address", "127.0.0.1", "--port", str(port), "--interval", "1.0"]
+    elif h200_costs is None:  # the simulated backend: reading the devices costs next to nothing
         argv = [sys.executable, "-m", "exporter"] + serve + ["--backend", "simulated", "--scenario", str(path)]
     else:
-        argv = [sys.executable, str(REPO / "benchmarks" / "fake_nvml_agent.py"), str(path)]
+        argv = [sys.executable, str(repo / "benchmarks" / "fake_nvml_agent.py"), str(path)]
         if h200_costs:
             argv.append("--h200-costs")
         argv += ["--"] + serve + ["--kubernetes", "off"]
-    proc = subprocess.Popen(argv, env=env, cwd=REPO)
+    proc = subprocess.Popen(argv, env=env, cwd=repo, stderr=subprocess.DEVNULL if peer is not None else None)
     url = f"http://127.0.0.1:{port}/metrics"
     pass_ms: list[float] = []
 
     def scrape() -> None:
         request = urllib.request.Request(url, headers=PROMETHEUS)
         with urllib.request.urlopen(request, timeout=10) as resp:
-            text = gzip.decompress(resp.read()).decode()
+            body = resp.read()
+            text = (gzip.decompress(body) if resp.headers.get("Content-Encoding") == "gzip" else body).decode()
         total = 0.0
         for line in text.splitlines():
             if line.startswith("l9gpu_collector_duration_seconds{") and (
@@ -228,7 +241,7 @@ def bench_serve_cpu(path: Path, h200_costs: bool | None, seconds: float,
         pass_ms.append(total * 1e3)
 
     try:
-        _wait_ready(port, proc)
+        _wait_ready(port, proc, "/metrics" if peer is not None else "/readyz")
         # Prometheus scrapes from the start; the window opens after two periods, once the
         # agent knows the scrape period (as it does for all of a real agent's life but the
         # first minute).
