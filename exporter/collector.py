@@ -35,6 +35,7 @@ from exporter.model import (
     StuckCall,
     Workload,
     frozen_mapping,
+    updated,
 )
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,8 @@ def share_from_device(device: DeviceSample) -> DeviceSample:
     share is the device's utilisation (on its one process, where it has one)."""
     processes = device.processes
     if len(processes) == 1:
-        processes = (replace(processes[0], sm_utilization=device.utilization),)
-    return replace(device, processes=processes, sm_share_from_device=True)
+        processes = (updated(processes[0], sm_utilization=device.utilization),)
+    return updated(device, processes=processes, sm_share_from_device=True)
 
 
 def _raise(exc: BaseException) -> NoReturn:
@@ -268,18 +269,36 @@ class Collector:
         were known: read (with deadlines, as the pass's first reads) for GPUs that more
         than one owner shares, the device's utilisation for the one owner of the others.
 
+        A GPU shared in this pass is read in its part of the next pass already (the
+        backend's ``shared_gpus``): sharing lasts, and one read per pass is cheaper than
+        two. Only a GPU that a second owner has just joined is read here, a second time.
+
         Returns:
             The devices with their processes' shares, the calls stuck past their deadline,
             and whether every read answered.
         """
-        shared: dict[str, list[int]] = {}  # backend -> places in devices
+        shared: dict[str, list[int]] = {}  # backend -> places in devices to read
+        now_shared: dict[str, set[int]] = {name: set() for name in self._deferring}
+        by_name: dict[str, Backend] = {}
         for n, (device, source) in enumerate(zip(devices, sources)):
-            if source.name not in self._deferring or not device.up or device.gpu_instance or not device.processes:
+            if source.name not in self._deferring:
                 continue
-            if device.utilization is not None and self._one_owner(device, owners):
+            by_name[source.name] = source
+            if not device.up or device.gpu_instance or not device.processes:
+                continue
+            one = self._one_owner(device, owners)
+            if not one:
+                now_shared[source.name].add(device.index)
+            if device.index in getattr(source, "shared_gpus", ()):
+                continue  # shared in the last pass: read in its part of this one
+            if one and device.utilization is not None:
                 devices[n] = share_from_device(device)
-            else:
+            else:  # a second owner has just appeared: read now
                 shared.setdefault(source.name, []).append(n)
+                now_shared[source.name].add(device.index)
+        for name, indexes in now_shared.items():
+            if name in by_name:
+                by_name[name].shared_gpus = frozenset(indexes)  # type: ignore[attr-defined]
         if not shared:
             return devices, (), True
         several = len(getattr(self.backend, "backends", [self.backend])) > 1

@@ -186,14 +186,23 @@ def test_the_read_comes_back_in_the_pass_a_second_owner_appears_and_goes_when_it
     # Read on every pass while both are there ...
     for t in (4.0, 5.0):
         clock.t = t
-        collector.collect_once()
-    assert node.util_reads() == 3
-    # ... and no longer once the second has gone.
-    node.fake.gpus[0].processes = [p for p in node.fake.gpus[0].processes if p.pid != 402]
-    for t in (6.0, 7.0):
-        clock.t = t
         snap = collector.collect_once()
     assert node.util_reads() == 3
+    assert not snap.devices[0].sm_share_from_device
+    # ... (in GPU 0's part of the pass, as it stays shared: one read a pass, not two) ...
+    assert snap.devices[1].sm_share_from_device
+    # ... and no longer once the second has gone: the pass that finds it gone still reads
+    # (it was shared in the last one), the next ones do not.
+    node.fake.gpus[0].processes = [p for p in node.fake.gpus[0].processes if p.pid != 402]
+    clock.t = 6.0
+    snap = collector.collect_once()
+    assert node.util_reads() == 4
+    assert [w.utilization for w in snap.workloads if w.present and w.device_key == snap.devices[0].key] == [
+        pytest.approx(0.60)]
+    for t in (7.0, 8.0):
+        clock.t = t
+        snap = collector.collect_once()
+    assert node.util_reads() == 4
     assert snap.devices[0].sm_share_from_device
 
 

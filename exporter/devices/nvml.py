@@ -231,6 +231,7 @@ class _Nvml:
 
     def __init__(self, module: Any):
         self.module = module
+        self._consts: dict[str, int] = {}
         self.error: type[BaseException] = getattr(module, "NVMLError", _NoSuchError)
         # pynvml raises this (not an NVMLError) from an unversioned function whose
         # versioned C symbol the driver lacks.
@@ -255,13 +256,14 @@ class _Nvml:
         self.timings: dict[str, list[float]] | None = None
 
     def const(self, name: str, default: int | None = None) -> int:
-        """An NVML constant from the binding, or its nvml.h value."""
-        value = getattr(self.module, name, None)
-        if isinstance(value, int):
-            return value
-        if default is None:
-            return _CONSTANTS[name]
-        return default
+        """An NVML constant from the binding, or its nvml.h value (looked up once: a pass
+        asks for about ten per GPU)."""
+        value = self._consts.get(name)
+        if value is None:
+            found = getattr(self.module, name, None)
+            value = found if isinstance(found, int) else _CONSTANTS[name] if default is None else default
+            self._consts[name] = value
+        return value
 
     def has(self, name: str) -> bool:
         return callable(getattr(self.module, name, None))
@@ -465,8 +467,13 @@ class NvmlBackend:
         self._unfinished: set[int] = set()  # GPUs whose read is under way (or was given up on)
         self._parts: list[Read] | None = None  # what `reads` returns, made once
         # Leave whole GPUs' per-process samples to `process_utilization_reads` (the
-        # collector turns it on: it asks for them once it knows the processes' owners).
+        # collector turns it on: it asks for them once it knows the processes' owners),
+        # except on the GPUs the collector names in `shared_gpus`.
         self.defer_process_utilization = False
+        # GPUs that more than one owner shared in the last pass: their samples are read in
+        # their part of the pass, as before, since the next pass will most likely need them
+        # too (set by the collector between passes).
+        self.shared_gpus: frozenset[int] = frozenset()
         self._pass_now = 0.0  # the time of the pass `reads` was last asked for
 
     # ---- lifecycle --------------------------------------------------------------
@@ -994,7 +1001,7 @@ class NvmlBackend:
             # processes reads only samples newer than the last one read.
             return ()
         util: dict[int, tuple[float, float]] | None = None
-        if per_process_util and not self.defer_process_utilization:
+        if per_process_util and (not self.defer_process_utilization or index in self.shared_gpus):
             util = self._process_utilization(nvml, index, handle)
         return _processes_with_shares([(pid, *found[pid]) for pid in sorted(found)], util)
 
@@ -1002,9 +1009,10 @@ class NvmlBackend:
         """The per-process samples of these GPUs, as parts of the pass (`exporter.bulkhead`).
 
         With `defer_process_utilization` on, a GPU's part of the pass leaves its
-        processes' SM shares unread, so that the collector can ask for them once it knows
-        the processes' owners: only for GPUs that more than one owner shares (the
-        per-process read costs 1.5 ms on an H200, more than the rest of a GPU's pass).
+        processes' SM shares unread (unless the GPU is in `shared_gpus`), so that the
+        collector can ask for them once it knows the processes' owners: only for GPUs that
+        more than one owner shares (the per-process read costs 1.5 ms on an H200, more
+        than the rest of a GPU's pass).
         Each part returns the GPU's sample with its processes' shares, or the GPU down
         when it was lost meanwhile; its key is the GPU's, so it is not asked while a call
         of its first part is stuck.
