@@ -68,8 +68,8 @@ def scenario(path: Path, containers: int = CONTAINERS, processes_total: int = PR
             processes.append({
                 "name": f"worker{p}",
                 "gpus": [gpu],
-                "pid": pids[len(processes)] if pids else 100000 + c * 10 + p,
-                "memory_gib": 2,
+                "pid": pids[len(processes)] if pids else 100000 + c * 1000 + p,
+                "memory_gib": min(2.0, 64.0 * GPUS / processes_total),  # at most 64 GiB per GPU
                 "utilization": {"wave": {"min": 0.0, "max": 0.03 * 64 / containers, "period": f"{20 + c}s"}},
                 "workload": {"namespace": f"team-{c % 8}", "pod": f"job-{c}-abcde", "container": "main",
                              "owner": {"kind": "Deployment", "name": f"job-{c}"}, "labels": {"team": f"t{c % 8}"}},
@@ -311,13 +311,21 @@ def _serial(url: str, requests: int, headers: dict[str, str]) -> list[float]:
     return times
 
 
-def start_simulated_agent(path: Path) -> tuple[subprocess.Popen, int]:
-    """`l9gpu serve` on the scenario at a 1 s interval, once /readyz answers: (process, port)."""
+def start_simulated_agent(path: Path, nvml: bool = False, repo: Path = REPO) -> tuple[subprocess.Popen, int]:
+    """`l9gpu serve` on the scenario at a 1 s interval, once /readyz answers: (process, port).
+
+    ``nvml``: through the NVML backend on the fake node (free calls) instead of the
+    simulated backend; ``repo``: the checkout whose agent runs.
+    """
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve", "--backend", "simulated", "--scenario",
-                             str(path), "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--log-level", "warning"],
-                            env=env, cwd=REPO)
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    serve = ["serve", "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--log-level", "warning"]
+    if nvml:
+        argv = [sys.executable, str(repo / "benchmarks" / "fake_nvml_agent.py"), str(path), "--"] + serve + [
+            "--kubernetes", "off"]
+    else:
+        argv = [sys.executable, "-m", "exporter"] + serve + ["--backend", "simulated", "--scenario", str(path)]
+    proc = subprocess.Popen(argv, env=env, cwd=repo)
     try:
         _wait_ready(port, proc)
     except BaseException:
@@ -327,9 +335,9 @@ def start_simulated_agent(path: Path) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-def bench_scrapes(path: Path, requests: int,
-                  concurrent_seconds: float) -> tuple[dict[str, list[float]], int, int, int]:
-    proc, port = start_simulated_agent(path)
+def bench_scrapes(path: Path, requests: int, concurrent_seconds: float, nvml: bool = False,
+                  repo: Path = REPO) -> tuple[dict[str, list[float]], int, int, int]:
+    proc, port = start_simulated_agent(path, nvml, repo)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         size = len(urllib.request.urlopen(url).read())

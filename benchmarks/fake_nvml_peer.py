@@ -36,9 +36,8 @@ MISSING: set[str] = set()
 
 def binding_on_fake(fake: object) -> types.ModuleType:
     """nvidia-ml-py's module, each NVML function answered by ``fake`` or not found."""
-    import pynvml as real  # nvidia-ml-py
-
     import fake_pynvml
+    import pynvml as real  # nvidia-ml-py
 
     # The fake raises NVMLError(code): make that the binding's class (its __new__ picks
     # the subclass for the code, e.g. NVMLError_NotSupported), so nvitop catches it.

@@ -33,6 +33,8 @@ log = logging.getLogger("l9gpu")
 
 ENV_PREFIX = "L9GPU_"
 DEFAULT_LISTEN = "0.0.0.0:9835"
+# Seconds a thread holding the interpreter runs before a waiting one gets it (`serve`).
+SWITCH_INTERVAL = 0.001
 # `l9gpu snapshot` measures GPM activity over this long (two samples this far apart).
 SNAPSHOT_GPM_WINDOW = 1.0
 # Seconds the agent waits for the vendor library to shut down when it exits.
@@ -340,6 +342,13 @@ def serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from exporter.server import Exposition, make_app
+
+    # A scrape waits for the interpreter while the collector thread runs a pass or
+    # renders: each time the event loop wakes it asks for the GIL, which a busy thread
+    # gives up only every switch interval (5 ms by default), several times per request.
+    # Asked for 1 ms at most, a scrape during a pass waits ~1 ms per wake-up, and the
+    # collector pays only while a request is in flight (docs/PERFORMANCE.md).
+    sys.setswitchinterval(SWITCH_INTERVAL)
 
     enabled = _enabled(args)
     dcgm_selection = _dcgm_selection(args)
