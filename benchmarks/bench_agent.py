@@ -3,7 +3,9 @@
 Nodes, each with 8 GPUs, every process attributed through the real code (a fixture /proc
 tree in real cgroup layouts, the pods in the index, the kubelet's allocations joined):
 
-* 8 GPUs x 16 processes (16 containers) and 8 GPUs x 256 processes (64 containers);
+* 8 GPUs x 16 processes (16 containers, two per GPU), the same 16 processes in 8 containers
+  (one per GPU: a GPU held by one owner is not asked for per-process samples), and 8 GPUs
+  x 256 processes (64 containers);
 * read through the NVML backend on the tests' NVML fake, once answering for free and once
   charging every call what it cost on a real H200 (``fake_pynvml.H200_COSTS``: CPU burnt
   with the GIL released, blocking calls sleep) - the figures a real driver gives;
@@ -372,6 +374,9 @@ def main() -> int:
         nodes = {
             "8 GPUs x 16 processes": scenario(Path(tmp) / "n16.yaml", containers=16, processes_total=16,
                                               pids=pids[:16]),
+            # each GPU held by one container of two processes: no per-process samples read
+            "8 GPUs x 16 processes, one owner per GPU": scenario(Path(tmp) / "n16-one.yaml", containers=8,
+                                                                 processes_total=16, pids=pids[:16]),
             "8 GPUs x 256 processes": scenario(Path(tmp) / "n256.yaml", pids=pids[16:]),
         }
         for label, path in nodes.items():
@@ -390,9 +395,9 @@ def main() -> int:
         renders = bench_render(path)
         scrapes, rss_kib, size, gz_size = bench_scrapes(path, opts.requests, opts.concurrent_seconds)
     print()
-    print(f"{'node (NVML fake)':<46}{'pass wall med/p99 ms':>22}{'pass CPU med ms':>17}{'agent CPU ms/interval':>23}")
+    print(f"{'node (NVML fake)':<62}{'pass wall med/p99 ms':>22}{'pass CPU med ms':>17}{'agent CPU ms/interval':>23}")
     for name, _procs, walls, cpus, cpu_ms, _agent_pass, _ in rows:
-        print(f"{name:<46}{statistics.median(walls) * 1e3:>11.2f} /{percentile(walls, 0.99) * 1e3:>8.2f}"
+        print(f"{name:<62}{statistics.median(walls) * 1e3:>11.2f} /{percentile(walls, 0.99) * 1e3:>8.2f}"
               f"{statistics.median(cpus) * 1e3:>17.2f}{cpu_ms:>23.2f}")
     print()
     print(f"simulated node: {GPUS} GPUs, {CONTAINERS} containers, {PROCESSES} processes; "

@@ -73,7 +73,12 @@ docs/PERFORMANCE.md), so a pass asks only for what it needs:
   over the period.
 * Per-process utilisation is asked only of GPUs that have processes, with
   ``nvmlDeviceGetProcessesUtilizationInfo`` where the driver has it (cheaper than
-  ``nvmlDeviceGetProcessUtilization``, which remains the fallback).
+  ``nvmlDeviceGetProcessUtilization``, which remains the fallback), and, under the
+  collector (`defer_process_utilization`), only of GPUs that more than one owner shares:
+  the collector asks for them (`process_utilization_reads`) once it knows the owners,
+  and a GPU held by one owner takes its utilisation as the owner's SM share
+  (docs/ATTRIBUTION.md). GPUs shared in the last pass (`shared_gpus`) are read in their
+  own part of the pass, as sharing lasts.
 
 `NvmlBackend.enable_timings` makes every call record its wall and CPU time, which
 ``l9gpu snapshot --timings`` prints.
