@@ -3,7 +3,9 @@
 Nodes, each with 8 GPUs, every process attributed through the real code (a fixture /proc
 tree in real cgroup layouts, the pods in the index, the kubelet's allocations joined):
 
-* 8 GPUs x 16 processes (16 containers) and 8 GPUs x 256 processes (64 containers);
+* 8 GPUs x 16 processes (16 containers, two per GPU), the same 16 processes in 8 containers
+  (one per GPU: a GPU held by one owner is not asked for per-process samples), and 8 GPUs
+  x 256 processes (64 containers);
 * read through the NVML backend on the tests' NVML fake, once answering for free and once
   charging every call what it cost on a real H200 (``fake_pynvml.H200_COSTS``: CPU burnt
   with the GIL released, blocking calls sleep) - the figures a real driver gives;
@@ -68,8 +70,8 @@ def scenario(path: Path, containers: int = CONTAINERS, processes_total: int = PR
             processes.append({
                 "name": f"worker{p}",
                 "gpus": [gpu],
-                "pid": pids[len(processes)] if pids else 100000 + c * 10 + p,
-                "memory_gib": 2,
+                "pid": pids[len(processes)] if pids else 100000 + c * 1000 + p,
+                "memory_gib": min(2.0, 64.0 * GPUS / processes_total),  # at most 64 GiB per GPU
                 "utilization": {"wave": {"min": 0.0, "max": 0.03 * 64 / containers, "period": f"{20 + c}s"}},
                 "workload": {"namespace": f"team-{c % 8}", "pod": f"job-{c}-abcde", "container": "main",
                              "owner": {"kind": "Deployment", "name": f"job-{c}"}, "labels": {"team": f"t{c % 8}"}},
@@ -182,11 +184,11 @@ def _agent_cpu_seconds(proc: subprocess.Popen) -> float:
     return seconds
 
 
-def _wait_ready(port: int, proc: subprocess.Popen) -> None:
+def _wait_ready(port: int, proc: subprocess.Popen, path: str = "/readyz") -> None:
     deadline = time.monotonic() + 60
     while True:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1):
                 return
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -195,30 +197,43 @@ def _wait_ready(port: int, proc: subprocess.Popen) -> None:
 
 
 def bench_serve_cpu(path: Path, h200_costs: bool | None, seconds: float,
-                    scrape_every: float = 15.0) -> tuple[float, int, float]:
+                    scrape_every: float = 15.0, repo: Path = REPO,
+                    peer: Path | None = None) -> tuple[float, int, float]:
     """The agent process's CPU per 1 s interval while Prometheus scrapes every 15 s.
+
+    Args:
+        repo: the checkout whose agent runs (another revision, to compare under the same load).
+        peer: instead of the agent, nvitop-exporter from this directory (``pip install
+            --target``), on the same fake node (`fake_nvml_peer`), collecting every 1 s.
 
     Returns (CPU milliseconds per interval, scrapes made, median pass wall time in ms as
     the agent reports it: ``l9gpu_collector_duration_seconds`` of nvml plus attribution).
     """
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=str(repo))
     serve = ["serve", "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--log-level", "warning"]
-    if h200_costs is None:  # the simulated backend: reading the devices costs next to nothing
+    if peer is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(peer)])
+        argv = [sys.executable, str(REPO / "benchmarks" / "fake_nvml_peer.py"), str(path)]
+        if h200_costs:
+            argv.append("--h200-costs")
+        argv += ["--", "--bind-address", "127.0.0.1", "--port", str(port), "--interval", "1.0"]
+    elif h200_costs is None:  # the simulated backend: reading the devices costs next to nothing
         argv = [sys.executable, "-m", "exporter"] + serve + ["--backend", "simulated", "--scenario", str(path)]
     else:
-        argv = [sys.executable, str(REPO / "benchmarks" / "fake_nvml_agent.py"), str(path)]
+        argv = [sys.executable, str(repo / "benchmarks" / "fake_nvml_agent.py"), str(path)]
         if h200_costs:
             argv.append("--h200-costs")
         argv += ["--"] + serve + ["--kubernetes", "off"]
-    proc = subprocess.Popen(argv, env=env, cwd=REPO)
+    proc = subprocess.Popen(argv, env=env, cwd=repo, stderr=subprocess.DEVNULL if peer is not None else None)
     url = f"http://127.0.0.1:{port}/metrics"
     pass_ms: list[float] = []
 
     def scrape() -> None:
         request = urllib.request.Request(url, headers=PROMETHEUS)
         with urllib.request.urlopen(request, timeout=10) as resp:
-            text = gzip.decompress(resp.read()).decode()
+            body = resp.read()
+            text = (gzip.decompress(body) if resp.headers.get("Content-Encoding") == "gzip" else body).decode()
         total = 0.0
         for line in text.splitlines():
             if line.startswith("l9gpu_collector_duration_seconds{") and (
@@ -228,7 +243,7 @@ def bench_serve_cpu(path: Path, h200_costs: bool | None, seconds: float,
         pass_ms.append(total * 1e3)
 
     try:
-        _wait_ready(port, proc)
+        _wait_ready(port, proc, "/metrics" if peer is not None else "/readyz")
         # Prometheus scrapes from the start; the window opens after two periods, once the
         # agent knows the scrape period (as it does for all of a real agent's life but the
         # first minute).
@@ -298,13 +313,21 @@ def _serial(url: str, requests: int, headers: dict[str, str]) -> list[float]:
     return times
 
 
-def start_simulated_agent(path: Path) -> tuple[subprocess.Popen, int]:
-    """`l9gpu serve` on the scenario at a 1 s interval, once /readyz answers: (process, port)."""
+def start_simulated_agent(path: Path, nvml: bool = False, repo: Path = REPO) -> tuple[subprocess.Popen, int]:
+    """`l9gpu serve` on the scenario at a 1 s interval, once /readyz answers: (process, port).
+
+    ``nvml``: through the NVML backend on the fake node (free calls) instead of the
+    simulated backend; ``repo``: the checkout whose agent runs.
+    """
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve", "--backend", "simulated", "--scenario",
-                             str(path), "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--log-level", "warning"],
-                            env=env, cwd=REPO)
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    serve = ["serve", "--listen", f"127.0.0.1:{port}", "--interval", "1s", "--log-level", "warning"]
+    if nvml:
+        argv = [sys.executable, str(repo / "benchmarks" / "fake_nvml_agent.py"), str(path), "--"] + serve + [
+            "--kubernetes", "off"]
+    else:
+        argv = [sys.executable, "-m", "exporter"] + serve + ["--backend", "simulated", "--scenario", str(path)]
+    proc = subprocess.Popen(argv, env=env, cwd=repo)
     try:
         _wait_ready(port, proc)
     except BaseException:
@@ -314,9 +337,9 @@ def start_simulated_agent(path: Path) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-def bench_scrapes(path: Path, requests: int,
-                  concurrent_seconds: float) -> tuple[dict[str, list[float]], int, int, int]:
-    proc, port = start_simulated_agent(path)
+def bench_scrapes(path: Path, requests: int, concurrent_seconds: float, nvml: bool = False,
+                  repo: Path = REPO) -> tuple[dict[str, list[float]], int, int, int]:
+    proc, port = start_simulated_agent(path, nvml, repo)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         size = len(urllib.request.urlopen(url).read())
@@ -351,6 +374,9 @@ def main() -> int:
         nodes = {
             "8 GPUs x 16 processes": scenario(Path(tmp) / "n16.yaml", containers=16, processes_total=16,
                                               pids=pids[:16]),
+            # each GPU held by one container of two processes: no per-process samples read
+            "8 GPUs x 16 processes, one owner per GPU": scenario(Path(tmp) / "n16-one.yaml", containers=8,
+                                                                 processes_total=16, pids=pids[:16]),
             "8 GPUs x 256 processes": scenario(Path(tmp) / "n256.yaml", pids=pids[16:]),
         }
         for label, path in nodes.items():
@@ -369,9 +395,9 @@ def main() -> int:
         renders = bench_render(path)
         scrapes, rss_kib, size, gz_size = bench_scrapes(path, opts.requests, opts.concurrent_seconds)
     print()
-    print(f"{'node (NVML fake)':<46}{'pass wall med/p99 ms':>22}{'pass CPU med ms':>17}{'agent CPU ms/interval':>23}")
+    print(f"{'node (NVML fake)':<62}{'pass wall med/p99 ms':>22}{'pass CPU med ms':>17}{'agent CPU ms/interval':>23}")
     for name, _procs, walls, cpus, cpu_ms, _agent_pass, _ in rows:
-        print(f"{name:<46}{statistics.median(walls) * 1e3:>11.2f} /{percentile(walls, 0.99) * 1e3:>8.2f}"
+        print(f"{name:<62}{statistics.median(walls) * 1e3:>11.2f} /{percentile(walls, 0.99) * 1e3:>8.2f}"
               f"{statistics.median(cpus) * 1e3:>17.2f}{cpu_ms:>23.2f}")
     print()
     print(f"simulated node: {GPUS} GPUs, {CONTAINERS} containers, {PROCESSES} processes; "

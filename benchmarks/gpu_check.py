@@ -286,24 +286,85 @@ def print_call_costs(rows: list[dict[str, Any]]) -> None:
 
 
 def agent_pass_timings(python: str, device: int) -> dict[str, Any]:
-    """``l9gpu snapshot --backend nvml --timings --json``: a first and a steady pass."""
+    """``l9gpu snapshot --backend nvml --timings --json``: a first and a steady pass, as
+    `l9gpu serve` reads a GPU held by one process (no per-process samples), and again with
+    ``--process-metrics`` (per-process samples every pass)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
-    result = subprocess.run([python, "-m", "exporter", "snapshot", "--backend", "nvml", "--timings", "--json",
-                             "--log-level", "warning"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                            timeout=120)
-    if result.returncode != 0:
-        return {"error": result.stderr[-500:]}
-    timings = json.loads(result.stdout).get("timings", {})
-    out = {}
-    for title, calls in timings.items():
-        out[title] = {
-            "calls": sum(c["calls"] for c in calls.values()),
-            "wall_ms": _round(sum(c["wall_seconds"] for c in calls.values()) * 1e3),
-            "cpu_ms": _round(sum(c["cpu_seconds"] for c in calls.values()) * 1e3),
-            "per_call": calls,
-        }
+    out: dict[str, Any] = {}
+    for suffix, extra in (("", []), (" (--process-metrics)", ["--process-metrics"])):
+        result = subprocess.run([python, "-m", "exporter", "snapshot", "--backend", "nvml", "--timings", "--json",
+                                 "--log-level", "warning", *extra], cwd=REPO_ROOT, env=env, capture_output=True,
+                                text=True, timeout=120)
+        if result.returncode != 0:
+            out["error" + suffix] = result.stderr[-500:]
+            continue
+        timings = json.loads(result.stdout).get("timings", {})
+        for title, calls in timings.items():
+            out[title + suffix] = {
+                "calls": sum(c["calls"] for c in calls.values()),
+                "wall_ms": _round(sum(c["wall_seconds"] for c in calls.values()) * 1e3),
+                "cpu_ms": _round(sum(c["cpu_seconds"] for c in calls.values()) * 1e3),
+                "per_call": calls,
+            }
     return out
+
+
+class UtilComparison:
+    """The GPU's utilisation and its processes' SM samples, read side by side each second.
+
+    Two readings of the same activity: on a GPU held by one owner the agent reports the
+    first as the owner's SM share instead of asking for the second (docs/ATTRIBUTION.md).
+    This records both, so a run on a GPU shows how close they are.
+    """
+
+    def __init__(self, device: int):
+        self.rows: list[dict[str, Any]] = []
+        try:
+            import pynvml  # type: ignore[import-untyped,unused-ignore]
+
+            pynvml.nvmlInit()
+            self._nvml: Any = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device)
+        except Exception as exc:  # noqa: BLE001 - the comparison is optional
+            self._nvml = None
+            self.error = str(exc)
+        self._since = 0
+
+    def sample(self, t: float, phase: str, pid: int | None) -> None:
+        if self._nvml is None:
+            return
+        nvml = self._nvml
+        try:
+            device = float(nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+            try:
+                samples = nvml.nvmlDeviceGetProcessUtilization(self._handle, self._since)
+            except nvml.NVMLError:
+                samples = []  # NOT_FOUND: no new sample, all idle
+            mine = [s for s in samples if pid is None or int(s.pid) == pid]
+            self._since = max([self._since] + [int(s.timeStamp) for s in samples])
+            total = sum(float(s.smUtil) for s in mine)
+            self.rows.append({"t": _round(t, 2), "phase": phase, "device_percent": device,
+                              "process_sm_percent": total, "samples": len(mine)})
+        except Exception as exc:  # noqa: BLE001
+            self.rows.append({"t": _round(t, 2), "phase": phase, "error": str(exc)})
+
+    def summary(self) -> dict[str, Any]:
+        """Per phase: median device and process figures and the median absolute difference."""
+        out: dict[str, Any] = {}
+        for phase in ("busy", "idle"):
+            rows = [r for r in self.rows if r.get("phase") == phase and "device_percent" in r]
+            if not rows:
+                continue
+            out[phase] = {
+                "seconds": len(rows),
+                "device_percent_median": statistics.median(r["device_percent"] for r in rows),
+                "process_sm_percent_median": statistics.median(r["process_sm_percent"] for r in rows),
+                "abs_difference_median": statistics.median(abs(r["device_percent"] - r["process_sm_percent"])
+                                                           for r in rows),
+                "abs_difference_max": max(abs(r["device_percent"] - r["process_sm_percent"]) for r in rows),
+            }
+        return out
 
 
 class Peer:
@@ -577,6 +638,7 @@ def run_check(args: argparse.Namespace) -> int:
     agent = Agent(args.python, port, work / "agent.log")
     peer = Peer(args.python, work / "nvitop-exporter.log")
     cost: dict[str, Any] = {}
+    comparison = UtilComparison(args.device)
     cost_thread: threading.Thread | None = None
     cpu_start: dict[str, float | None] = {}
     child: subprocess.Popen[str] | None = None
@@ -634,6 +696,7 @@ def run_check(args: argparse.Namespace) -> int:
                 break
             number += 1
             now = time.monotonic()
+            comparison.sample(now - t0, phase, child.pid)
             peer.scrape()
             try:
                 _, text = http_get(agent.base + "/metrics")
@@ -678,6 +741,11 @@ def run_check(args: argparse.Namespace) -> int:
         if isinstance(summary, dict):
             print(f"l9gpu {title}: {summary.get('calls')} NVML calls, {summary.get('wall_ms')} ms wall, "
                   f"{summary.get('cpu_ms')} ms CPU")
+    util_summary = comparison.summary()
+    for phase, figures in util_summary.items():
+        print(f"{phase}: GPU utilisation {figures['device_percent_median']:.0f}% against the process's SM samples "
+              f"{figures['process_sm_percent_median']:.0f}% (median per second; difference median "
+              f"{figures['abs_difference_median']:.0f}, max {figures['abs_difference_max']:.0f} points)")
     cpu = cost.get("cpu_ms_per_second", {})
     if cpu:
         peer_text = (f"nvitop-exporter {cpu['nvitop-exporter']} ms" if "nvitop-exporter" in cpu
@@ -697,6 +765,7 @@ def run_check(args: argparse.Namespace) -> int:
         "agent_command": agent.command,
         "scrapes": [asdict(s) for s in scrapes],
         "cost": cost,
+        "util_vs_process_samples": {"summary": util_summary, "per_second": comparison.rows},
         "thresholds": {
             "busy_min_ratio": BUSY_MIN_RATIO, "idle_max_ratio": IDLE_MAX_RATIO,
             "memory_tolerance": MEMORY_TOLERANCE, "context_allowance_bytes": CONTEXT_ALLOWANCE_BYTES,

@@ -33,6 +33,8 @@ log = logging.getLogger("l9gpu")
 
 ENV_PREFIX = "L9GPU_"
 DEFAULT_LISTEN = "0.0.0.0:9835"
+# Seconds a thread holding the interpreter runs before a waiting one gets it (`serve`).
+SWITCH_INTERVAL = 0.001
 # `l9gpu snapshot` measures GPM activity over this long (two samples this far apart).
 SNAPSHOT_GPM_WINDOW = 1.0
 # Seconds the agent waits for the vendor library to shut down when it exits.
@@ -84,7 +86,8 @@ def _add_device_args(parser: argparse.ArgumentParser) -> None:
                             "tensor-core and DRAM activity are averaged; 0 samples every pass, off turns GPM "
                             "off (default: 5s)")
     group.add_argument("--process-metrics", action="store_true",
-                       help="also export per-process series (pid, comm) for debugging")
+                       help="also export per-process series (pid, comm) for debugging; every GPU's per-process "
+                            "samples are then read every pass, also where one workload holds the GPU")
     group.add_argument("--enable-metric", action="append", default=[], metavar="NAME",
                        help="export an opt-in family (repeatable; see docs/METRICS.md)")
     group.add_argument("--disable-metric", action="append", default=[], metavar="NAME",
@@ -337,8 +340,11 @@ def _collector(args: argparse.Namespace, backend: Any, attributor: Any) -> tuple
 
     extra_names, labeller = label_schema(getattr(args, "pod_label", []) or [])
     timeout = {"read_timeout": args.timeout} if getattr(args, "timeout", None) else {}
+    # Per-process series exported: every GPU's per-process samples are read every pass.
+    process_metrics = bool(getattr(args, "process_metrics", False)) or any(
+        name in cat.BY_NAME and cat.get(name).scope == cat.PROCESS for name in getattr(args, "enable_metric", []) or [])
     collector = Collector(backend, args.node_name, args.interval, attributor, labeller,
-                          grace_seconds=args.workload_grace, **timeout)
+                          grace_seconds=args.workload_grace, process_metrics=process_metrics, **timeout)
     return collector, extra_names
 
 
@@ -385,6 +391,13 @@ def serve(args: argparse.Namespace) -> int:
 
     from exporter.connections import GuardedSite, install_accept_error_log, raise_open_file_limit
     from exporter.server import Exposition, make_app
+
+    # A scrape waits for the interpreter while the collector thread runs a pass or
+    # renders: each time the event loop wakes it asks for the GIL, which a busy thread
+    # gives up only every switch interval (5 ms by default), several times per request.
+    # Asked for 1 ms at most, a scrape during a pass waits ~1 ms per wake-up, and the
+    # collector pays only while a request is in flight (docs/PERFORMANCE.md).
+    sys.setswitchinterval(SWITCH_INTERVAL)
 
     enabled = _enabled(args)
     dcgm_selection = _dcgm_selection(args)

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Callable, NoReturn
+from typing import Callable, Mapping, NoReturn
 
 from exporter.attribution import Attributor, NullAttributor
 from exporter.bulkhead import DEFAULT_READ_TIMEOUT, Bulkhead, Failed, Read, Stuck
@@ -33,7 +33,9 @@ from exporter.model import (
     ProcessRow,
     Snapshot,
     StuckCall,
+    Workload,
     frozen_mapping,
+    updated,
 )
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,15 @@ def _down(device: DeviceSample, error: str) -> DeviceSample:
     return DeviceSample(index=device.index, uuid=device.uuid, model=device.model, vendor=device.vendor,
                         gpu_instance=device.gpu_instance, driver_version=device.driver_version,
                         pci_bus_id=device.pci_bus_id, serial=device.serial, up=False, error=error)
+
+
+def share_from_device(device: DeviceSample) -> DeviceSample:
+    """A device held by one owner whose per-process samples were not read: the owner's SM
+    share is the device's utilisation (on its one process, where it has one)."""
+    processes = device.processes
+    if len(processes) == 1:
+        processes = (updated(processes[0], sm_utilization=device.utilization),)
+    return updated(device, processes=processes, sm_share_from_device=True)
 
 
 def _raise(exc: BaseException) -> NoReturn:
@@ -66,6 +77,10 @@ class Collector:
         read_timeout: seconds one device's read may take in a pass before it is given up
             on and the device reported stuck (a backend may ask for longer: Gaudi's
             hl-smi has its own timeout).
+        process_metrics: per-process series are exported (``--process-metrics``): read
+            every GPU's per-process samples every pass. Otherwise a GPU all of whose
+            processes belong to one owner is not asked for them (1.5 ms per GPU on an
+            H200): the owner's SM share is the GPU's utilisation.
     """
 
     def __init__(
@@ -80,6 +95,7 @@ class Collector:
         wall: Callable[[], float] = time.time,
         on_snapshot: Callable[[Snapshot], None] | None = None,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
+        process_metrics: bool = False,
     ):
         self.backend = backend
         self.node = node
@@ -95,6 +111,14 @@ class Collector:
         self._last_devices: dict[str, list[DeviceSample]] = {}  # per backend, for a whole backend down
         self.read_timeout = read_timeout
         self._bulkhead = Bulkhead(read_timeout)
+        self.process_metrics = process_metrics
+        # Backends that leave per-process samples until the owners are known (NVML).
+        self._deferring: set[str] = set()
+        if not process_metrics:
+            for part in getattr(backend, "backends", [backend]):
+                if callable(getattr(part, "process_utilization_reads", None)):
+                    part.defer_process_utilization = True  # type: ignore[attr-defined]
+                    self._deferring.add(part.name)
         self._progress_clock = time.monotonic  # real time: liveness is about a stuck thread
         self._published_at: float | None = None
         self._started_at: float | None = None
@@ -119,19 +143,26 @@ class Collector:
         statuses: list[CollectorStatus] = []
 
         started = time.perf_counter()
-        devices, stuck, ok = self._read_devices(now)
-        statuses.append(CollectorStatus(self.backend.name, ok, time.perf_counter() - started))
+        devices, sources, stuck, ok = self._read_devices(now)
+        read_seconds = time.perf_counter() - started
 
         pids = sorted({p.pid for d in devices if d.up for p in d.processes})
         started = time.perf_counter()
         try:
             owners = dict(self.attributor.resolve(pids, now))
-            ok = True
+            attributed = True
         except Exception as exc:  # noqa: BLE001 - attribution failure degrades labels only
             log.warning("attributing GPU processes failed: %s", exc)
             owners = {}
-            ok = False
-        statuses.append(CollectorStatus("attribution", ok, time.perf_counter() - started))
+            attributed = False
+        attribution_seconds = time.perf_counter() - started
+        if self._deferring:
+            started = time.perf_counter()
+            devices, more_stuck, shares_ok = self._process_shares(devices, sources, owners)
+            stuck, ok = stuck + more_stuck, ok and shares_ok
+            read_seconds += time.perf_counter() - started
+        statuses.append(CollectorStatus(self.backend.name, ok, read_seconds))
+        statuses.append(CollectorStatus("attribution", attributed, attribution_seconds))
         allocations = self._allocations(devices)
         for name, healthy in self.attributor.statuses().items():
             statuses.append(CollectorStatus(name, healthy, 0.0))
@@ -176,43 +207,138 @@ class Collector:
                 log.exception("snapshot hook failed")
         return snapshot
 
-    def _read_devices(self, now: float) -> tuple[list[DeviceSample], tuple[StuckCall, ...], bool]:
+    def _read_devices(self, now: float) -> tuple[list[DeviceSample], list[Backend], tuple[StuckCall, ...], bool]:
         """Every backend's reads for this pass, each within its deadline.
 
         Returns:
-            The devices in order, the calls stuck past their deadline, and whether every
-            read answered (the backend collector's success).
+            The devices in order, the backend each came from, the calls stuck past their
+            deadline, and whether every read answered (the backend collector's success).
         """
         backends = list(getattr(self.backend, "backends", [self.backend]))  # MultiBackend or one
         reads: list[Read] = []
-        owners: list[str] = []
+        owners: list[Backend] = []
         for backend in backends:
             parts = self._backend_reads(backend, now)
             if len(backends) > 1:  # keys are per backend: tell two backends' GPU 0 apart
                 parts = [replace(read, key=(backend.name, read.key)) for read in parts]
             reads.extend(parts)
-            owners.extend([backend.name] * len(parts))
-        outcomes = self._bulkhead.run(reads)
+            owners.extend([backend] * len(parts))
+        per_read, stuck, ok = self._outcomes(reads, owners)
         devices: list[DeviceSample] = []
+        sources: list[Backend] = []
+        for got, owner in zip(per_read, owners):
+            devices.extend(got)
+            sources.extend([owner] * len(got))
+        return devices, sources, stuck, ok
+
+    def _outcomes(self, reads: list[Read], owners: list[Backend]
+                  ) -> tuple[list[list[DeviceSample]], tuple[StuckCall, ...], bool]:
+        """Run ``reads`` (each of the backend at its place in ``owners``) through the bulkhead.
+
+        Returns:
+            Per read, the devices it returned, or those it covers reported down while it
+            is stuck or after it failed; the calls stuck past their deadline; and whether
+            every read answered.
+        """
+        outcomes = self._bulkhead.run(reads)
+        per_read: list[list[DeviceSample]] = []
         stuck: list[StuckCall] = []
         ok = True
         for read, owner, outcome in zip(reads, owners, outcomes):
+            got: list[DeviceSample] = []
             if isinstance(outcome, Stuck):
                 ok = False
                 reason = (f"stuck in {outcome.call} for {outcome.seconds:.1f} s, since "
                           f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(outcome.since))}")
-                down = list(read.down(reason)) if read.down is not None else []
-                devices.extend(down)
-                stuck.append(StuckCall(owner, outcome.what, outcome.call, outcome.since, outcome.seconds,
-                                       tuple(d.key for d in down)))
+                got = list(read.down(reason)) if read.down is not None else []
+                stuck.append(StuckCall(owner.name, outcome.what, outcome.call, outcome.since, outcome.seconds,
+                                       tuple(d.key for d in got)))
             elif isinstance(outcome, Failed):
                 ok = False
-                log.warning("reading devices (%s: %s) failed: %s", owner, read.what, outcome.error)
+                log.warning("reading devices (%s: %s) failed: %s", owner.name, read.what, outcome.error)
                 if read.down is not None:
-                    devices.extend(read.down(str(outcome.error)))
+                    got = list(read.down(str(outcome.error)))
             elif outcome:
-                devices.extend(outcome)
-        return devices, tuple(stuck), ok
+                got = list(outcome)
+            per_read.append(got)
+        return per_read, tuple(stuck), ok
+
+    def _process_shares(self, devices: list[DeviceSample], sources: list[Backend], owners: Mapping[int, Workload]
+                        ) -> tuple[list[DeviceSample], tuple[StuckCall, ...], bool]:
+        """The SM shares of the processes on GPUs whose backend left them until the owners
+        were known: read (with deadlines, as the pass's first reads) for GPUs that more
+        than one owner shares, the device's utilisation for the one owner of the others.
+
+        A GPU shared in this pass is read in its part of the next pass already (the
+        backend's ``shared_gpus``): sharing lasts, and one read per pass is cheaper than
+        two. Only a GPU that a second owner has just joined is read here, a second time.
+
+        Returns:
+            The devices with their processes' shares, the calls stuck past their deadline,
+            and whether every read answered.
+        """
+        shared: dict[str, list[int]] = {}  # backend -> places in devices to read
+        now_shared: dict[str, set[int]] = {name: set() for name in self._deferring}
+        by_name: dict[str, Backend] = {}
+        for n, (device, source) in enumerate(zip(devices, sources)):
+            if source.name not in self._deferring:
+                continue
+            by_name[source.name] = source
+            if not device.up or device.gpu_instance or not device.processes:
+                continue
+            one = self._one_owner(device, owners)
+            if not one:
+                now_shared[source.name].add(device.index)
+            if device.index in getattr(source, "shared_gpus", ()):
+                continue  # shared in the last pass: read in its part of this one
+            if one and device.utilization is not None:
+                devices[n] = share_from_device(device)
+            else:  # a second owner has just appeared: read now
+                shared.setdefault(source.name, []).append(n)
+                now_shared[source.name].add(device.index)
+        for name, indexes in now_shared.items():
+            if name in by_name:
+                by_name[name].shared_gpus = frozenset(indexes)  # type: ignore[attr-defined]
+        if not shared:
+            return devices, (), True
+        several = len(getattr(self.backend, "backends", [self.backend])) > 1
+        reads: list[Read] = []
+        read_owners: list[Backend] = []
+        places: list[int] = []
+        for positions in shared.values():
+            backend = sources[positions[0]]
+            parts = backend.process_utilization_reads([devices[n] for n in positions])  # type: ignore[attr-defined]
+            for n, read in zip(positions, parts):
+                reads.append(replace(read, key=(backend.name, read.key)) if several else read)
+                read_owners.append(backend)
+                places.append(n)
+        per_read, stuck, ok = self._outcomes(reads, read_owners)
+        for n, got in zip(places, per_read):
+            if len(got) == 1:
+                devices[n] = got[0]
+        return devices, stuck, ok
+
+    def _one_owner(self, device: DeviceSample, owners: Mapping[int, Workload]) -> bool:
+        """True when every process on the device belongs to one owner: one workload (the
+        same labels, as derive groups them), or none attributed (one unattributed bucket)."""
+        first: Workload | None = None
+        first_labels: tuple[str, ...] | None = None
+        for process in device.processes:
+            owner = owners.get(process.pid, UNKNOWN)
+            if first is None:
+                first = owner
+                continue
+            if owner is first:  # a container's processes share one object
+                continue
+            if owner.attributed != first.attributed:
+                return False
+            if not owner.attributed:
+                continue
+            if first_labels is None:
+                first_labels = self._labeller(first)
+            if self._labeller(owner) != first_labels:
+                return False
+        return True
 
     def _backend_reads(self, backend: Backend, now: float) -> list[Read]:
         """A backend's parts of a pass: its own (`NvmlBackend.reads`), or all of it as one."""

@@ -160,8 +160,10 @@ class _Device:
         # the agent's monotonic energy counter (gpu_energy_joules_total), joules
         self.energy_joules = energy_joules
         self.last_xid = last_xid
-        # sum of the processes' SM shares (0-1 each); 0 when the device samples none
-        self.sm_share_total = sum(p.sm_utilization or 0.0 for p in sample.processes)
+        # sum of the processes' SM shares (0-1 each); 0 when the device samples none; the
+        # device's utilisation where one owner holds it and its share was read off the device
+        self.sm_share_total = (sample.utilization or 0.0) if sample.sm_share_from_device else sum(
+            p.sm_utilization or 0.0 for p in sample.processes)
 
 
 Value = Union[float, int, str, None]

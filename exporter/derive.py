@@ -16,6 +16,10 @@ reports neither utilisation nor memory per process (Gaudi), the processes holdin
 device share ΔE equally.
 Each process's part goes to its workload, or to the GPU's unattributed bucket. The parts
 add up to ΔE exactly (up to float rounding), which the tests hold.
+Where one owner holds a GPU and its per-process samples were not read
+(`DeviceSample.sm_share_from_device`), the owner's SM share is the device's utilisation:
+it is busy for ΔE·busy with busy = that utilisation, idle (and holding memory) for the rest,
+so with memory it gets all of ΔE, as it would from per-process samples whatever they said.
 
 Allocations (kubelet pod-resources, `AllocationRow`) add no memory and no energy: they
 only say which containers hold a GPU through the device plugin. A container with a GPU
@@ -300,7 +304,12 @@ def step(
             continue
 
         procs = device.processes
-        shares = [(p.sm_utilization, p.used_memory_bytes) for p in procs]
+        sms = [p.sm_utilization for p in procs]
+        if device.sm_share_from_device and procs and device.utilization is not None:
+            # One owner, its share read off the device: put it on the first process, so
+            # the split below gives the owner all of ΔE·busy (and, holding memory, the rest).
+            sms = [device.utilization] + [None] * (len(procs) - 1)
+        shares = [(sm, p.used_memory_bytes) for sm, p in zip(sms, procs)]
         parts, nobody = split_energy(delta, shares)
         holders_only = bool(procs) and reports_nothing(shares)
         dev_labels = device_label_values(node, device)
@@ -363,8 +372,7 @@ def step(
             energy = 0.0
             energy_known = holders_only
             for i in members:
-                proc = procs[i]
-                used, sm = proc.used_memory_bytes, proc.sm_utilization
+                used, sm = procs[i].used_memory_bytes, sms[i]
                 if used is not None:
                     memory = used if memory is None else memory + used
                 if sm is not None:

@@ -8,11 +8,12 @@ collector thread can be read by any number of readers without locks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, TypeVar
 
 _EMPTY: Mapping[str, object] = MappingProxyType({})
+_T = TypeVar("_T")
 
 # Keys of `DeviceSample.gpm`: NVML GPM (GPU Performance Monitoring, Hopper and newer)
 # metrics averaged between two consecutive samples of a device. Activity values are
@@ -43,6 +44,23 @@ def frozen_mapping(values: Mapping | None = None) -> Mapping:
     if not values:
         return _EMPTY
     return MappingProxyType(dict(values))
+
+
+def updated(sample: _T, **changes: object) -> _T:
+    """``dataclasses.replace`` for the samples a pass copies once per GPU: the same new
+    object without running the generated ``__init__`` again (for `DeviceSample`'s thirty
+    fields, ~1 µs instead of ~6 µs). The changes are field names, as for replace."""
+    cls = type(sample)
+    if hasattr(cls, "__post_init__") or not hasattr(sample, "__dict__"):
+        return replace(sample, **changes)  # type: ignore[type-var]
+    fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
+    unknown = [name for name in changes if name not in fields]
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field {unknown[0]!r}")
+    new = object.__new__(cls)
+    new.__dict__.update(sample.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 @dataclass(frozen=True)
@@ -100,6 +118,11 @@ class DeviceSample:
             parent then runs no process). Per pass, a device's time in GPU-seconds is
             ``capacity`` times the wall time, so a physical GPU's devices add up to one
             GPU-second per second.
+        sm_share_from_device: every process on the device belongs to one owner (one
+            workload, or none attributed) and its per-process utilisation was not read
+            (per-process series off, see docs/ATTRIBUTION.md): that owner's SM share is
+            ``utilization``. The processes' ``sm_utilization`` then stays None, except
+            where the device has one process, whose share it is.
     """
 
     index: int
@@ -132,6 +155,7 @@ class DeviceSample:
     throttle_reasons: Mapping[str, bool] = field(default_factory=frozen_mapping)
     processes: tuple[ProcessSample, ...] = ()
     capacity: float = 1.0
+    sm_share_from_device: bool = False
 
     @property
     def key(self) -> str:

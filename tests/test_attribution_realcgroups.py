@@ -111,6 +111,9 @@ def test_pods_and_slurm_in_real_cgroups(tmp_path: Path, cgroups: Cgroups, apiser
             gpu.energy_mj += int(joules.get(index, 0.0) * 1000)
             pids = [p.pid for p in gpu.processes]
             fake.add_util_samples(index, [F.FakeUtilSample(pid, stamp[0], sm=sm.get(pid, 0)) for pid in pids])
+            # The device's utilisation, as the driver reads the same activity (a GPU held
+            # by one owner is not asked for its per-process samples).
+            gpu.utilization_gpu = min(100, sum(sm.get(pid, 0) for pid in pids))
         collector.collect_once()
         return _scrape(collector, extra)
 

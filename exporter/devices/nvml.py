@@ -73,7 +73,12 @@ docs/PERFORMANCE.md), so a pass asks only for what it needs:
   over the period.
 * Per-process utilisation is asked only of GPUs that have processes, with
   ``nvmlDeviceGetProcessesUtilizationInfo`` where the driver has it (cheaper than
-  ``nvmlDeviceGetProcessUtilization``, which remains the fallback).
+  ``nvmlDeviceGetProcessUtilization``, which remains the fallback), and, under the
+  collector (`defer_process_utilization`), only of GPUs that more than one owner shares:
+  the collector asks for them (`process_utilization_reads`) once it knows the owners,
+  and a GPU held by one owner takes its utilisation as the owner's SM share
+  (docs/ATTRIBUTION.md). GPUs shared in the last pass (`shared_gpus`) are read in their
+  own part of the pass, as sharing lasts.
 
 `NvmlBackend.enable_timings` makes every call record its wall and CPU time, which
 ``l9gpu snapshot --timings`` prints.
@@ -231,6 +236,7 @@ class _Nvml:
 
     def __init__(self, module: Any):
         self.module = module
+        self._consts: dict[str, int] = {}
         self.error: type[BaseException] = getattr(module, "NVMLError", _NoSuchError)
         # pynvml raises this (not an NVMLError) from an unversioned function whose
         # versioned C symbol the driver lacks.
@@ -255,13 +261,14 @@ class _Nvml:
         self.timings: dict[str, list[float]] | None = None
 
     def const(self, name: str, default: int | None = None) -> int:
-        """An NVML constant from the binding, or its nvml.h value."""
-        value = getattr(self.module, name, None)
-        if isinstance(value, int):
-            return value
-        if default is None:
-            return _CONSTANTS[name]
-        return default
+        """An NVML constant from the binding, or its nvml.h value (looked up once: a pass
+        asks for about ten per GPU)."""
+        value = self._consts.get(name)
+        if value is None:
+            found = getattr(self.module, name, None)
+            value = found if isinstance(found, int) else _CONSTANTS[name] if default is None else default
+            self._consts[name] = value
+        return value
 
     def has(self, name: str) -> bool:
         return callable(getattr(self.module, name, None))
@@ -464,6 +471,14 @@ class NvmlBackend:
         self._mig_capacities: dict[str, float] = {}  # MIG UUID -> its part of the GPU
         self._unfinished: set[int] = set()  # GPUs whose read is under way (or was given up on)
         self._parts: list[Read] | None = None  # what `reads` returns, made once
+        # Leave whole GPUs' per-process samples to `process_utilization_reads` (the
+        # collector turns it on: it asks for them once it knows the processes' owners),
+        # except on the GPUs the collector names in `shared_gpus`.
+        self.defer_process_utilization = False
+        # GPUs that more than one owner shared in the last pass: their samples are read in
+        # their part of the pass, as before, since the next pass will most likely need them
+        # too (set by the collector between passes).
+        self.shared_gpus: frozenset[int] = frozenset()
         self._pass_now = 0.0  # the time of the pass `reads` was last asked for
 
     # ---- lifecycle --------------------------------------------------------------
@@ -651,15 +666,19 @@ class NvmlBackend:
         try:
             samples = self._sample_gpu(nvml, index, now)
         except _DeviceDown as down:
-            self._errors[down.reason] += 1
-            self._forget_gpu(index)
-            self._handles.pop(index, None)  # get a fresh handle next pass
-            log.debug("GPU %d not readable: %s", index, down)
-            samples = [self._down_sample(index, str(down))]
+            samples = self._went_down(index, down)
         self._unfinished.discard(index)
         if self._gpm is not None:
             self._gpm.gpu_read(index)
         return samples
+
+    def _went_down(self, index: int, down: _DeviceDown) -> list[DeviceSample]:
+        """A GPU that could not be read: counted, forgotten, reported down."""
+        self._errors[down.reason] += 1
+        self._forget_gpu(index)
+        self._handles.pop(index, None)  # get a fresh handle next pass
+        log.debug("GPU %d not readable: %s", index, down)
+        return [self._down_sample(index, str(down))]
 
     def _forget_gpu(self, index: int) -> None:
         """Drop what is carried from pass to pass for a GPU (after it was down or stuck)."""
@@ -987,19 +1006,49 @@ class NvmlBackend:
             # processes reads only samples newer than the last one read.
             return ()
         util: dict[int, tuple[float, float]] | None = None
-        if per_process_util:
+        if per_process_util and (not self.defer_process_utilization or index in self.shared_gpus):
             util = self._process_utilization(nvml, index, handle)
-        processes = []
-        for pid in sorted(found):
-            memory, kind = found[pid]
-            if util is None:
-                sm = mem = None
-            else:
-                sm, mem = util.get(pid, (0.0, 0.0))
-            processes.append(
-                ProcessSample(pid=pid, used_memory_bytes=memory, sm_utilization=sm, memory_utilization=mem, kind=kind)
-            )
-        return tuple(processes)
+        return _processes_with_shares([(pid, *found[pid]) for pid in sorted(found)], util)
+
+    def process_utilization_reads(self, devices: Sequence[DeviceSample]) -> list[Read]:
+        """The per-process samples of these GPUs, as parts of the pass (`exporter.bulkhead`).
+
+        With `defer_process_utilization` on, a GPU's part of the pass leaves its
+        processes' SM shares unread (unless the GPU is in `shared_gpus`), so that the
+        collector can ask for them once it knows the processes' owners: only for GPUs that
+        more than one owner shares (the per-process read costs 1.5 ms on an H200, more
+        than the rest of a GPU's pass).
+        Each part returns the GPU's sample with its processes' shares, or the GPU down
+        when it was lost meanwhile; its key is the GPU's, so it is not asked while a call
+        of its first part is stuck.
+
+        Args:
+            devices: whole GPUs of this pass (MIG instances have no per-process samples).
+        """
+        reads = []
+        for device in devices:
+            if device.gpu_instance or not device.processes or not device.up:
+                continue
+            index = device.index
+            reads.append(Read(index, f"GPU {index}", functools.partial(self._read_shares, device),
+                              calls=_CALL_PREFIXES, down=functools.partial(self._down_samples, index)))
+        return reads
+
+    def _read_shares(self, device: DeviceSample) -> list[DeviceSample]:
+        nvml = self._require()
+        index = device.index
+        handle = self._handles.get(index)
+        if handle is None:  # lost since its first part: the next pass reads it afresh
+            return [device]
+        self._unfinished.add(index)
+        try:
+            util = self._process_utilization(nvml, index, handle)
+        except _DeviceDown as down:
+            self._unfinished.discard(index)
+            return self._went_down(index, down)
+        self._unfinished.discard(index)
+        processes = [(p.pid, p.used_memory_bytes, p.kind) for p in device.processes]
+        return [replace(device, processes=_processes_with_shares(processes, util))]
 
     def _process_utilization(self, nvml: _Nvml, index: int, handle: Any) -> dict[int, tuple[float, float]] | None:
         """Mean SM and memory utilisation (0-1) per PID over the samples since last pass.
@@ -1280,6 +1329,21 @@ def decode_throttle_reasons(mask: int) -> dict[str, bool]:
     """Turn an NVML clock event reason bit mask into reason name -> active."""
     mask = int(mask)
     return {name: bool(mask & bit) for name, bit in THROTTLE_REASONS}
+
+
+def _processes_with_shares(processes: Sequence[tuple[int, int | None, str]],
+                           util: Mapping[int, tuple[float, float]] | None) -> tuple[ProcessSample, ...]:
+    """(pid, memory, kind) of each process, with its SM and memory shares from ``util`` (see
+    the module doc for the rule): a process without a sample was idle (0); None (the
+    device cannot sample processes, or they were not read) leaves the shares unknown."""
+    if util is None:
+        return tuple(ProcessSample(pid=pid, used_memory_bytes=memory, kind=kind) for pid, memory, kind in processes)
+    out = []
+    for pid, memory, kind in processes:
+        sm, mem = util.get(pid, (0.0, 0.0))
+        out.append(ProcessSample(pid=pid, used_memory_bytes=memory, sm_utilization=sm, memory_utilization=mem,
+                                 kind=kind))
+    return tuple(out)
 
 
 def _int_or_none(value: Any) -> int | None:
