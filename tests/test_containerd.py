@@ -215,7 +215,8 @@ def test_a_pod_without_a_pod_cgroup_is_named_through_the_api_server(containerd, 
     attributor = None
     try:
         attributor = build_attributor(_args(kubernetes="on", kubeconfig=kubeconfig(tmp_path, apiserver),
-                                            pod_label=["team"]), backend, NODE)
+                                            pod_label=["team"]), backend, NODE,
+                                     wait_for_pods=PATIENCE)  # start-up does not wait for the first list
         collector = Collector(backend, NODE, interval=1.0, attributor=attributor, labeller=labeller)
         collector.collect_once()
         m = _scrape(collector, extra)
