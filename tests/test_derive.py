@@ -198,3 +198,42 @@ def test_first_sight_without_sm_share_then_counters_start():
     assert later.energy_joules_total == pytest.approx(100.0)  # idle energy split by memory: all of it
     state, d = step(state, 20.0, "n", [gpu(energy=200.0, procs=[ProcessSample(1, GIB, 0.5)])], owners)
     assert by_pod(d)["a"].usage_seconds_total == pytest.approx(5.0)
+
+
+def shared_from_device(util, procs, energy):
+    """A GPU held by one owner whose per-process samples were not read (the collector's
+    `share_from_device`): its processes' SM shares unknown, the device's utilisation known."""
+    return DeviceSample(index=0, uuid="GPU-0", model="H100", energy_joules=energy, utilization=util,
+                        processes=tuple(procs), sm_share_from_device=True)
+
+
+def test_one_owner_with_its_share_from_the_device_gets_the_same_numbers_as_from_samples():
+    a = pod("a")
+    owners = {1: a, 2: a}
+    from_samples = [ProcessSample(1, 10 * GIB, 0.25), ProcessSample(2, 30 * GIB, 0.35)]
+    from_device = [ProcessSample(1, 10 * GIB), ProcessSample(2, 30 * GIB)]
+    results = []
+    for device in (lambda e: gpu(energy=e, procs=from_samples), lambda e: shared_from_device(0.6, from_device, e)):
+        state, _ = step(DeriveState(), 0.0, "n", [device(0.0)], owners)
+        state, d = step(state, 10.0, "n", [device(1000.0)], owners)
+        (usage,) = d.workloads
+        results.append((usage.utilization, usage.usage_seconds_total, usage.energy_joules_total,
+                        usage.allocation_seconds_total, usage.idle_seconds, d.unattributed[0].energy_joules_total))
+    assert results[1] == pytest.approx(results[0])
+    assert results[1] == pytest.approx((0.6, 6.0, 1000.0, 10.0, 0.0, 0.0))
+
+
+def test_one_owner_idle_by_the_devices_utilisation_and_without_memory_its_idle_energy_unattributed():
+    a = pod("a")
+    state, _ = step(DeriveState(), 0.0, "n", [shared_from_device(0.0, [ProcessSample(1, 4 * GIB)], 0.0)], {1: a})
+    state, d = step(state, 30.0, "n", [shared_from_device(0.0, [ProcessSample(1, 4 * GIB)], 300.0)], {1: a})
+    (usage,) = d.workloads
+    assert usage.utilization == 0.0 and usage.idle_seconds == 30.0 and usage.energy_joules_total == 300.0
+    # Memory not reported (some MIG and Windows setups): busy energy is the owner's, idle
+    # energy nobody's, as with per-process samples.
+    no_memory = [ProcessSample(1, None), ProcessSample(2, None)]
+    state, _ = step(DeriveState(), 0.0, "n", [shared_from_device(0.25, no_memory, 0.0)], {1: a, 2: a})
+    state, d = step(state, 1.0, "n", [shared_from_device(0.25, no_memory, 400.0)], {1: a, 2: a})
+    (usage,) = d.workloads
+    assert usage.energy_joules_total == pytest.approx(100.0)
+    assert d.unattributed[0].energy_joules_total == pytest.approx(300.0)
