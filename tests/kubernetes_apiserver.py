@@ -186,6 +186,16 @@ class FakeApiServer:
         with self._cond:
             self._bump("DELETED", self._pods[uid])
 
+    def send_event(self, kind: str, obj: dict[str, Any]) -> None:
+        """Stream a watch event as given (any ``type``, an object without a UID) to the
+        watches of ``obj``'s node, without changing the pods listed."""
+        with self._cond:
+            self._rv += 1
+            obj = copy.deepcopy(obj)
+            obj.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
+            self._events.append((self._rv, kind, obj))
+            self._cond.notify_all()
+
     def expire(self) -> None:
         """Compact history: a watch resuming from any version seen so far gets 410 Gone."""
         with self._cond:

@@ -91,3 +91,38 @@ def test_json_logs_are_one_object_per_line(tmp_path):
     serving = [e for e in lines if "serving node n1" in e["message"]]
     assert serving and serving[0]["level"] == "info" and serving[0]["logger"] == "l9gpu"
     assert {"time", "level", "logger", "message"} <= set(serving[0])
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_log_lines_hold_no_raw_control_character_and_forge_no_line(fmt, capsys):
+    """Text from others in a log record (a server's error, a name) cannot start a log line
+    of its own or drive the reader's terminal; a traceback keeps its lines, escaped."""
+    import logging
+
+    from exporter.cli import setup_logging
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        setup_logging("info", fmt)
+        hostile = "pod-a\n2026-12-01 00:00:00,000 ERROR l9gpu: forged\x1b[2J\x9b\u202e"
+        try:
+            raise ValueError(hostile)
+        except ValueError:
+            logging.getLogger("l9gpu.test").exception("reading %s failed", hostile)
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    err = capsys.readouterr().err
+    assert not {"\x1b", "\x9b", "\u202e"} & set(err)
+    lines = err.splitlines()
+    assert not any(line.startswith("2026-12-01 00:00:00,000") for line in lines)
+    if fmt == "json":
+        entry = json.loads(err)  # one object, one line
+        assert entry["message"] == f"reading {hostile} failed"  # exact once decoded
+        assert entry["exception"].startswith("Traceback") and hostile in entry["exception"]
+    else:
+        assert "reading pod-a\\x0a2026-12-01 00:00:00,000 ERROR l9gpu: forged\\x1b[2J\\x9b\\u202e failed" in lines[0]
+        assert lines[1] == "Traceback (most recent call last):"  # the traceback keeps its lines
+        assert lines[2].startswith('  File "') and lines[3].strip() == "raise ValueError(hostile)"
+        assert lines[-1] == "ValueError: pod-a\\x0a2026-12-01 00:00:00,000 ERROR l9gpu: forged\\x1b[2J\\x9b\\u202e"

@@ -15,7 +15,7 @@ pytest.importorskip("kubernetes", reason="the kubernetes client is not installed
 
 from agent import pick  # noqa: E402
 from cgroup_helpers import cgroup2_unwritable  # noqa: E402
-from fake_nvml_node import GiB, Node  # noqa: E402
+from fake_nvml_node import NODE, GiB, Node  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 from exporter.attribution.kubernetes import REQUEST_TIMEOUT  # noqa: E402
@@ -72,6 +72,26 @@ def test_a_malformed_pod_list_fails_the_kubernetes_collector_and_keeps_the_names
     assert "Traceback" not in agent.log()
     node.apiserver.garble(None)
     wait_until(lambda: _kubernetes_success(node) == [1.0], what="the kubernetes collector up again")
+
+
+def test_text_from_the_api_server_reaches_the_log_escaped(node: Node) -> None:
+    """A watch event whose type a hostile or broken API server filled with a newline, a
+    forged log line and terminal controls: the agent's log line says what it ignored,
+    on one line, with every control character a visible escape."""
+    node.add_gpu_process("embedder")
+    agent = node.start()
+    wait_until(lambda: node.pod_memory("embedder") == [1 * GiB], what="the pod named")
+    forged = "2026-12-01 00:00:00,000 ERROR l9gpu: GPU 0 fell off the bus"
+    kind = f"ADDED\n{forged}\x1b]0;owned\x07\u202e"
+    node.apiserver.send_event(kind, {"metadata": {"name": "no-uid"}, "spec": {"nodeName": NODE}})
+    wait_until(lambda: "watch event without a pod UID" in agent.log(), what="the event logged")
+    log = agent.log()
+    said = [line for line in log.splitlines() if "watch event without a pod UID" in line]
+    assert len(said) == 1
+    assert f"ignored a ADDED\\x0a{forged}\\x1b]0;owned\\x07\\u202e watch event" in said[0]
+    assert not any(line.startswith(forged) for line in log.splitlines())
+    assert not {"\x1b", "\x07", "\u202e"} & set(log)
+    assert node.pod_memory("embedder") == [1 * GiB]  # the watch goes on
 
 
 def _answers(agent, path: str) -> bool:  # type: ignore[no-untyped-def]
