@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from exporter import __version__
 from exporter import catalogue as cat
+from exporter.bulkhead import DEFAULT_READ_TIMEOUT
 from exporter.config import argtype, parse_duration, parse_listen, parse_positive_duration
 from exporter.devices.gpm import WARMING_UP
 from exporter.escape import for_terminal
@@ -109,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     serve = sub.add_parser("serve", help="run the agent: collect every interval, serve /metrics")
     _add_device_args(serve)
+    serve.add_argument("--read-timeout", default=f"{DEFAULT_READ_TIMEOUT:g}s", type=argtype(parse_positive_duration),
+                       metavar="DURATION",
+                       help="a GPU whose reads in a pass take longer is reported down with the driver call it is "
+                            "stuck in, and the other GPUs are read without it (Gaudi: at least --hl-smi-timeout "
+                            f"plus 5s; default: {DEFAULT_READ_TIMEOUT:g}s)")
     web = serve.add_argument_group("http")
     web.add_argument("--listen", default=DEFAULT_LISTEN, type=argtype(parse_listen), metavar="HOST:PORT",
                      help=f"address for /metrics, /healthz, /readyz, the page at / and /api/v1/snapshot "
@@ -375,7 +381,9 @@ def _collector(args: argparse.Namespace, backend: Any, attributor: Any) -> tuple
     from exporter.derive import label_schema
 
     extra_names, labeller = label_schema(getattr(args, "pod_label", []) or [])
-    timeout = {"read_timeout": args.timeout} if getattr(args, "timeout", None) else {}
+    # serve's --read-timeout, snapshot's --timeout
+    value = getattr(args, "read_timeout", None) or getattr(args, "timeout", None)
+    timeout = {"read_timeout": value} if value else {}
     # Per-process series exported: every GPU's per-process samples are read every pass.
     process_metrics = bool(getattr(args, "process_metrics", False)) or any(
         name in cat.BY_NAME and cat.get(name).scope == cat.PROCESS for name in getattr(args, "enable_metric", []) or [])

@@ -356,7 +356,7 @@ class Collector:
             return devices
 
         return [Read(name, f"the {name} backend", run, calls=tuple(getattr(backend, "call_prefixes", ())),
-                     timeout=getattr(backend, "read_timeout", None),
+                     timeout=max(self.read_timeout, getattr(backend, "read_timeout", None) or 0.0),
                      down=lambda reason: [_down(d, reason) for d in self._last_devices.get(name, [])])]
 
     def _allocations(self, devices: list[DeviceSample]) -> tuple[AllocationRow, ...] | None:

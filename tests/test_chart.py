@@ -339,6 +339,11 @@ def test_gpm_interval_reaches_the_agent(value, expected):
     assert serve_args(release).gpm_interval == expected
 
 
+def test_read_timeout_reaches_the_agent():
+    assert serve_args(render(_sets("polling.readTimeout=3s"))).read_timeout == 3.0
+    assert serve_args(render(_sets())).read_timeout == 1.0
+
+
 @pytest.mark.parametrize(("schema", "label", "served"), [
     ("dcgm", "Hostname", "Hostname"),
     ("dcgm", "hostname", "hostname"),
@@ -570,6 +575,7 @@ def _schema_error(*expressions: str, values: dict[str, Any] | None = None) -> st
     ("polling.interval=2sec", "'2sec' does not match pattern"),
     ("polling.interval=0s", "'0s' does not match pattern"),
     ("polling.gpmInterval=often", "polling/gpmInterval"),
+    ("polling.readTimeout=0s", "'0s' does not match pattern"),
     ("otlp.interval=soon", "'soon' does not match pattern"),
     ("otlp.timeout=-1s", "'-1s' does not match pattern"),
     ("serviceMonitor.interval=1.5s", "'1.5s' does not match pattern"),

@@ -561,7 +561,7 @@ def test_snapshot_timeout_must_be_a_duration() -> None:
 # ---- the real agent, in its own process -------------------------------------------------------
 
 
-def _agent(tmp_path, hang: list[dict[str, Any]]) -> Any:
+def _agent(tmp_path, hang: list[dict[str, Any]], *extra: str) -> Any:
     """``l9gpu serve --backend nvml`` whose ``import pynvml`` is the fake (tests/nvml_shim)."""
     import json
     import os
@@ -571,7 +571,7 @@ def _agent(tmp_path, hang: list[dict[str, Any]]) -> Any:
     spec = {"gpus": [{"utilization_gpu": 10, "power_mw": 200_000} for _ in range(4)], "hang": hang}
     path = os.pathsep.join([str(REPO / "tests" / "nvml_shim"), str(REPO / "tests"), str(REPO)])
     return AgentProcess(["--backend", "nvml", "--interval", f"{INTERVAL}s", "--kubernetes", "off",
-                         "--cri-socket", "off", "--pod-resources-socket", "off"],
+                         "--cri-socket", "off", "--pod-resources-socket", "off", *extra],
                         env={"PYTHONPATH": path, "FAKE_NVML_SPEC": json.dumps(spec)},
                         log_path=tmp_path / "agent.log")
 
@@ -608,6 +608,26 @@ def test_the_agent_serves_a_hung_gpu_as_down_and_takes_it_back(tmp_path) -> None
         wait_until(lambda: pick(agent.samples(), "gpu_up", gpu="1") == [1.0], within(2 * INTERVAL), "GPU 1 back")
         assert pick(agent.samples(), "gpu_power_watts", gpu="1") == [200.0]
         assert "GPU 1: nvmlDeviceGetPowerUsage returned after" in agent.log()
+    finally:
+        if hang.exists():
+            hang.unlink()
+        agent.stop()
+
+
+def test_read_timeout_sets_how_long_a_gpu_may_take_before_it_is_reported_stuck(tmp_path) -> None:
+    """``--read-timeout 2500ms`` (a driver known to be slow): GPU 1's hanging call is
+    reported only once it has waited that long, the other GPUs as usual."""
+    hang = tmp_path / "gpu-1-hangs"
+    hang.touch()
+    agent = _agent(tmp_path, [{"call": STUCK, "gpu": 1, "while_exists": str(hang)}], "--read-timeout", "2500ms")
+    agent.start()  # ready: the first pass was published, with GPU 1 given up on
+    try:
+        m = agent.samples()
+        assert pick(m, "gpu_up", gpu="1") == [0.0] and pick(m, "gpu_up", gpu="0") == [1.0]
+        assert pick(m, "gpu_stuck_call_seconds", gpu="1", call=STUCK)[0] >= 2.5
+        assert f"GPU 1: {STUCK} has not returned after 2." in agent.log()
+        hang.unlink()
+        wait_until(lambda: pick(agent.samples(), "gpu_up", gpu="1") == [1.0], within(2 * 2.5), "GPU 1 back")
     finally:
         if hang.exists():
             hang.unlink()
