@@ -697,6 +697,13 @@ def devices() -> dict[str, Any]:
         target(f"sum by (node, result) (rate(l9gpu_otlp_exports_total[$__rate_interval]) * {WITH_NODE})",
                "{{node}} {{result}}")], "none",
         "OTLP pushes per second by result; present only where OTLP push is on.", draw="bars"), 12, 6)
+    b.add(timeseries("Connections turned away", [
+        target(f"sum by (node, reason) (rate(l9gpu_http_rejections_total[$__rate_interval]) * {WITH_NODE})",
+               "{{node}} {{reason}}")], "none",
+        "Connections and requests the agent's HTTP listener turned away per second, by reason: its connection "
+        "limit, header deadline and size, accept failures (out of file descriptors), and the web config's refusals "
+        "(certificate, rate limit, queued password checks, failed logins). Alert L9gpuListenerUnderFlood.",
+        draw="bars"), 24, 6)
     return dashboard("l9gpu-devices", "l9gpu / GPU devices",
                      "Per-GPU utilisation, memory, power, energy, temperature, clocks, PCIe, ECC, XID and throttling, "
                      "and the health of the l9gpu agents.", b, [NODE_VAR, GPU_VAR], ["l9gpu", "gpu"])

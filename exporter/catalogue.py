@@ -333,15 +333,22 @@ METRICS: tuple[MetricSpec, ...] = (
                ("node",), SELF),
     MetricSpec("l9gpu_build_info", INFO, "", "Version of the agent; value is always 1.",
                ("version", "python_version"), SELF),
+    MetricSpec("l9gpu_http_rejections_total", COUNTER, "",
+               "Connections and requests the agent's HTTP listener turned away, by reason: connection_limit_evicted "
+               "(an idle or unfinished connection closed to admit a new one), connection_limit_refused (a new one "
+               "closed, every open one busy), header_timeout (408), header_too_large (431), accept_failed (out of "
+               "file descriptors), and with --web-config client_cert_not_allowed (403), rate_limited (429), "
+               "auth_busy (503) and auth_failed (401).",
+               ("reason",), SELF),
     MetricSpec("l9gpu_otlp_exports_total", COUNTER, "",
                "OTLP pushes by result (success, failure); a failed batch is dropped, not retried later. "
                "Present only while OTLP push is on.",
                ("result",), SELF),
 )
 
-# Families an optional part registers on the registry itself instead of `render` building
-# them from the snapshot (the OTLP bridge counts its own exports).
-REGISTERED_ELSEWHERE: frozenset[str] = frozenset({"l9gpu_otlp_exports_total"})
+# Families a part registers on the registry itself instead of `render` building them from
+# the snapshot (the OTLP bridge counts its own exports, the HTTP listener what it refused).
+REGISTERED_ELSEWHERE: frozenset[str] = frozenset({"l9gpu_otlp_exports_total", "l9gpu_http_rejections_total"})
 
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in METRICS}
 

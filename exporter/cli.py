@@ -433,7 +433,13 @@ def serve(args: argparse.Namespace) -> int:
     """Run the agent until SIGTERM or SIGINT."""
     from aiohttp import web
 
-    from exporter.connections import GuardedSite, install_accept_error_log, raise_open_file_limit
+    from exporter.connections import (
+        REJECTIONS_METRIC,
+        GuardedSite,
+        Rejections,
+        install_accept_error_log,
+        raise_open_file_limit,
+    )
     from exporter.server import Exposition, make_app
 
     # A scrape waits for the interpreter while the collector thread runs a pass or
@@ -445,7 +451,8 @@ def serve(args: argparse.Namespace) -> int:
 
     enabled = _enabled(args)
     dcgm_selection = _dcgm_selection(args)
-    watcher = _web_config(args.web_config)
+    rejections = Rejections()  # what the listener and the web config's checks turn away
+    watcher = _web_config(args.web_config, rejections)
     open_files = raise_open_file_limit()  # before attribution sizes its pidfds and /proc files by it
     backend, attributor = _open(args)
     if dcgm_selection is not None and not {"nvml", "simulated"} & set(backend.name.split(",")):
@@ -453,6 +460,8 @@ def serve(args: argparse.Namespace) -> int:
                     "schema only", backend.name)
     collector, extra_names = _collector(args, backend, attributor)
     registry = build_registry(lambda: collector.snapshot, enabled, extra_names, dcgm_selection)
+    if REJECTIONS_METRIC in enabled:
+        registry.register(rejections)
     exposition = None
     if not args.no_metrics_endpoint:
         # cached bytes may be served for a pass and its rendering, then they are stale
@@ -486,8 +495,8 @@ def serve(args: argparse.Namespace) -> int:
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.2,
                                **limits.handler_kwargs())
         await runner.setup()
-        site = GuardedSite(runner, host, port, limits, ssl_context=ssl_context)
-        install_accept_error_log(asyncio.get_running_loop(), site.guard.describe)
+        site = GuardedSite(runner, host, port, limits, ssl_context=ssl_context, rejections=rejections)
+        install_accept_error_log(asyncio.get_running_loop(), site.guard.describe, rejections=rejections)
         try:
             await site.start()
         except OSError as exc:
@@ -541,14 +550,14 @@ def _close_backend(backend: Any, timeout: float) -> None:
                     backend.name, timeout, outcome.call or "the vendor library")
 
 
-def _web_config(path: str | None) -> Any:
+def _web_config(path: str | None, rejections: Any = None) -> Any:
     """The --web-config watcher (None without the flag); a bad file is a usage error."""
     if not path:
         return None
     from exporter.webconfig import WebConfigWatcher
 
     try:
-        return WebConfigWatcher(path)
+        return WebConfigWatcher(path, rejections=rejections)
     except ValueError as exc:
         raise UsageError(f"l9gpu: --web-config {exc}") from None
 

@@ -25,6 +25,9 @@ do for exporters written in Go:
   of system resource") logged at most once per `LOG_INTERVAL` with a count instead of a
   traceback per attempt (`install_accept_error_log`).
 
+Whatever is turned away is counted by reason (`Rejections`:
+``l9gpu_http_rejections_total``), with the web config's refusals (403, 429, 503, 401).
+
 `GuardedSite` is the aiohttp site that applies all of this; TLS is started per
 connection after the connection is admitted, so handshakes in progress count against
 the cap and the header deadline too (from Python 3.11; on 3.10 asyncio runs the
@@ -44,15 +47,63 @@ import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from aiohttp import web
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
 #: Recurring network trouble (accept errors, evictions, refusals) is logged at most this
 #: often, in seconds, each line saying how many times it happened meanwhile.
 LOG_INTERVAL = 10.0
+
+#: Why the listener turned a connection or a request away (``l9gpu_http_rejections_total``).
+REJECTION_REASONS = (
+    "connection_limit_evicted",  # an idle or unfinished connection closed to admit a new one
+    "connection_limit_refused",  # a new connection closed: every open one was busy
+    "header_timeout",            # 408: the request's line and headers did not arrive in time
+    "header_too_large",          # 431 (or closed during TLS): past --max-header-bytes
+    "accept_failed",             # the kernel had a connection the agent could not accept (EMFILE)
+    "client_cert_not_allowed",   # 403: a client certificate outside client_allowed_sans
+    "rate_limited",              # 429: the client address's rate limit
+    "auth_busy",                 # 503: too many password checks queued
+    "auth_failed",               # 401: no or wrong credentials
+)
+REJECTIONS_METRIC = "l9gpu_http_rejections_total"
+
+
+class Rejections(Collector):
+    """Counts what the listener turned away, by reason, and serves it as
+    ``l9gpu_http_rejections_total{reason}`` (every reason from 0, so that ``increase()``
+    sees the first one).
+
+    Counted in the event loop's thread, read when the registry is rendered: each count is
+    one int, read whole.
+    """
+
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys(REJECTION_REASONS, 0)
+
+    def add(self, reason: str) -> None:
+        self._counts[reason] += 1
+
+    def value(self, reason: str) -> int:
+        return self._counts[reason]
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        from exporter import catalogue as cat
+
+        spec = cat.get(REJECTIONS_METRIC)
+        family = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+        counts = dict(self._counts)
+        for reason in REJECTION_REASONS:
+            family.add_metric((reason,), float(counts[reason]))
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        return iter(())
 
 #: Descriptors kept free beyond those counted at start and attribution's kept-open files:
 #: sockets to the kubelet, the container runtime, the API server and an OTLP collector,
@@ -266,7 +317,7 @@ class ThrottledLog:
 
 
 def install_accept_error_log(loop: asyncio.AbstractEventLoop, describe: Callable[[], str] = lambda: "",
-                             interval: float = LOG_INTERVAL) -> ThrottledLog:
+                             interval: float = LOG_INTERVAL, rejections: Rejections | None = None) -> ThrottledLog:
     """Log the event loop's accept errors (out of descriptors, memory or buffers) at most
     once per ``interval`` with a count, instead of asyncio's traceback per attempt.
 
@@ -277,6 +328,7 @@ def install_accept_error_log(loop: asyncio.AbstractEventLoop, describe: Callable
     Args:
         loop: the running loop.
         describe: extra words for each line (e.g. open connections and the limit).
+        rejections: where each failed accept is counted (``accept_failed``).
     """
     throttle = ThrottledLog(log, logging.ERROR, "cannot accept connections", interval)
     previous = loop.get_exception_handler()
@@ -286,6 +338,8 @@ def install_accept_error_log(loop: asyncio.AbstractEventLoop, describe: Callable
         message = str(context.get("message", ""))
         if "accept" in message and isinstance(exc, OSError) and exc.errno in _ACCEPT_ERRNOS:
             extra = describe()
+            if rejections is not None:
+                rejections.add("accept_failed")
             throttle.event(f"{exc.strerror or exc}" + (f"; {extra}" if extra else ""))
             return
         if previous is not None:
@@ -378,7 +432,7 @@ class _GuardedConnection(asyncio.Protocol):
             self._early.append(data)
             self.head_bytes += len(data)
             if self.head_bytes > self.guard.limits.max_header_bytes:
-                self.guard.too_large.event()
+                self.guard.reject("header_too_large")
                 self.abort()
             return
         if not self.busy():
@@ -386,7 +440,7 @@ class _GuardedConnection(asyncio.Protocol):
                 self.head_started = self.guard.clock()
             self.head_bytes += len(data)
             if self.head_bytes > self.guard.limits.max_header_bytes:
-                self.guard.too_large.event()
+                self.guard.reject("header_too_large")
                 self.refuse(431)
                 return
         before = getattr(inner, "_request_count", None)
@@ -472,10 +526,13 @@ class ConnectionGuard:
         limits: the limits, ``max_connections`` already fitted to the open-file limit.
         ssl_context: TLS, started per connection once admitted; None for plain HTTP.
         clock: monotonic seconds.
+        rejections: where connections closed at a limit are counted (None: a private one).
     """
 
     def __init__(self, handler_factory: Callable[[], Any], limits: ConnectionLimits,
-                 ssl_context: ssl.SSLContext | None = None, clock: Callable[[], float] = time.monotonic):
+                 ssl_context: ssl.SSLContext | None = None, clock: Callable[[], float] = time.monotonic,
+                 rejections: Rejections | None = None):
+        self.rejections = rejections if rejections is not None else Rejections()
         self.handler_factory = handler_factory
         self.limits = limits
         self.ssl_context = ssl_context
@@ -492,6 +549,13 @@ class ConnectionGuard:
                                       f"within {limits.header_timeout:g}s (--header-timeout)")
         self.too_large = ThrottledLog(log, logging.INFO, "refused a request whose line and headers exceed "
                                       f"{limits.max_header_bytes} bytes (--max-header-bytes)")
+        self._throttles = {"connection_limit_evicted": self.evicted, "connection_limit_refused": self.refused,
+                           "header_timeout": self.timed_out, "header_too_large": self.too_large}
+
+    def reject(self, reason: str) -> None:
+        """A connection closed at a limit: counted, and logged (at most once per interval)."""
+        self.rejections.add(reason)
+        self._throttles[reason].event()
 
     def protocol(self) -> asyncio.Protocol:
         """The protocol factory for ``loop.create_server``."""
@@ -512,11 +576,11 @@ class ConnectionGuard:
             victim = (next((c for c in self._open if c.closing), None)
                       or next((c for c in self._open if not c.busy()), None))
             if victim is None:
-                self.refused.event()
+                self.reject("connection_limit_refused")
                 return False
             self._open.pop(victim, None)
             victim.abort()
-            self.evicted.event()
+            self.reject("connection_limit_evicted")
         self._open[conn] = None
         return True
 
@@ -533,9 +597,9 @@ class ConnectionGuard:
         now = self.clock()
         for conn in list(self._open):
             if conn.overdue(now):
-                self.timed_out.event()
+                self.reject("header_timeout")
                 conn.refuse(408)
-        for throttle in (self.evicted, self.refused, self.timed_out, self.too_large):
+        for throttle in self._throttles.values():
             throttle.flush()
 
     async def _sweep_forever(self) -> None:
@@ -567,10 +631,11 @@ class GuardedSite(web.BaseSite):
         ssl_context: TLS for every connection, or None.
         backlog: connections accepted at most per turn of the event loop (asyncio's use of
             it); the kernel's listen queue is made as long as it allows (`listen_backlog`).
+        rejections: where connections closed at a limit are counted.
     """
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, limits: ConnectionLimits,
-                 ssl_context: ssl.SSLContext | None = None, backlog: int = 128):
+                 ssl_context: ssl.SSLContext | None = None, backlog: int = 128, rejections: Rejections | None = None):
         super().__init__(runner, backlog=backlog)
         server = runner.server
         assert server is not None
@@ -581,7 +646,8 @@ class GuardedSite(web.BaseSite):
         # paused one is resumed by its own set-up): there, asyncio runs TLS itself, and
         # handshakes in progress are bounded by the header timeout but not counted.
         self._native_tls = ssl_context is not None and sys.version_info < (3, 11)
-        self.guard = ConnectionGuard(server, limits, None if self._native_tls else ssl_context)
+        self.guard = ConnectionGuard(server, limits, None if self._native_tls else ssl_context,
+                                     rejections=rejections)
 
     @property
     def name(self) -> str:

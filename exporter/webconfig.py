@@ -49,6 +49,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from aiohttp import web
 
 from exporter.config import parse_duration
+from exporter.connections import Rejections
 
 log = logging.getLogger(__name__)
 
@@ -705,12 +706,15 @@ class WebConfigWatcher:
         path: the web config file.
         clock: monotonic seconds (injected for tests).
         check_interval: the files' modification times are looked at no more often.
+        rejections: where refused requests are counted (403, 429, 503, 401).
 
     Raises:
         ValueError: when the file does not load at start-up.
     """
 
-    def __init__(self, path: str, clock: Callable[[], float] = time.monotonic, check_interval: float = 1.0):
+    def __init__(self, path: str, clock: Callable[[], float] = time.monotonic, check_interval: float = 1.0,
+                 rejections: Rejections | None = None):
+        self.rejections = rejections if rejections is not None else Rejections()
         self.path = path
         self._clock = clock
         self.check_interval = check_interval
@@ -796,6 +800,7 @@ class WebConfigWatcher:
     async def _guard(self, config: WebConfig, request: web.Request) -> web.StreamResponse | None:
         tls = config.tls
         if tls is not None and tls.client_allowed_sans and not (_peer_sans(request) & set(tls.client_allowed_sans)):
+            self.rejections.add("client_cert_not_allowed")
             return web.Response(status=403, text="client certificate not allowed\n")
         if request.path in EXEMPT_PATHS:
             return None
@@ -808,15 +813,18 @@ class WebConfigWatcher:
                 self._limiter = ClientRateLimiter(config.rate_limit, self._clock)
             wait = self._limiter.allow(client)
             if wait is not None:
+                self.rejections.add("rate_limited")
                 return web.Response(status=429, text="too many requests from this address\n",
                                     headers={"Retry-After": str(wait)})
         if config.users:
             try:
                 ok = await self._auth.check(config.users, header, client)
             except AuthBusy:
+                self.rejections.add("auth_busy")
                 return web.Response(status=503, text="too many password checks queued; retry shortly\n",
                                     headers={"Retry-After": "1"})
             if not ok:
+                self.rejections.add("auth_failed")
                 return web.Response(status=401, text="unauthorized\n",
                                     headers={"WWW-Authenticate": 'Basic realm="l9gpu", charset="UTF-8"'})
         return None

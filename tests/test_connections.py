@@ -45,6 +45,12 @@ def scrape(agent: AgentProcess) -> dict:
     return parse_metrics(agent.scrape())
 
 
+def _rejections(agent: AgentProcess, reason: str) -> float:
+    """``l9gpu_http_rejections_total{reason}`` as /metrics serves it now (a pass's rendering)."""
+    (value,) = pick(scrape(agent), "l9gpu_http_rejections_total", reason=reason)
+    return value
+
+
 # ---------------------------------------------------------------- the cap
 
 
@@ -79,6 +85,7 @@ def test_a_flood_of_idle_connections_leaves_room_for_scrapes_and_attribution(nod
             assert pick(metrics, "l9gpu_unattributed_processes") == [0.0]
             assert pick(metrics, "container_gpu_memory_used_bytes", pod="before-flood") == [1 * GiB]
         assert flood.stats.connect_failures == 0
+        wait_until(lambda: _rejections(agent, "connection_limit_evicted") >= 600 - cap, what="the evictions counted")
     log = agent.log()
     assert "Traceback" not in log and "out of system resource" not in log
     limit_lines = [line for line in log.splitlines() if "connection limit" in line]
@@ -98,6 +105,7 @@ def test_unfinished_requests_with_huge_headers_are_refused_and_memory_stays_boun
         wait_until(lambda: flood.stats.closed_by_server == 200, what="every bloated request refused and closed")
         assert scrape(agent)  # scrapes go on
     assert flood.stats.statuses == {"HTTP/1.1 431 Request Header Fields Too Large": 200}, flood.stats.summary
+    wait_until(lambda: _rejections(agent, "header_too_large") == 200, what="the 431s counted")
     assert rss_peak_mib(agent.proc.pid) - before < 40, "the unfinished requests were held in memory"
 
 
@@ -111,6 +119,7 @@ def test_half_sent_and_silent_connections_are_closed_at_the_header_deadline(agen
     assert flood.stats.statuses == {"HTTP/1.1 408 Request Timeout": 40}, flood.stats.summary
     assert min(flood.stats.lifetimes) >= 1.0
     assert agent.get("/healthz")[0] == 200
+    wait_until(lambda: _rejections(agent, "header_timeout") == 40, what="the 408s counted")
 
 
 def test_idle_keepalive_connections_close_after_the_timeout(agent_factory) -> None:
@@ -191,7 +200,7 @@ def test_limits_flags_are_validated_with_one_clear_line() -> None:
 _LISTENER = r"""
 import asyncio, resource, sys, time
 from aiohttp import web
-from exporter.connections import ConnectionLimits, GuardedSite, descriptors_in_use, install_accept_error_log
+from exporter.connections import ConnectionLimits, GuardedSite, Rejections, descriptors_in_use, install_accept_error_log
 from exporter.cli import setup_logging
 
 setup_logging("info", "text")
@@ -203,13 +212,15 @@ async def main():
     await runner.setup()
     # no cap to speak of: the open-file limit is what runs out
     site = GuardedSite(runner, "127.0.0.1", 0, ConnectionLimits(max_connections=100000, header_timeout=600))
-    install_accept_error_log(asyncio.get_running_loop(), site.guard.describe, interval=interval)
+    rejections = Rejections()
+    install_accept_error_log(asyncio.get_running_loop(), site.guard.describe, interval=interval, rejections=rejections)
     await site.start()
     limit = descriptors_in_use() + 10
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
     print(site.port, flush=True)
     await asyncio.sleep(seconds)
     await runner.cleanup()
+    print("accept_failed", rejections.value("accept_failed"), flush=True)
 
 asyncio.run(main())
 """
@@ -229,7 +240,7 @@ def test_accept_errors_are_logged_once_per_interval_with_a_count(tmp_path) -> No
         for _ in range(40):
             sock = socket.create_connection(("127.0.0.1", port), timeout=PATIENCE)  # the kernel's backlog takes it
             socks.append(sock)
-        _, err = proc.communicate(timeout=PATIENCE + seconds)
+        out, err = proc.communicate(timeout=PATIENCE + seconds)
     finally:
         proc.kill()
         for sock in socks:
@@ -239,3 +250,7 @@ def test_accept_errors_are_logged_once_per_interval_with_a_count(tmp_path) -> No
     assert 1 <= len(lines) <= seconds / interval + 2, lines
     assert "Too many open files" in lines[0] and "connections open of at most 100000" in lines[0]
     assert any(re.search(r"\((\d+) times in the last \d+s\)", line) for line in lines[1:]), lines
+    # every failed accept is counted (l9gpu_http_rejections_total{reason="accept_failed"}),
+    # those said in the log and those after its last line
+    said = 1 + sum(int(n) for n in re.findall(r"\((\d+) times in the last \d+s\)", "\n".join(lines[1:])))
+    assert int(re.search(r"accept_failed (\d+)", out).group(1)) >= said > len(lines)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from agent import AgentProcess, run_cli
+from agent import AgentProcess, parse_metrics, pick, run_cli
 from conftest import need_tool
 from waiting import PATIENCE, wait_until
 
@@ -424,6 +424,11 @@ def test_basic_auth_headers_and_probe_exemption(tmp_path, pki, agents):
     # timed against an uncached check in test_authenticator_checks_bcrypt_and_caches_successes)
     for _ in range(10):
         assert agent.get("/metrics", basic("alice", "correct horse"))[0] == 200
+    # the five refusals above, counted for whoever watches the agent under attack (in a
+    # pass's rendering: /metrics serves bytes rendered up to two intervals ago)
+    assert wait_until(lambda: _rejections(agent, basic("alice", "correct horse"), "auth_failed") == [5.0],
+                      what="the refusals counted")
+    assert _rejections(agent, basic("alice", "correct horse"), "rate_limited") == [0.0]
 
 
 def test_users_reload_when_the_file_changes(tmp_path, pki, agents):
@@ -665,3 +670,13 @@ def test_rate_limit_is_per_address_and_never_charged_to_valid_credentials(tmp_pa
         assert get_from(agent, "127.0.0.3", headers=basic("prom", "scrape"))[0] == 200
     assert get_from(agent, "127.0.0.4")[0] == 401  # another address: its own bucket
     assert get_from(agent, "127.0.0.4", headers=basic("prom", "scrape"))[0] == 200
+    codes = [s for s, _ in statuses]
+    wait_until(lambda: _rejections(agent, basic("prom", "scrape"), "rate_limited") == [float(codes.count(429))],
+               what="the 429s counted")
+    assert _rejections(agent, basic("prom", "scrape"), "auth_failed") == [float(codes.count(401) + 1)]
+
+
+def _rejections(agent: AgentProcess, headers: dict[str, str], reason: str) -> list[float]:
+    status, _, body = agent.get("/metrics", headers)
+    assert status == 200, body
+    return pick(parse_metrics(body.decode()), "l9gpu_http_rejections_total", reason=reason)
