@@ -13,6 +13,11 @@ times the real command line (a new process each run, Python start-up included):
 for CSV, JSON and HTML (the median of ``--runs`` runs each), then checks the month's
 allocated GPU-hours against the history's own arithmetic.
 
+``--by model``: the 700 long-running containers are vLLM replicas too (three models, their
+token counters scraped with the agent's series; the idle holders serve nothing, idle
+replicas), and the command is ``--by model``, which also reads every engine's token
+counters and the idle intervals; the month's tokens are checked against the history's.
+
 Run: ``python benchmarks/bench_report.py`` (``--interval`` sets the sample interval of
 the history, 300 s by default; ``--keep DIR`` keeps the TSDB for the next run). Figures
 are recorded in docs/PERFORMANCE.md and docs/CHARGEBACK.md.
@@ -34,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from chargeback_history import Node, Workload, backfill  # noqa: E402
+from chargeback_history import EngineCounters, Node, Workload, backfill  # noqa: E402
 from promserver import PrometheusServer  # noqa: E402
 
 D, H = 86400, 3600
@@ -75,11 +80,34 @@ def cluster(start: int, end: int, interval: int) -> tuple[list[Node], list[Workl
     return nodes, workloads, (long_running + churning) / H
 
 
+MODELS = ("llama-3.1-70b", "llama-3.1-8b", "qwen2.5-7b")
+
+
+def engines(nodes: list[Node], workloads: list[Workload], start: int, end: int, interval: int
+            ) -> tuple[list[EngineCounters], float]:
+    """vLLM token counters for the long-running containers (the churning pods run no
+    engine), and the month's expected tokens: the idle holders serve nothing."""
+    offsets = {node.name: node.offset for node in nodes}
+    out, tokens = [], 0.0
+    for w in workloads:
+        if w.gpu < CHURNING:
+            continue
+        idle = w.phases[0][1] == 0.0
+        prompt, generated = (0.0, 0.0) if idle else (100.0 * (w.gpu + 1), 25.0 * (w.gpu + 1))
+        labels = {"namespace": w.labels["namespace"], "pod": w.labels["pod"], "model_name": MODELS[w.gpu % 3]}
+        out.append(EngineCounters(labels, "vllm:prompt_tokens", "vllm:generation_tokens", w.begin, w.end,
+                                  [(w.begin, prompt, generated)], step=interval, offset=offsets[w.node]))
+        tokens += (prompt + generated) * (end - start)
+    return out, tokens
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--interval", type=int, default=300, help="sample interval of the history, seconds")
     parser.add_argument("--runs", type=int, default=3, help="runs per format (median reported)")
     parser.add_argument("--keep", metavar="DIR", help="keep (or reuse) the backfilled TSDB here")
+    parser.add_argument("--by", choices=("namespace", "model"), default="namespace",
+                        help="model: the long-running containers are vLLM replicas, and the report is --by model")
     args = parser.parse_args()
     prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
     if not prometheus or not promtool:
@@ -88,17 +116,21 @@ def main() -> int:
     end = (int(time.time()) // D - 1) * D
     start = end - 30 * D
     nodes, workloads, expected_allocated = cluster(start, end, args.interval)
+    replicas, expected_tokens = (engines(nodes, workloads, start, end, args.interval) if args.by == "model"
+                                 else ([], 0.0))
     work = Path(tempfile.mkdtemp(prefix="bench-report-"))
     data = work / "data"  # where PrometheusServer points Prometheus
     if args.keep:
-        kept = Path(args.keep).resolve() / f"tsdb-{start}-{args.interval}"
+        kept = Path(args.keep).resolve() / f"tsdb-{start}-{args.interval}-{args.by}"
         kept.parent.mkdir(parents=True, exist_ok=True)
         data.symlink_to(kept, target_is_directory=True)
         data = kept
     if not data.exists():
         t0 = time.perf_counter()
-        samples = backfill(promtool, data, nodes, workloads, start - D, end + H, args.interval, work, parts=2)
-        print(f"history: {len(workloads)} series per family, {samples / 1e6:.1f} M samples, written and "
+        samples = backfill(promtool, data, nodes, workloads, start - D, end + H, args.interval, work, parts=2,
+                           engines=replicas)
+        print(f"history: {len(workloads)} series per family, {len(replicas)} engines, {samples / 1e6:.1f} M "
+              "samples, written and "
               f"backfilled in {time.perf_counter() - t0:.0f} s")
     prices = work / "prices.yaml"
     prices.write_text(PRICES)
@@ -107,7 +139,7 @@ def main() -> int:
     try:
         server.wait_for(f"count(last_over_time(container_gpu_allocation_seconds_total[1d] @ {end}))", timeout=300)
         cmd = [sys.executable, "-m", "exporter", "report", "--prometheus", server.base, "--from", str(start),
-               "--to", str(end), "--by", "namespace", "--prices", str(prices)]
+               "--to", str(end), "--by", args.by, "--prices", str(prices)]
         print("command: l9gpu " + " ".join(cmd[3:]).replace(str(prices), "prices.yaml") + " --format F")
         for fmt in ("csv", "json", "html"):
             times = []
@@ -127,6 +159,13 @@ def main() -> int:
         if abs(got - expected_allocated) > 1e-3:
             print("MISMATCH between the report and the history", file=sys.stderr)
             return 1
+        if args.by == "model":
+            tokens = doc["totals"]["prompt_tokens"] + doc["totals"]["generated_tokens"]
+            print(f"tokens {tokens:.0f} (history: {expected_tokens:.0f}); idle replica hours "
+                  f"{doc['totals']['idle_replica_hours']:.1f}; groups {sorted(g['group'] for g in doc['groups'])}")
+            if abs(tokens - expected_tokens) > 1e-6 * expected_tokens:
+                print("MISMATCH between the report's tokens and the history", file=sys.stderr)
+                return 1
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
