@@ -84,21 +84,23 @@ MODELS = ("llama-3.1-70b", "llama-3.1-8b", "qwen2.5-7b")
 
 
 def engines(nodes: list[Node], workloads: list[Workload], start: int, end: int, interval: int
-            ) -> tuple[list[EngineCounters], float]:
+            ) -> tuple[list[EngineCounters], float, float]:
     """vLLM token counters for the long-running containers (the churning pods run no
-    engine), and the month's expected tokens: the idle holders serve nothing."""
+    engine), the month's expected tokens, and its expected idle replica hours (the replica
+    on each node's last GPU serves nothing)."""
     offsets = {node.name: node.offset for node in nodes}
-    out, tokens = [], 0.0
+    out, tokens, idle_hours = [], 0.0, 0.0
     for w in workloads:
         if w.gpu < CHURNING:
             continue
-        idle = w.phases[0][1] == 0.0
+        idle = w.gpu == GPUS - 1  # one replica per node serves nothing all month: an idle replica
         prompt, generated = (0.0, 0.0) if idle else (100.0 * (w.gpu + 1), 25.0 * (w.gpu + 1))
         labels = {"namespace": w.labels["namespace"], "pod": w.labels["pod"], "model_name": MODELS[w.gpu % 3]}
         out.append(EngineCounters(labels, "vllm:prompt_tokens", "vllm:generation_tokens", w.begin, w.end,
                                   [(w.begin, prompt, generated)], step=interval, offset=offsets[w.node]))
         tokens += (prompt + generated) * (end - start)
-    return out, tokens
+        idle_hours += (end - start) / H if idle else 0.0
+    return out, tokens, idle_hours
 
 
 def main() -> int:
@@ -116,8 +118,8 @@ def main() -> int:
     end = (int(time.time()) // D - 1) * D
     start = end - 30 * D
     nodes, workloads, expected_allocated = cluster(start, end, args.interval)
-    replicas, expected_tokens = (engines(nodes, workloads, start, end, args.interval) if args.by == "model"
-                                 else ([], 0.0))
+    replicas, expected_tokens, expected_idle = (engines(nodes, workloads, start, end, args.interval)
+                                                if args.by == "model" else ([], 0.0, 0.0))
     work = Path(tempfile.mkdtemp(prefix="bench-report-"))
     data = work / "data"  # where PrometheusServer points Prometheus
     if args.keep:
@@ -161,10 +163,15 @@ def main() -> int:
             return 1
         if args.by == "model":
             tokens = doc["totals"]["prompt_tokens"] + doc["totals"]["generated_tokens"]
-            print(f"tokens {tokens:.0f} (history: {expected_tokens:.0f}); idle replica hours "
-                  f"{doc['totals']['idle_replica_hours']:.1f}; groups {sorted(g['group'] for g in doc['groups'])}")
+            idle = doc["totals"]["idle_replica_hours"]
+            print(f"tokens {tokens:.0f} (history: {expected_tokens:.0f}); idle replica hours {idle:.1f} (history: "
+                  f"{expected_idle:.1f}, less the intervals around the rollout's gap); groups "
+                  f"{sorted(g['group'] for g in doc['groups'])}")
             if abs(tokens - expected_tokens) > 1e-6 * expected_tokens:
                 print("MISMATCH between the report's tokens and the history", file=sys.stderr)
+                return 1
+            if not expected_idle * 0.995 <= idle <= expected_idle:
+                print("MISMATCH between the report's idle replica hours and the history", file=sys.stderr)
                 return 1
     finally:
         server.stop()
