@@ -13,50 +13,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.registry import CollectorRegistry
 
 from bridge.convert import StartTimes, to_metrics_data
 from exporter import __version__
-from exporter import catalogue as cat
+from exporter.counts import LabelCounts
 
 log = logging.getLogger("l9gpu.otlp")
 
 EXPORTS_METRIC = "l9gpu_otlp_exports_total"
 
 
-class ExportCounter(Collector):
+class ExportCounter(LabelCounts):
     """Counts export outcomes and serves them as ``l9gpu_otlp_exports_total{result}``."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = {"success": 0, "failure": 0}
+        super().__init__(EXPORTS_METRIC, ("success", "failure"))
 
-    def add(self, success: bool) -> None:
-        with self._lock:
-            self._counts["success" if success else "failure"] += 1
-
-    def value(self, result: str) -> int:
-        with self._lock:
-            return self._counts[result]
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        spec = cat.get(EXPORTS_METRIC)
-        family = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
-        with self._lock:
-            counts = dict(self._counts)
-        for result in ("success", "failure"):
-            family.add_metric((result,), float(counts[result]))
-        yield family
-
-    def describe(self) -> Iterator[CounterMetricFamily]:
-        return iter(())
+    def add_result(self, success: bool) -> None:
+        self.add("success" if success else "failure")
 
 
 class OtlpPusher:
@@ -114,7 +95,7 @@ class OtlpPusher:
                 error = "" if ok else "the exporter reported a failure"
             except Exception as exc:  # noqa: BLE001 - a push must never end the agent
                 ok, error = False, f"{type(exc).__name__}: {exc}"
-            self.counter.add(ok)
+            self.counter.add_result(ok)
             if ok and self._failing:
                 log.info("OTLP export to %s works again", self._description)
             elif not ok and not self._failing:

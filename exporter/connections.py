@@ -47,11 +47,11 @@ import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from aiohttp import web
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
+
+from exporter.counts import LabelCounts
 
 log = logging.getLogger(__name__)
 
@@ -74,36 +74,12 @@ REJECTION_REASONS = (
 REJECTIONS_METRIC = "l9gpu_http_rejections_total"
 
 
-class Rejections(Collector):
-    """Counts what the listener turned away, by reason, and serves it as
-    ``l9gpu_http_rejections_total{reason}`` (every reason from 0, so that ``increase()``
-    sees the first one).
-
-    Counted in the event loop's thread, read when the registry is rendered: each count is
-    one int, read whole.
-    """
+class Rejections(LabelCounts):
+    """Counts what the listener turned away, by reason: ``l9gpu_http_rejections_total{reason}``."""
 
     def __init__(self) -> None:
-        self._counts = dict.fromkeys(REJECTION_REASONS, 0)
+        super().__init__(REJECTIONS_METRIC, REJECTION_REASONS)
 
-    def add(self, reason: str) -> None:
-        self._counts[reason] += 1
-
-    def value(self, reason: str) -> int:
-        return self._counts[reason]
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        from exporter import catalogue as cat
-
-        spec = cat.get(REJECTIONS_METRIC)
-        family = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
-        counts = dict(self._counts)
-        for reason in REJECTION_REASONS:
-            family.add_metric((reason,), float(counts[reason]))
-        yield family
-
-    def describe(self) -> Iterator[CounterMetricFamily]:
-        return iter(())
 
 #: Descriptors kept free beyond those counted at start and attribution's kept-open files:
 #: sockets to the kubelet, the container runtime, the API server and an OTLP collector,
@@ -541,16 +517,21 @@ class ConnectionGuard:
         self._open: OrderedDict[_GuardedConnection, None] = OrderedDict()
         self._sweeper: asyncio.Task[None] | None = None
         cap = limits.max_connections
-        self.evicted = ThrottledLog(log, logging.WARNING, f"connection limit ({cap}) reached: closed the oldest "
-                                    "idle or unfinished connection to admit a new one (--max-connections)")
-        self.refused = ThrottledLog(log, logging.WARNING, f"connection limit ({cap}) reached with every connection "
-                                    "busy: closed a new connection (--max-connections)")
-        self.timed_out = ThrottledLog(log, logging.INFO, "closed a connection whose request headers did not arrive "
-                                      f"within {limits.header_timeout:g}s (--header-timeout)")
-        self.too_large = ThrottledLog(log, logging.INFO, "refused a request whose line and headers exceed "
-                                      f"{limits.max_header_bytes} bytes (--max-header-bytes)")
-        self._throttles = {"connection_limit_evicted": self.evicted, "connection_limit_refused": self.refused,
-                           "header_timeout": self.timed_out, "header_too_large": self.too_large}
+        # What each reason logs, at most once per LOG_INTERVAL with a count.
+        self._throttles = {
+            "connection_limit_evicted": ThrottledLog(
+                log, logging.WARNING, f"connection limit ({cap}) reached: closed the oldest idle or unfinished "
+                "connection to admit a new one (--max-connections)"),
+            "connection_limit_refused": ThrottledLog(
+                log, logging.WARNING, f"connection limit ({cap}) reached with every connection busy: closed a new "
+                "connection (--max-connections)"),
+            "header_timeout": ThrottledLog(
+                log, logging.INFO, "closed a connection whose request headers did not arrive within "
+                f"{limits.header_timeout:g}s (--header-timeout)"),
+            "header_too_large": ThrottledLog(
+                log, logging.INFO, "refused a request whose line and headers exceed "
+                f"{limits.max_header_bytes} bytes (--max-header-bytes)"),
+        }
 
     def reject(self, reason: str) -> None:
         """A connection closed at a limit: counted, and logged (at most once per interval)."""

@@ -445,7 +445,7 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
                   for engine in engines for fieldname in TOKEN_FIELDS for sel in engine.selectors(fieldname)]
     # the idle intervals' queries first (the semaphore admits queries in order): they take
     # longest, and the others fit beside them
-    idle, merge_idle = _idle(prom, grid, _idle_expression(engines, selector)) if engines else ([], None)
+    idle, merge_idle = _idle(prom, grid, _idle_expression(engines, selector)) if engines else ([], lambda _: {})
     work: list[Any] = [_counter(prom, family, grid, selector, stats) for family in families]
     work += [_counter(prom, text, grid, selector, stats) for _, _, _, text in candidates]
     idle_and_rest = await _all(*idle, *work)
@@ -457,7 +457,6 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
         token_results = results[len(families):len(families) + len(candidates)]
         fetched.tokens, fetched.unjoined = model_tokens(
             [(e, label, f, r) for (e, label, f, _), r in zip(candidates, token_results)], len(grid.bounds) - 1)
-        assert merge_idle is not None
         fetched.idle = merge_idle(idle_and_rest[:len(idle)])
     stats.queries = prom.queries
     stats.series = len(series)
