@@ -26,7 +26,8 @@ from typing import Any, Callable, Mapping, Sequence
 from exporter import __version__
 from exporter import catalogue as cat
 from exporter.bulkhead import DEFAULT_READ_TIMEOUT
-from exporter.config import argtype, parse_duration, parse_listen, parse_positive_duration
+from exporter.config import argtype, parse_listen, parse_positive_duration
+from exporter.devices import close_backends, joined_name
 from exporter.devices.gpm import WARMING_UP
 from exporter.escape import for_terminal
 from exporter.snapshot_json import describe_owner, document_json, snapshot_document
@@ -46,13 +47,6 @@ CLOSE_TIMEOUT = 1.0
 SNAPSHOT_POD_LIST_WAIT = 10.0
 
 
-def parse_gpm_interval(text: str) -> float | None:
-    """``--gpm-interval``: a duration (0 = every pass), or ``off`` (None)."""
-    if str(text).strip().lower() == "off":
-        return None
-    return parse_duration(text)
-
-
 class UsageError(Exception):
     """A user mistake in flags, environment or files: printed as one line, exit 2."""
 
@@ -67,26 +61,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_device_args(parser: argparse.ArgumentParser) -> None:
-    from exporter import attribution
+    from exporter import attribution, devices
 
     group = parser.add_argument_group("devices")
     group.add_argument("--backend", default="auto",
                        help="auto, nvml, amd, gaudi, simulated, or a comma-separated list for mixed nodes "
                             "(default: auto)")
-    group.add_argument("--scenario", metavar="FILE",
-                       help="scenario file for --backend simulated (default: the built-in node)")
-    group.add_argument("--hl-smi", default="hl-smi", metavar="PATH", help="hl-smi executable for --backend gaudi")
-    group.add_argument("--hl-smi-timeout", default="5s", type=argtype(parse_positive_duration), metavar="DURATION",
-                       help="kill hl-smi after this long (default: 5s)")
+    devices.add_arguments(group, devices.SOURCE_FLAGS)  # where each backend reads its devices from
     group.add_argument("--node-name", default=None,
                        help="value of the node label (default: $NODE_NAME, then the simulated scenario's node, "
                             "then the hostname)")
     group.add_argument("--interval", default="1s", type=argtype(parse_positive_duration), metavar="DURATION",
                        help="time between collection passes, e.g. 500ms, 2s, 1m (default: 1s)")
-    group.add_argument("--gpm-interval", default="5s", type=argtype(parse_gpm_interval), metavar="DURATION|off",
-                       help="NVIDIA Hopper and newer: time between two GPM samples of a GPU, over which SM, "
-                            "tensor-core and DRAM activity are averaged; 0 samples every pass, off turns GPM "
-                            "off (default: 5s)")
+    devices.add_arguments(group, devices.SAMPLING_FLAGS)  # how each backend samples its devices
     group.add_argument("--process-metrics", action="store_true",
                        help="also export per-process series (pid, comm) for debugging; every GPU's per-process "
                             "samples are then read every pass, also where one workload holds the GPU")
@@ -349,34 +336,30 @@ def setup_logging(level: str, fmt: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-def _open(args: argparse.Namespace, wait_for_pods: float = 0.0) -> tuple[Any, Any]:
-    """Open the backend and the attributor the flags ask for (``wait_for_pods``: seconds to
+def _open(args: argparse.Namespace, wait_for_pods: float = 0.0) -> tuple[list[Any], Any]:
+    """Open the backends and the attributor the flags ask for (``wait_for_pods``: seconds to
     wait for the API server's first pod list; the agent waits for none)."""
-    from exporter import attribution
-    from exporter.devices import BackendUnavailable, open_backend
+    from exporter import attribution, devices
 
     if not os.path.isdir(os.path.join(args.proc_root, "self")):
         raise UsageError(f"l9gpu: --proc-root {args.proc_root} is not a proc filesystem (no {args.proc_root}/self); "
                          "mount the host's /proc there, or run with hostPID and the default /proc")
-    options = {"scenario": args.scenario, "proc_root": args.proc_root, "hl_smi": args.hl_smi,
-               "hl_smi_timeout": args.hl_smi_timeout, "gpm": args.gpm_interval is not None,
-               "gpm_interval": args.gpm_interval}
     try:
-        backend = open_backend(args.backend, options)
-    except BackendUnavailable as exc:
+        backends = devices.open_backends(args.backend, devices.options_from(args))
+    except devices.BackendUnavailable as exc:
         raise UsageError(f"l9gpu: {exc}") from None
     if not args.node_name:
-        scenario = getattr(backend, "scenario", None)
-        args.node_name = os.environ.get("NODE_NAME") or getattr(scenario, "node", "") or socket.gethostname()
+        known = next((name for name in (b.node_name() for b in backends) if name), "")
+        args.node_name = os.environ.get("NODE_NAME") or known or socket.gethostname()
     try:
-        attributor = attribution.build_attributor(args, backend, args.node_name, wait_for_pods=wait_for_pods)
+        attributor = attribution.build_attributor(args, backends, args.node_name, wait_for_pods=wait_for_pods)
     except ValueError as exc:
-        backend.close()
+        devices.close_backends(backends)
         raise UsageError(f"l9gpu: {exc}") from None
-    return backend, attributor
+    return backends, attributor
 
 
-def _collector(args: argparse.Namespace, backend: Any, attributor: Any) -> tuple[Any, tuple[str, ...]]:
+def _collector(args: argparse.Namespace, backends: list[Any], attributor: Any) -> tuple[Any, tuple[str, ...]]:
     from exporter.collector import Collector
     from exporter.derive import label_schema
 
@@ -387,7 +370,7 @@ def _collector(args: argparse.Namespace, backend: Any, attributor: Any) -> tuple
     # Per-process series exported: every GPU's per-process samples are read every pass.
     process_metrics = bool(getattr(args, "process_metrics", False)) or any(
         name in cat.BY_NAME and cat.get(name).scope == cat.PROCESS for name in getattr(args, "enable_metric", []) or [])
-    collector = Collector(backend, args.node_name, args.interval, attributor, labeller,
+    collector = Collector(backends, args.node_name, args.interval, attributor, labeller,
                           grace_seconds=args.workload_grace, process_metrics=process_metrics, **timeout)
     return collector, extra_names
 
@@ -454,11 +437,12 @@ def serve(args: argparse.Namespace) -> int:
     rejections = Rejections()  # what the listener and the web config's checks turn away
     watcher = _web_config(args.web_config, rejections)
     open_files = raise_open_file_limit()  # before attribution sizes its pidfds and /proc files by it
-    backend, attributor = _open(args)
-    if dcgm_selection is not None and not {"nvml", "simulated"} & set(backend.name.split(",")):
+    backends, attributor = _open(args)
+    backend_name = joined_name(backends)
+    if dcgm_selection is not None and not {"nvml", "simulated"} & {b.name for b in backends}:
         log.warning("the DCGM schema covers NVIDIA GPUs only: the %s backend's GPUs are exported in the l9gpu "
-                    "schema only", backend.name)
-    collector, extra_names = _collector(args, backend, attributor)
+                    "schema only", backend_name)
+    collector, extra_names = _collector(args, backends, attributor)
     registry = build_registry(lambda: collector.snapshot, enabled, extra_names, dcgm_selection)
     if REJECTIONS_METRIC in enabled:
         registry.register(rejections)
@@ -477,12 +461,12 @@ def serve(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     except ValueError as exc:
-        backend.close()
+        close_backends(backends)
         raise UsageError(f"l9gpu: {exc}") from None
     from exporter.page import SnapshotPages
 
     pages = SnapshotPages(lambda: collector.snapshot, args.node_name, args.interval, extra_names,
-                          gpm_status=lambda: gpm_status(backend))
+                          gpm_status=lambda: gpm_status(backends))
     app = make_app(exposition, lambda: collector.snapshot, collector.alive, args.node_name,
                    middlewares=[watcher.middleware] if watcher is not None else (), pages=pages,
                    health=collector.liveness)
@@ -512,7 +496,7 @@ def serve(args: argparse.Namespace) -> int:
             log.warning("%s", limits_warning)
         scheme = watcher.scheme if watcher is not None else "http"
         log.info("l9gpu %s serving node %s with backend %s on %s://%s:%d/metrics (interval %gs; at most %d "
-                 "connections)", __version__, args.node_name, backend.name, scheme, host, port, args.interval,
+                 "connections)", __version__, args.node_name, backend_name, scheme, host, port, args.interval,
                  limits.max_connections)
         reload_task = asyncio.create_task(watcher.watch()) if watcher is not None else None
         stop = asyncio.Event()
@@ -532,22 +516,22 @@ def serve(args: argparse.Namespace) -> int:
         if bridge is not None:
             bridge.stop(timeout=0.4)  # one last push, bounded: shutdown stays within about a second
         attributor.close()
-        _close_backend(backend, CLOSE_TIMEOUT)
+        _close_backend(backends, CLOSE_TIMEOUT)
         if watcher is not None:
             watcher.close()
     return 0
 
 
-def _close_backend(backend: Any, timeout: float) -> None:
-    """Close the backend, waiting at most ``timeout`` seconds: with a call stuck in the
+def _close_backend(backends: list[Any], timeout: float) -> None:
+    """Close the backends, waiting at most ``timeout`` seconds: with a call stuck in the
     driver, shutting the library down may block as well, and the agent must still exit."""
     from exporter.bulkhead import call_within
+    from exporter.devices import call_prefixes
 
-    outcome = call_within(backend.close, timeout, tuple(getattr(backend, "call_prefixes", ("nvml", "amdsmi_"))),
-                          name="l9gpu-close")
+    outcome = call_within(lambda: close_backends(backends), timeout, call_prefixes(backends), name="l9gpu-close")
     if not outcome.returned:
         log.warning("closing the %s backend did not finish within %gs (stuck in %s); exiting without it",
-                    backend.name, timeout, outcome.call or "the vendor library")
+                    joined_name(backends), timeout, outcome.call or "the vendor library")
 
 
 def _web_config(path: str | None, rejections: Any = None) -> Any:
@@ -570,18 +554,17 @@ def snapshot(args: argparse.Namespace) -> int:
     """
     if args.gpm_interval is not None:
         args.gpm_interval = 0.0  # sample on each of the (at most two) passes
-    backend, attributor = _open_within(args, args.timeout,
-                                       wait_for_pods=min(SNAPSHOT_POD_LIST_WAIT, args.timeout / 2))
-    timed = [b for b in getattr(backend, "backends", [backend]) if callable(getattr(b, "enable_timings", None))]
+    backends, attributor = _open_within(args, args.timeout,
+                                        wait_for_pods=min(SNAPSHOT_POD_LIST_WAIT, args.timeout / 2))
+    timed: list[Any] = []
     passes: list[tuple[str, dict[str, Any]]] = []
     collector = None
     try:
-        collector, extra_names = _collector(args, backend, attributor)
+        collector, extra_names = _collector(args, backends, attributor)
         if args.timings:
-            for part in timed:
-                part.enable_timings()
+            timed = [b for b in backends if b.enable_timings()]
         snap = collector.collect_once()
-        gpm_warming = any(status == WARMING_UP for status in gpm_status(backend).values())
+        gpm_warming = any(status == WARMING_UP for status in gpm_status(backends).values())
         if args.timings:
             # The first pass also reads what is read once or on a slow schedule; a steady
             # pass, one interval later (at most a second), is what every pass costs.
@@ -592,12 +575,12 @@ def snapshot(args: argparse.Namespace) -> int:
             snap = collector.collect_once()
         if args.timings:
             passes.append(("steady pass", _call_timings(timed)))
-        statuses = gpm_status(backend)
+        statuses = gpm_status(backends)
     finally:
         if collector is not None:
             collector.stop()
         attributor.close()
-        _close_backend(backend, min(args.timeout, CLOSE_TIMEOUT))
+        _close_backend(backends, min(args.timeout, CLOSE_TIMEOUT))
     if args.json:
         doc = snapshot_document(snap, extra_names, statuses)
         if args.timings:
@@ -612,18 +595,19 @@ def snapshot(args: argparse.Namespace) -> int:
         if args.timings:
             print()
             print(format_timings(passes) if timed else
-                  f"no per-call timings for the {backend.name} backend (NVIDIA's nvml backend has them)")
+                  f"no per-call timings for the {joined_name(backends)} backend (NVIDIA's nvml backend has them)")
             if any(name.startswith("nvmlGpm") for _, calls in passes for name in calls):
                 print("(nvmlGpm* calls: this snapshot samples GPM on both passes; `l9gpu serve` samples a GPU "
                       "every --gpm-interval)")
     return 0
 
 
-def _open_within(args: argparse.Namespace, timeout: float, wait_for_pods: float = 0.0) -> tuple[Any, Any]:
+def _open_within(args: argparse.Namespace, timeout: float, wait_for_pods: float = 0.0) -> tuple[list[Any], Any]:
     """`_open`, waiting at most ``timeout`` seconds (a wedged driver can block its init)."""
     from exporter.bulkhead import call_within
+    from exporter.devices import call_prefixes
 
-    outcome = call_within(lambda: _open(args, wait_for_pods=wait_for_pods), timeout, ("nvml", "amdsmi_"),
+    outcome = call_within(lambda: _open(args, wait_for_pods=wait_for_pods), timeout, call_prefixes(),
                           name="l9gpu-open")
     if not outcome.returned:
         backend = "GPU" if args.backend == "auto" else args.backend
@@ -634,8 +618,8 @@ def _open_within(args: argparse.Namespace, timeout: float, wait_for_pods: float 
         raise SnapshotTimeout(f"l9gpu: {what}; nothing could be read")
     if outcome.error is not None:
         raise outcome.error
-    backend, attributor = outcome.value
-    return backend, attributor
+    backends, attributor = outcome.value
+    return backends, attributor
 
 
 def _call_timings(backends: list[Any]) -> dict[str, Any]:
@@ -659,13 +643,11 @@ def format_timings(passes: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def gpm_status(backend: Any) -> dict[tuple[int, str], str]:
-    """GPM status per (GPU index, MIG instance) from the backend(s) that have GPM."""
+def gpm_status(backends: list[Any]) -> dict[tuple[int, str], str]:
+    """GPM status per (GPU index, MIG instance) from the backends that have GPM."""
     out: dict[tuple[int, str], str] = {}
-    for part in getattr(backend, "backends", [backend]):
-        status = getattr(part, "gpm_status", None)
-        if callable(status):
-            out.update(status())
+    for backend in backends:
+        out.update(backend.gpm_status())
     return out
 
 

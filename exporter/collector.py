@@ -7,9 +7,13 @@ hardware, /proc or the network. A failing part (the backend, attribution) is rep
 ``l9gpu_collector_success`` and degrades only its own part of the snapshot.
 
 The devices are read through a bulkhead (`exporter.bulkhead`): each backend's parts of a
-pass (one per GPU where the backend offers them, else the whole backend) have a deadline,
-and a part stuck in a driver call is published down, with the call, while the others go
-on; nothing more is asked of it until the call returns (docs/HEALTH.md).
+pass (`Backend.reads`: one per GPU where the backend offers them, else the whole backend)
+have a deadline, and a part stuck in a driver call is published down, with the call,
+while the others go on; nothing more is asked of it until the call returns
+(docs/HEALTH.md).
+
+Per-process SM shares of a backend that `defers_process_shares` are planned in
+`exporter.shares`: the collector keeps each backend's `PassPlan` for its next pass.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Callable, Mapping, NoReturn
+from typing import Callable, Mapping, NoReturn, Sequence
 
 from exporter.attribution import Attributor, NullAttributor
 from exporter.bulkhead import DEFAULT_READ_TIMEOUT, Bulkhead, Failed, Read, Stuck
@@ -35,26 +39,10 @@ from exporter.model import (
     StuckCall,
     Workload,
     frozen_mapping,
-    updated,
 )
+from exporter.shares import PassPlan, plan_shares
 
 log = logging.getLogger(__name__)
-
-
-def _down(device: DeviceSample, error: str) -> DeviceSample:
-    """The identity of a device that could not be read this pass, with no values."""
-    return DeviceSample(index=device.index, uuid=device.uuid, model=device.model, vendor=device.vendor,
-                        gpu_instance=device.gpu_instance, driver_version=device.driver_version,
-                        pci_bus_id=device.pci_bus_id, serial=device.serial, up=False, error=error)
-
-
-def share_from_device(device: DeviceSample) -> DeviceSample:
-    """A device held by one owner whose per-process samples were not read: the owner's SM
-    share is the device's utilisation (on its one process, where it has one)."""
-    processes = device.processes
-    if len(processes) == 1:
-        processes = (updated(processes[0], sm_utilization=device.utilization),)
-    return updated(device, processes=processes, sm_share_from_device=True)
 
 
 def _raise(exc: BaseException) -> NoReturn:
@@ -65,7 +53,8 @@ class Collector:
     """Runs collection passes and holds the current snapshot.
 
     Args:
-        backend: an opened device backend.
+        backends: the node's opened device backends (one, or several on a mixed-vendor
+            node: their devices' keys are then prefixed with the backend's name).
         node: node name for the ``node`` label.
         interval: seconds between passes.
         attributor: PID -> workload resolver (default: none, all unattributed).
@@ -85,7 +74,7 @@ class Collector:
 
     def __init__(
         self,
-        backend: Backend,
+        backends: Sequence[Backend],
         node: str,
         interval: float = 1.0,
         attributor: Attributor | None = None,
@@ -97,7 +86,8 @@ class Collector:
         read_timeout: float = DEFAULT_READ_TIMEOUT,
         process_metrics: bool = False,
     ):
-        self.backend = backend
+        self.backends = list(backends)
+        self.name = ",".join(b.name for b in self.backends)  # the devices' collector label
         self.node = node
         self.interval = interval
         self.attributor: Attributor = attributor or NullAttributor()
@@ -108,17 +98,13 @@ class Collector:
         self.on_snapshot = on_snapshot
         self._state = DeriveState()
         self._snapshot: Snapshot | None = None
-        self._last_devices: dict[str, list[DeviceSample]] = {}  # per backend, for a whole backend down
         self.read_timeout = read_timeout
         self._bulkhead = Bulkhead(read_timeout)
         self.process_metrics = process_metrics
-        # Backends that leave per-process samples until the owners are known (NVML).
-        self._deferring: set[str] = set()
-        if not process_metrics:
-            for part in getattr(backend, "backends", [backend]):
-                if callable(getattr(part, "process_utilization_reads", None)):
-                    part.defer_process_utilization = True  # type: ignore[attr-defined]
-                    self._deferring.add(part.name)
+        # Per backend, the plan of its next pass: backends that leave per-process samples
+        # until the owners are known (NVML) read them all only with per-process series on.
+        self._plans = [PassPlan(process_metrics=process_metrics or not b.defers_process_shares)
+                       for b in self.backends]
         self._progress_clock = time.monotonic  # real time: liveness is about a stuck thread
         self._published_at: float | None = None
         self._started_at: float | None = None
@@ -156,12 +142,12 @@ class Collector:
             owners = {}
             attributed = False
         attribution_seconds = time.perf_counter() - started
-        if self._deferring:
+        if not all(plan.process_metrics for plan in self._plans):
             started = time.perf_counter()
             devices, more_stuck, shares_ok = self._process_shares(devices, sources, owners)
             stuck, ok = stuck + more_stuck, ok and shares_ok
             read_seconds += time.perf_counter() - started
-        statuses.append(CollectorStatus(self.backend.name, ok, read_seconds))
+        statuses.append(CollectorStatus(self.name, ok, read_seconds))
         statuses.append(CollectorStatus("attribution", attributed, attribution_seconds))
         allocations = self._allocations(devices)
         for name, healthy in self.attributor.statuses().items():
@@ -175,9 +161,8 @@ class Collector:
             for d in devices if d.up for p in d.processes
         )
         backend_errors = {}
-        for backend in getattr(self.backend, "backends", [self.backend]):  # MultiBackend or one
-            errors = getattr(backend, "errors", None)
-            for reason, count in (errors() if callable(errors) else {}).items():
+        for backend in self.backends:
+            for reason, count in backend.errors().items():
                 backend_errors[(backend.name, reason)] = count
         info = dict(self.attributor.info())
         info["unattributed_processes"] = float(derived.unattributed_processes)
@@ -207,31 +192,41 @@ class Collector:
                 log.exception("snapshot hook failed")
         return snapshot
 
-    def _read_devices(self, now: float) -> tuple[list[DeviceSample], list[Backend], tuple[StuckCall, ...], bool]:
+    def _read_devices(self, now: float) -> tuple[list[DeviceSample], list[int], tuple[StuckCall, ...], bool]:
         """Every backend's reads for this pass, each within its deadline.
 
         Returns:
-            The devices in order, the backend each came from, the calls stuck past their
-            deadline, and whether every read answered (the backend collector's success).
+            The devices in order, the place in `backends` of the backend each came from,
+            the calls stuck past their deadline, and whether every read answered (the
+            backend collector's success).
         """
-        backends = list(getattr(self.backend, "backends", [self.backend]))  # MultiBackend or one
         reads: list[Read] = []
-        owners: list[Backend] = []
-        for backend in backends:
-            parts = self._backend_reads(backend, now)
-            if len(backends) > 1:  # keys are per backend: tell two backends' GPU 0 apart
-                parts = [replace(read, key=(backend.name, read.key)) for read in parts]
+        owners: list[int] = []
+        for place, (backend, plan) in enumerate(zip(self.backends, self._plans)):
+            parts = self._parts(backend, self._backend_reads(backend, now, plan))
             reads.extend(parts)
-            owners.extend([backend] * len(parts))
+            owners.extend([place] * len(parts))
         per_read, stuck, ok = self._outcomes(reads, owners)
         devices: list[DeviceSample] = []
-        sources: list[Backend] = []
+        sources: list[int] = []
         for got, owner in zip(per_read, owners):
             devices.extend(got)
             sources.extend([owner] * len(got))
         return devices, sources, stuck, ok
 
-    def _outcomes(self, reads: list[Read], owners: list[Backend]
+    def _parts(self, backend: Backend, reads: list[Read]) -> list[Read]:
+        """A backend's reads as parts of this collector's pass: keyed per backend where
+        there are several (two backends' GPU 0 told apart), with a deadline no shorter
+        than the collector's."""
+        several = len(self.backends) > 1
+        out = []
+        for read in reads:
+            if read.timeout is not None and read.timeout < self.read_timeout:
+                read = replace(read, timeout=self.read_timeout)
+            out.append(replace(read, key=(backend.name, read.key)) if several else read)
+        return out
+
+    def _outcomes(self, reads: list[Read], owners: list[int]
                   ) -> tuple[list[list[DeviceSample]], tuple[StuckCall, ...], bool]:
         """Run ``reads`` (each of the backend at its place in ``owners``) through the bulkhead.
 
@@ -245,17 +240,18 @@ class Collector:
         stuck: list[StuckCall] = []
         ok = True
         for read, owner, outcome in zip(reads, owners, outcomes):
+            name = self.backends[owner].name
             got: list[DeviceSample] = []
             if isinstance(outcome, Stuck):
                 ok = False
                 reason = (f"stuck in {outcome.call} for {outcome.seconds:.1f} s, since "
                           f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(outcome.since))}")
                 got = list(read.down(reason)) if read.down is not None else []
-                stuck.append(StuckCall(owner.name, outcome.what, outcome.call, outcome.since, outcome.seconds,
+                stuck.append(StuckCall(name, outcome.what, outcome.call, outcome.since, outcome.seconds,
                                        tuple(d.key for d in got)))
             elif isinstance(outcome, Failed):
                 ok = False
-                log.warning("reading devices (%s: %s) failed: %s", owner.name, read.what, outcome.error)
+                log.warning("reading devices (%s: %s) failed: %s", name, read.what, outcome.error)
                 if read.down is not None:
                     got = list(read.down(str(outcome.error)))
             elif outcome:
@@ -263,101 +259,51 @@ class Collector:
             per_read.append(got)
         return per_read, tuple(stuck), ok
 
-    def _process_shares(self, devices: list[DeviceSample], sources: list[Backend], owners: Mapping[int, Workload]
+    def _process_shares(self, devices: list[DeviceSample], sources: list[int], owners: Mapping[int, Workload]
                         ) -> tuple[list[DeviceSample], tuple[StuckCall, ...], bool]:
         """The SM shares of the processes on GPUs whose backend left them until the owners
-        were known: read (with deadlines, as the pass's first reads) for GPUs that more
-        than one owner shares, the device's utilisation for the one owner of the others.
-
-        A GPU shared in this pass is read in its part of the next pass already (the
-        backend's ``shared_gpus``): sharing lasts, and one read per pass is cheaper than
-        two. Only a GPU that a second owner has just joined is read here, a second time.
+        were known (`exporter.shares.plan_shares`): the device's utilisation for the one
+        owner of a GPU; read now, with deadlines, for a GPU that a second owner has just
+        joined. Each backend's plan for its next pass is kept.
 
         Returns:
             The devices with their processes' shares, the calls stuck past their deadline,
             and whether every read answered.
         """
-        shared: dict[str, list[int]] = {}  # backend -> places in devices to read
-        now_shared: dict[str, set[int]] = {name: set() for name in self._deferring}
-        by_name: dict[str, Backend] = {}
-        for n, (device, source) in enumerate(zip(devices, sources)):
-            if source.name not in self._deferring:
-                continue
-            by_name[source.name] = source
-            if not device.up or device.gpu_instance or not device.processes:
-                continue
-            one = self._one_owner(device, owners)
-            if not one:
-                now_shared[source.name].add(device.index)
-            if device.index in getattr(source, "shared_gpus", ()):
-                continue  # shared in the last pass: read in its part of this one
-            if one and device.utilization is not None:
-                devices[n] = share_from_device(device)
-            else:  # a second owner has just appeared: read now
-                shared.setdefault(source.name, []).append(n)
-                now_shared[source.name].add(device.index)
-        for name, indexes in now_shared.items():
-            if name in by_name:
-                by_name[name].shared_gpus = frozenset(indexes)  # type: ignore[attr-defined]
-        if not shared:
-            return devices, (), True
-        several = len(getattr(self.backend, "backends", [self.backend])) > 1
         reads: list[Read] = []
-        read_owners: list[Backend] = []
+        read_owners: list[int] = []
         places: list[int] = []
-        for positions in shared.values():
-            backend = sources[positions[0]]
-            parts = backend.process_utilization_reads([devices[n] for n in positions])  # type: ignore[attr-defined]
-            for n, read in zip(positions, parts):
-                reads.append(replace(read, key=(backend.name, read.key)) if several else read)
-                read_owners.append(backend)
+        for place, (backend, plan) in enumerate(zip(self.backends, self._plans)):
+            if plan.process_metrics:
+                continue
+            positions = [n for n, source in enumerate(sources) if source == place]
+            decided = plan_shares([devices[n] for n in positions], owners, self._labeller, plan)
+            self._plans[place] = decided.next_plan
+            for n, device in zip(positions, decided.devices):
+                devices[n] = device
+            if not decided.read_now:
+                continue
+            to_read = [positions[i] for i in decided.read_now]
+            parts = self._parts(backend, backend.process_share_reads([devices[n] for n in to_read]))
+            for n, read in zip(to_read, parts):
+                reads.append(read)
+                read_owners.append(place)
                 places.append(n)
+        if not reads:
+            return devices, (), True
         per_read, stuck, ok = self._outcomes(reads, read_owners)
         for n, got in zip(places, per_read):
             if len(got) == 1:
                 devices[n] = got[0]
         return devices, stuck, ok
 
-    def _one_owner(self, device: DeviceSample, owners: Mapping[int, Workload]) -> bool:
-        """True when every process on the device belongs to one owner: one workload (the
-        same labels, as derive groups them), or none attributed (one unattributed bucket)."""
-        first: Workload | None = None
-        first_labels: tuple[str, ...] | None = None
-        for process in device.processes:
-            owner = owners.get(process.pid, UNKNOWN)
-            if first is None:
-                first = owner
-                continue
-            if owner is first:  # a container's processes share one object
-                continue
-            if owner.attributed != first.attributed:
-                return False
-            if not owner.attributed:
-                continue
-            if first_labels is None:
-                first_labels = self._labeller(first)
-            if self._labeller(owner) != first_labels:
-                return False
-        return True
-
-    def _backend_reads(self, backend: Backend, now: float) -> list[Read]:
-        """A backend's parts of a pass: its own (`NvmlBackend.reads`), or all of it as one."""
-        own = getattr(backend, "reads", None)
-        if callable(own):
-            try:
-                return list(own(now))
-            except Exception as exc:  # noqa: BLE001 - a broken backend must not stop the agent
-                return [Read(backend.name, f"the {backend.name} backend", functools.partial(_raise, exc))]
-        name = backend.name
-
-        def run() -> list[DeviceSample]:
-            devices = list(backend.sample(now))
-            self._last_devices[name] = devices
-            return devices
-
-        return [Read(name, f"the {name} backend", run, calls=tuple(getattr(backend, "call_prefixes", ())),
-                     timeout=max(self.read_timeout, getattr(backend, "read_timeout", None) or 0.0),
-                     down=lambda reason: [_down(d, reason) for d in self._last_devices.get(name, [])])]
+    def _backend_reads(self, backend: Backend, now: float, plan: PassPlan) -> list[Read]:
+        """A backend's parts of a pass (`Backend.reads`); one that cannot even say them
+        is one failed part."""
+        try:
+            return list(backend.reads(now, plan))
+        except Exception as exc:  # noqa: BLE001 - a broken backend must not stop the agent
+            return [Read(backend.name, f"the {backend.name} backend", functools.partial(_raise, exc))]
 
     def _allocations(self, devices: list[DeviceSample]) -> tuple[AllocationRow, ...] | None:
         """This pass's device allocations (kubelet pod-resources), None when unknown.
@@ -406,8 +352,7 @@ class Collector:
         within two read timeouts), so only something outside the device reads can hold
         a pass this long: a minute, or three intervals and two read timeouts if longer.
         """
-        timeout = max([self.read_timeout] + [float(getattr(b, "read_timeout", 0.0) or 0.0)
-                                             for b in getattr(self.backend, "backends", [self.backend])])
+        timeout = max([self.read_timeout] + [b.read_timeout or 0.0 for b in self.backends])
         return max(60.0, 3 * self.interval + 2 * timeout)
 
     def liveness(self) -> tuple[bool, str]:

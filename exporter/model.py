@@ -162,6 +162,15 @@ class DeviceSample:
         """Identity of the device across passes (UUID, or index when it has none)."""
         return self.uuid or f"index-{self.index}-{self.gpu_instance}"
 
+    def down(self, error: str, xid_errors: Mapping[str, int] | None = None) -> DeviceSample:
+        """This device as it is reported when it could not be read: its identity (index,
+        UUID, model, vendor, MIG instance, driver, PCI bus id, serial), ``up`` False, the
+        ``error``, and no values but the cumulative ``xid_errors`` counts where given."""
+        return DeviceSample(index=self.index, uuid=self.uuid, model=self.model, vendor=self.vendor,
+                            gpu_instance=self.gpu_instance, driver_version=self.driver_version,
+                            pci_bus_id=self.pci_bus_id, serial=self.serial, up=False, error=error,
+                            xid_errors=frozen_mapping(xid_errors))
+
 
 @dataclass(frozen=True)
 class Workload:

@@ -126,7 +126,7 @@ def _simulated_families():
     backend = SimulatedBackend()
     backend.open()
     try:
-        collector = Collector(backend, "sim-node-01", 0.5)
+        collector = Collector([backend], "sim-node-01", 0.5)
         collector.collect_once()
         snap = collector.collect_once()
     finally:

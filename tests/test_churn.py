@@ -17,6 +17,7 @@ from exporter.attribution.resolver import ProcAttributor
 from exporter.attribution.simulated import container_id, pod_uid, scenario_pods, write_proc_tree
 from exporter.collector import Collector
 from exporter.derive import label_schema
+from exporter.devices.base import Backend
 from exporter.model import DeviceSample, ProcessSample
 from exporter.render import families
 
@@ -33,7 +34,7 @@ class Clock:
         return self.t
 
 
-class ChurningNode:
+class ChurningNode(Backend):
     """A backend whose processes turn over: each pass two workers exit and two start."""
 
     name = "churn"
@@ -107,7 +108,7 @@ def test_state_tracks_what_is_alive_through_thousands_of_passes(tmp_path):
     attributor = ProcAttributor(str(tmp_path), index, None)
     clock = Clock()
     names, labeller = label_schema([])
-    collector = Collector(node, "n", interval=1.0, attributor=attributor, labeller=labeller,
+    collector = Collector([node], "n", interval=1.0, attributor=attributor, labeller=labeller,
                           grace_seconds=GRACE, clock=clock, wall=clock)
     enabled = cat.enabled_names()
     for step in range(2000):

@@ -142,9 +142,9 @@ def test_pods_of_every_qos_class_are_named_on_the_metrics(containerd, kubelet) -
             "kubernetes", pod.uid, qos, cids[qos], ""), runtime.read_cgroup(pids[qos])
     memory = {pids["burstable"]: 1 * GiB, pids["guaranteed"]: 2 * GiB, pids["besteffort"]: 3 * GiB}
     _, backend = _nvml(memory)
-    attributor = build_attributor(_args(cri_socket=containerd.socket), backend, NODE)
+    attributor = build_attributor(_args(cri_socket=containerd.socket), [backend], NODE)
     try:
-        collector = Collector(backend, NODE, interval=1.0, attributor=attributor)
+        collector = Collector([backend], NODE, interval=1.0, attributor=attributor)
         collector.collect_once()
         m = _scrape(collector)
         for qos, pod in pods.items():
@@ -184,9 +184,9 @@ def test_a_pod_without_a_pod_cgroup_is_named_through_cri(containerd, kubelet) ->
         attributor.close()
 
     _, backend = _nvml({pid: 5 * GiB})
-    attributor = build_attributor(_args(), backend, NODE)  # no API, no CRI
+    attributor = build_attributor(_args(), [backend], NODE)  # no API, no CRI
     try:
-        collector = Collector(backend, NODE, interval=1.0, attributor=attributor)
+        collector = Collector([backend], NODE, interval=1.0, attributor=attributor)
         collector.collect_once()
         m = _scrape(collector)
         assert "container_gpu_memory_used_bytes" not in m
@@ -215,9 +215,9 @@ def test_a_pod_without_a_pod_cgroup_is_named_through_the_api_server(containerd, 
     attributor = None
     try:
         attributor = build_attributor(_args(kubernetes="on", kubeconfig=kubeconfig(tmp_path, apiserver),
-                                            pod_label=["team"]), backend, NODE,
+                                            pod_label=["team"]), [backend], NODE,
                                      wait_for_pods=PATIENCE)  # start-up does not wait for the first list
-        collector = Collector(backend, NODE, interval=1.0, attributor=attributor, labeller=labeller)
+        collector = Collector([backend], NODE, interval=1.0, attributor=attributor, labeller=labeller)
         collector.collect_once()
         m = _scrape(collector, extra)
         assert _value(m, "container_gpu_memory_used_bytes", namespace="research", pod="trainer-0",
@@ -268,9 +268,9 @@ def test_a_process_started_by_exec_belongs_to_its_container(containerd, kubelet)
     exec_pid = wait_until(lambda: runtime.host_pid(in_container, cid), what="the exec'd process on the host")
     assert exec_pid != main_pid and runtime.read_cgroup(exec_pid) == runtime.read_cgroup(main_pid)
     _, backend = _nvml({main_pid: 1 * GiB, exec_pid: 3 * GiB})
-    attributor = build_attributor(_args(cri_socket=containerd.socket), backend, NODE)
+    attributor = build_attributor(_args(cri_socket=containerd.socket), [backend], NODE)
     try:
-        collector = Collector(backend, NODE, interval=1.0, attributor=attributor)
+        collector = Collector([backend], NODE, interval=1.0, attributor=attributor)
         collector.collect_once()
         m = _scrape(collector)
         labels = dict(namespace="lab", pod="notebook-0", container="jupyter", pod_uid=pod.uid)
@@ -348,7 +348,7 @@ def test_containerd_restarting_under_a_running_agent(containerd, kubelet) -> Non
     source = attributor.fallback
     labels = dict(namespace="search", pod="reranker-0", container="reranker", pod_uid=pod.uid)
     try:
-        collector = Collector(backend, NODE, interval=1.0, attributor=attributor)
+        collector = Collector([backend], NODE, interval=1.0, attributor=attributor)
         collector.collect_once()
         m = _scrape(collector)
         assert _value(m, "container_gpu_memory_used_bytes", **labels) == 2 * GiB

@@ -57,16 +57,16 @@ def _demo_families() -> list[Metric]:
     args = cli.build_parser().parse_args(
         ["serve", "--backend", "simulated", "--metric-schema", "l9gpu,dcgm", "--process-metrics",
          "--pod-label", "team", "--pod-label", "app.kubernetes.io/name"])
-    backend, attributor = cli._open(args)
+    backends, attributor = cli._open(args)
     try:
-        collector, extra = cli._collector(args, backend, attributor)
+        collector, extra = cli._collector(args, backends, attributor)
         collector.collect_once()
         registry = cli.build_registry(lambda: collector.snapshot, cli._enabled(args), extra,
                                       cli._dcgm_selection(args))
         return list(registry.collect())
     finally:
         attributor.close()
-        backend.close()
+        cli.close_backends(backends)
 
 
 def _odd_families() -> list[Metric]:

@@ -280,12 +280,14 @@ def test_no_devices_is_unavailable(tmp_path, hl_smi):
 
 # ---- wiring -----------------------------------------------------------------------
 
-def test_open_backend_passes_cli_options(tmp_path, hl_smi):
-    from exporter.devices import open_backend
+def test_open_backends_passes_cli_options(tmp_path, hl_smi):
+    from exporter.cli import build_parser
+    from exporter.devices import open_backends, options_from
 
     proc = make_proc(tmp_path / "proc", {77: ["/dev/accel/accel1"]})
-    backend = open_backend("gaudi", {"hl_smi": hl_smi(), "hl_smi_timeout": 2.0,
-                                     "proc_root": str(proc), "scenario": None})
+    args = build_parser().parse_args(["serve", "--backend", "gaudi", "--hl-smi", hl_smi(), "--hl-smi-timeout", "2s",
+                                      "--proc-root", str(proc)])
+    [backend] = open_backends(args.backend, options_from(args))
     assert isinstance(backend, GaudiBackend) and backend.hl_smi_timeout == 2.0
     assert [p.pid for p in backend.sample(1.0)[1].processes] == [77]
 
@@ -293,21 +295,21 @@ def test_open_backend_passes_cli_options(tmp_path, hl_smi):
 def test_mixed_node_amd_and_gaudi(tmp_path, hl_smi, monkeypatch):
     from fakes.amdsmi_fake import FakeAmdSmi
 
-    from exporter.devices import MultiBackend, open_backend
+    from exporter.devices import open_backends
 
     monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi())
-    backend = open_backend("amd,gaudi", {"hl_smi": hl_smi(), "proc_root": str(tmp_path)})
-    assert isinstance(backend, MultiBackend)
-    vendors = [d.vendor for d in backend.sample(1.0)]
+    backends = open_backends("amd,gaudi", {"gaudi": {"hl_smi": hl_smi(), "proc_root": str(tmp_path)}})
+    assert [b.name for b in backends] == ["amd", "gaudi"]
+    vendors = [d.vendor for b in backends for d in b.sample(1.0)]
     assert vendors == ["amd", "gaudi", "gaudi"]
 
 
 def test_auto_probe_falls_through_to_gaudi(tmp_path, hl_smi, monkeypatch):
-    from exporter.devices import open_backend
+    from exporter.devices import open_backends
 
     monkeypatch.setitem(sys.modules, "amdsmi", None)  # no ROCm on this node
     try:
-        backend = open_backend("auto", {"hl_smi": hl_smi(), "proc_root": str(tmp_path)})
+        [backend] = open_backends("auto", {"gaudi": {"hl_smi": hl_smi(), "proc_root": str(tmp_path)}})
     except BackendUnavailable as exc:  # pragma: no cover - only with an NVIDIA GPU present
         pytest.fail(str(exc))
     if backend.name == "nvml":  # pragma: no cover - a machine with an NVIDIA GPU

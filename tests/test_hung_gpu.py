@@ -28,7 +28,7 @@ from waiting import wait_until, within
 from exporter import catalogue as cat
 from exporter.bulkhead import DEFAULT_READ_TIMEOUT, Bulkhead, Failed, Read, Stuck
 from exporter.collector import Collector
-from exporter.devices import MultiBackend
+from exporter.devices.base import Backend
 from exporter.devices.nvml import NvmlBackend
 from exporter.model import DeviceSample
 from exporter.page import render_page
@@ -64,7 +64,7 @@ def node() -> Iterator[tuple[FakeNvml, Collector]]:
     fake = FakeNvml([FakeGpu(utilization_gpu=10) for _ in range(4)])
     backend = NvmlBackend(nvml=fake)
     backend.open()
-    collector = Collector(backend, "gpu-node", interval=INTERVAL)
+    collector = Collector([backend], "gpu-node", interval=INTERVAL)
     collector.start()
     wait_until(lambda: value(collector, "gpu_utilization_ratio", gpu="0") == pytest.approx(0.1), within(INTERVAL),
                "the first pass")
@@ -302,7 +302,7 @@ def test_healthz_fails_when_the_collector_itself_stops_finishing_passes(monkeypa
             pass
 
     monkeypatch.setattr(Collector, "stall_limit", property(lambda self: 4 * INTERVAL))
-    collector = Collector(_Static([DeviceSample(index=0, uuid="GPU-a")]), "n", interval=INTERVAL,
+    collector = Collector([_Static([DeviceSample(index=0, uuid="GPU-a")])], "n", interval=INTERVAL,
                           attributor=HangingAttribution())  # type: ignore[arg-type]
     collector.start()
     try:
@@ -319,7 +319,7 @@ def test_healthz_fails_when_the_collector_itself_stops_finishing_passes(monkeypa
 # ---- other backends: the collector's bulkhead applies to every one -----------------------------
 
 
-class _Static:
+class _Static(Backend):
     """A backend with fixed devices whose whole read can be made to hang."""
 
     name = "static"
@@ -353,7 +353,7 @@ def test_a_hung_backend_without_parts_is_down_as_a_whole_and_the_other_backend_c
     nvml.open()
     other = _Static([DeviceSample(index=0, uuid="GPU-amd-0", model="MI300X", vendor="amd", utilization=0.5),
                      DeviceSample(index=1, uuid="GPU-amd-1", model="MI300X", vendor="amd", utilization=0.5)])
-    collector = Collector(MultiBackend([nvml, other]), "mixed", interval=INTERVAL)
+    collector = Collector([nvml, other], "mixed", interval=INTERVAL)
     collector.start()
     try:
         wait_until(lambda: value(collector, "gpu_up", uuid="GPU-amd-1") == 1.0, within(INTERVAL), "the first pass")
@@ -386,7 +386,7 @@ def test_an_amd_gpu_stuck_in_amdsmi_degrades_only_itself() -> None:
     gpus = [AmdGpu(uuid=f"a4ff740f-0000-1000-80ea-3fe8d9b2e51{i}", bdf=f"0000:c{i}:00.0") for i in range(3)]
     backend = AmdBackend(amdsmi=FakeAmdSmi(gpus))
     backend.open()
-    collector = Collector(backend, "amd-node", interval=INTERVAL)
+    collector = Collector([backend], "amd-node", interval=INTERVAL)
     collector.start()
     hang = threading.Event()
     try:

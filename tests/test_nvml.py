@@ -571,11 +571,11 @@ def test_default_imports_pynvml(monkeypatch):
     assert fake.init_calls == 1
 
 
-def test_open_backend_by_name(monkeypatch):
-    from exporter.devices import open_backend
+def test_open_backends_by_name(monkeypatch):
+    from exporter.devices import open_backends
 
     install(monkeypatch, FakeNvml([FakeGpu(), FakeGpu()]))
-    backend = open_backend("nvml", {})
+    [backend] = open_backends("nvml", {})
     assert backend.name == "nvml"
     assert len(backend.sample(1.0)) == 2
 

@@ -310,7 +310,7 @@ def _bill_per_gpu(attributor, process_metrics: bool = False, gpm: bool = False) 
     fake = _busy_node(8, 16, {"costs": H200_COSTS, "spend": False})
     backend = NvmlBackend(nvml=fake, gpm=gpm)
     backend.open()
-    collector = Collector(backend, "n", attributor=attributor, clock=lambda: float(clock[0]),
+    collector = Collector([backend], "n", attributor=attributor, clock=lambda: float(clock[0]),
                           process_metrics=process_metrics)
     clock = [0]
     try:

@@ -56,7 +56,7 @@ def collector_for(tmp_path: Path) -> Iterator[Callable[..., Collector]]:
 
     def make(**sources: Any) -> Collector:
         attributor = ProcAttributor(str(tmp_path), sources.pop("index", PodIndex()), **sources)
-        collector = Collector(StaticBackend([DeviceSample(index=0, uuid=GPU0)]), "node-a", interval=INTERVAL,
+        collector = Collector([StaticBackend([DeviceSample(index=0, uuid=GPU0)])], "node-a", interval=INTERVAL,
                               attributor=attributor)
         collector.start()
         started.append(collector)

@@ -50,8 +50,8 @@ def _demo():
     backend = SimulatedBackend(clock=clock)
     backend.open()
     names, labeller = label_schema(["team"])
-    attributor = build_attributor(argparse.Namespace(), backend, "sim-node-01")
-    collector = Collector(backend, "sim-node-01", attributor=attributor, labeller=labeller, clock=clock)
+    attributor = build_attributor(argparse.Namespace(), [backend], "sim-node-01")
+    collector = Collector([backend], "sim-node-01", attributor=attributor, labeller=labeller, clock=clock)
     return collector, clock, names
 
 

@@ -32,6 +32,7 @@ from exporter.attribution.kubernetes import PodIndex, StaticPodSource  # noqa: E
 from exporter.attribution.resolver import ProcAttributor  # noqa: E402
 from exporter.collector import Collector  # noqa: E402
 from exporter.derive import label_schema  # noqa: E402
+from exporter.devices.base import Backend  # noqa: E402
 from exporter.model import DeviceSample, ProcessSample  # noqa: E402
 from exporter.render import SnapshotCollector  # noqa: E402
 
@@ -108,7 +109,7 @@ def _args(**kw: object) -> argparse.Namespace:
     return argparse.Namespace(**base)
 
 
-class StaticBackend:
+class StaticBackend(Backend):
     name = "static"
 
     def __init__(self, devices: list[DeviceSample]):
@@ -231,7 +232,7 @@ def _node(tmp_path: Path, kubelet: FakeKubelet, clock: Clock) -> tuple[Collector
         DeviceSample(index=2, uuid=GPU2, power_watts=70.0, utilization=0.0),
     ]
     extra, labeller = label_schema(["team"])
-    return Collector(StaticBackend(devices), "node-a", attributor=attributor, labeller=labeller, clock=clock), extra
+    return Collector([StaticBackend(devices)], "node-a", attributor=attributor, labeller=labeller, clock=clock), extra
 
 
 def test_allocations_join_the_pod_index_and_match_the_process_series(tmp_path: Path, kubelet: FakeKubelet) -> None:
@@ -372,11 +373,11 @@ def test_an_older_kubelet_without_allocatable_shares_the_gpu_by_the_replicas_hel
 
 def test_a_missing_socket_is_unhealthy_and_passes_stay_fast(tmp_path: Path, sockdir: str) -> None:
     missing = os.path.join(sockdir, "nothing-here.sock")
-    attributor = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket=missing), object(), "n")
+    attributor = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket=missing), [], "n")
     try:
         assert isinstance(attributor, ProcAttributor) and attributor.allocation_source is not None
         devices = [DeviceSample(index=0, uuid=GPU0)]
-        collector = Collector(StaticBackend(devices), "n", attributor=attributor)
+        collector = Collector([StaticBackend(devices)], "n", attributor=attributor)
         source = attributor.allocation_source
         callers: list[str] = []
         refresh = source.refresh
@@ -396,7 +397,7 @@ def test_a_hung_kubelet_never_stalls_a_pass(tmp_path: Path, kubelet: FakeKubelet
     source = podresources.PodResourcesSource(kubelet.path, interval=0.1, timeout=0.3, stale_after=60.0,
                                              clock=lambda: now[0])
     attributor = ProcAttributor(str(tmp_path), PodIndex(), allocation_source=source)
-    collector = Collector(StaticBackend([DeviceSample(index=0, uuid=GPU0)]), "n", attributor=attributor)
+    collector = Collector([StaticBackend([DeviceSample(index=0, uuid=GPU0)])], "n", attributor=attributor)
     callers: list[str] = []
     refresh = source.refresh
 
@@ -436,17 +437,17 @@ def test_a_hung_kubelet_never_stalls_a_pass(tmp_path: Path, kubelet: FakeKubelet
 # ---- flags -----------------------------------------------------------------------------
 
 def test_flag_off_auto_and_path(tmp_path: Path, kubelet: FakeKubelet, monkeypatch: pytest.MonkeyPatch) -> None:
-    off = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket="off"), object(), "n")
+    off = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket="off"), [], "n")
     assert isinstance(off, ProcAttributor) and off.allocation_source is None
     assert "pod_resources" not in off.statuses() and off.allocations([]) is None
     off.close()
     monkeypatch.setattr(podresources, "POD_RESOURCES_SOCKET", os.path.join(os.path.dirname(kubelet.path), "no.sock"))
-    quiet = build_attributor(_args(proc_root=str(tmp_path)), object(), "n")  # auto, no kubelet socket: off
+    quiet = build_attributor(_args(proc_root=str(tmp_path)), [], "n")  # auto, no kubelet socket: off
     assert isinstance(quiet, ProcAttributor) and quiet.allocation_source is None
     quiet.close()
     monkeypatch.setattr(podresources, "POD_RESOURCES_SOCKET", kubelet.path)
     for value_ in ("auto", kubelet.path, "unix://" + kubelet.path):
-        on = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket=value_), object(), "n")
+        on = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket=value_), [], "n")
         try:
             assert isinstance(on, ProcAttributor) and on.allocation_source is not None
             assert on.statuses() == {"pod_resources": True}  # listed once before the first pass

@@ -72,7 +72,7 @@ class Node:
         backend = NvmlBackend(nvml=self.fake, gpm=False)
         backend.open()
         _, labeller = label_schema([])
-        return Collector(backend, "n", attributor=ProcAttributor(self.root, self.index), labeller=labeller,
+        return Collector([backend], "n", attributor=ProcAttributor(self.root, self.index), labeller=labeller,
                          clock=clock or Clock(), process_metrics=process_metrics)
 
     def util_reads(self) -> int:
@@ -238,7 +238,7 @@ def test_the_flags_that_export_per_process_series_keep_the_read(flags):
     fake = FakeNvml([FakeGpu(processes=[FakeProcess(pid=9)])])
     backend = NvmlBackend(nvml=fake, gpm=False)
     backend.open()
-    collector, _ = _collector(args, backend, None)
+    collector, _ = _collector(args, [backend], None)
     assert collector.process_metrics
     collector.collect_once()
     assert len(fake.called(UTIL_CALL)) == 1
@@ -256,7 +256,7 @@ def test_a_per_process_read_stuck_in_the_driver_degrades_only_its_gpu(tmp_path):
     backend.open()
     _, labeller = label_schema([])
     block = node.fake.block(UTIL_CALL, gpu=0)
-    collector = Collector(backend, "n", attributor=ProcAttributor(node.root, node.index), labeller=labeller,
+    collector = Collector([backend], "n", attributor=ProcAttributor(node.root, node.index), labeller=labeller,
                           read_timeout=0.2)
     try:
         snap = collector.collect_once()

@@ -60,7 +60,7 @@ def scrape(fake: FakeNvml, owners: Mapping[int, Workload], enabled: frozenset[st
     fake.gpm_clock = clock
     backend = NvmlBackend(nvml=fake, gpm_interval=0)
     backend.open()
-    collector = Collector(backend, "n1", attributor=Owners(owners), clock=clock, wall=lambda: 1e9 + clock.t)
+    collector = Collector([backend], "n1", attributor=Owners(owners), clock=clock, wall=lambda: 1e9 + clock.t)
     collector.collect_once()
     clock.t += 1.0
     collector.collect_once()
@@ -144,7 +144,7 @@ def test_gpm_families_can_be_disabled_and_none_exist_on_the_first_pass():
     fake.gpm_clock = clock
     backend = NvmlBackend(nvml=fake, gpm_interval=0)
     backend.open()
-    collector = Collector(backend, "n1", attributor=Owners({101: pod("p")}), clock=clock)
+    collector = Collector([backend], "n1", attributor=Owners({101: pod("p")}), clock=clock)
     collector.collect_once()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: collector.snapshot))

@@ -12,6 +12,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from exporter import catalogue as cat
 from exporter.collector import Collector
 from exporter.derive import label_schema
+from exporter.devices.base import Backend
 from exporter.devices.simulated import SimulatedBackend
 from exporter.model import DeviceSample, ProcessSample, Workload
 from exporter.render import SnapshotCollector
@@ -26,7 +27,7 @@ class Clock:
         return self.t
 
 
-class StaticBackend:
+class StaticBackend(Backend):
     name = "static"
 
     def __init__(self, devices):
@@ -73,7 +74,7 @@ def render(collector, enabled=None, extra=()):
 
 def test_values_nvml_cannot_give_are_omitted_not_zero():
     device = DeviceSample(index=0, uuid="GPU-a", model="T4", utilization=0.5, power_watts=None, fan_speed_ratio=None)
-    c = Collector(StaticBackend([device]), "node-1", clock=Clock())
+    c = Collector([StaticBackend([device])], "node-1", clock=Clock())
     c.collect_once()
     m = render(c)
     assert pick(m, "gpu_utilization_ratio", gpu="0", uuid="GPU-a", model="T4", node="node-1") == [0.5]
@@ -84,7 +85,7 @@ def test_values_nvml_cannot_give_are_omitted_not_zero():
 def test_lost_gpu_is_down_and_the_others_carry_on():
     devices = [DeviceSample(index=0, uuid="GPU-a", model="H100", power_watts=300.0),
                DeviceSample(index=1, uuid="GPU-b", model="H100", up=False, error="GPU is lost")]
-    c = Collector(StaticBackend(devices), "n", clock=Clock())
+    c = Collector([StaticBackend(devices)], "n", clock=Clock())
     c.collect_once()
     m = render(c)
     assert pick(m, "gpu_up", uuid="GPU-a") == [1.0] and pick(m, "gpu_up", uuid="GPU-b") == [0.0]
@@ -94,7 +95,7 @@ def test_lost_gpu_is_down_and_the_others_carry_on():
 
 def test_backend_failure_marks_known_gpus_down_and_the_collector_failed():
     backend = StaticBackend([DeviceSample(index=0, uuid="GPU-a", model="H100", power_watts=300.0)])
-    c = Collector(backend, "n", clock=Clock())
+    c = Collector([backend], "n", clock=Clock())
     c.collect_once()
     backend.fail = True
     c.collect_once()
@@ -113,7 +114,7 @@ def test_workload_series_and_a_vanished_pod_vanishes():
     backend = StaticBackend(devices)
     clock = Clock(0.0)
     names, labeller = label_schema(["team"])
-    c = Collector(backend, "n", attributor=Owners({10: web}), labeller=labeller, clock=clock, grace_seconds=60)
+    c = Collector([backend], "n", attributor=Owners({10: web}), labeller=labeller, clock=clock, grace_seconds=60)
     c.collect_once()
     clock.t = 4.0
     backend.devices = [DeviceSample(index=0, uuid="GPU-a", model="H100", energy_joules=400.0,
@@ -162,7 +163,7 @@ def test_readyz_waits_for_the_first_snapshot_and_metrics_are_served():
     clock = Clock(10.0)
     backend = SimulatedBackend(clock=clock)
     backend.open()
-    c = Collector(backend, "sim", clock=clock)
+    c = Collector([backend], "sim", clock=clock)
     app, _ = _app(c)
 
     async def body(client):
@@ -196,7 +197,7 @@ def _simulated_collector():
     clock = Clock(10.0)
     backend = SimulatedBackend(clock=clock)
     backend.open()
-    c = Collector(backend, "sim", clock=clock)
+    c = Collector([backend], "sim", clock=clock)
     c.collect_once()
     return clock, c
 
@@ -218,7 +219,7 @@ def test_bytes_are_rendered_once_per_snapshot():
 
 
 def test_stalled_collector_shows_a_growing_snapshot_age():
-    c = Collector(StaticBackend([]), "n", clock=Clock(), wall=lambda: 1000.0)
+    c = Collector([StaticBackend([])], "n", clock=Clock(), wall=lambda: 1000.0)
     c.collect_once()
     _, exposition = _app(c, max_age=0.0)
     ages = []

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from exporter.devices import open_backend
+from exporter.devices import open_backends
 from exporter.devices.base import BackendUnavailable
 from exporter.devices.simulated import GIB, ScenarioError, SimulatedBackend, parse_scenario
 
@@ -83,16 +83,16 @@ def test_bad_scenarios_name_the_field(doc, match):
 
 def test_unreadable_or_invalid_scenario_is_a_clear_backend_error(tmp_path):
     with pytest.raises(BackendUnavailable, match="cannot read scenario"):
-        open_backend("simulated", {"scenario": str(tmp_path / "missing.yaml")})
+        open_backends("simulated", {"simulated": {"scenario": str(tmp_path / "missing.yaml")}})
     bad = tmp_path / "bad.yaml"
     bad.write_text("gpus: [unclosed\n")
     with pytest.raises(BackendUnavailable, match="not valid YAML"):
-        open_backend("simulated", {"scenario": str(bad)})
+        open_backends("simulated", {"simulated": {"scenario": str(bad)}})
 
 
 def test_unknown_backend_lists_the_choices():
     with pytest.raises(BackendUnavailable, match="unknown backend 'cuda'; choose auto or one of"):
-        open_backend("cuda", {})
+        open_backends("cuda", {})
 
 
 def test_gpm_follows_the_load_and_a_process_without_math_leaves_the_tensor_cores_idle():

@@ -29,9 +29,9 @@ def test_the_idle_reservation_has_series_with_its_pod_identity_and_gpu_7_stays_i
     backend.open()
     from exporter.attribution import build_attributor
 
-    attributor = build_attributor(argparse.Namespace(), backend, "sim-node-01")
+    attributor = build_attributor(argparse.Namespace(), [backend], "sim-node-01")
     names, labeller = label_schema(["team"])
-    collector = Collector(backend, "sim-node-01", attributor=attributor, labeller=labeller, clock=lambda: now[0])
+    collector = Collector([backend], "sim-node-01", attributor=attributor, labeller=labeller, clock=lambda: now[0])
     try:
         collector.collect_once()
         now[0] += 30

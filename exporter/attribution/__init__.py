@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 
 from exporter.model import UNKNOWN, AllocationRow, DeviceSample, Workload
+
+if TYPE_CHECKING:
+    from exporter.devices.base import Backend
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +94,10 @@ def add_arguments(group: Any) -> None:
                             "if it exists) or off (default: auto)")
 
 
-def _simulated_scenario(backend: object) -> Any:
-    for part in getattr(backend, "backends", [backend]):
-        scenario = getattr(part, "scenario", None)
+def _simulated_scenario(backends: Sequence[Backend]) -> Any:
+    """The simulated node a backend serves, if one does."""
+    for backend in backends:
+        scenario = backend.simulated_scenario()
         if scenario is not None:
             return scenario
     return None
@@ -190,7 +194,8 @@ def _pod_resources_source(args: argparse.Namespace) -> Any:
     return podresources.build(path)
 
 
-def build_attributor(args: argparse.Namespace, backend: object, node: str, wait_for_pods: float = 0.0) -> Attributor:
+def build_attributor(args: argparse.Namespace, backends: Sequence[Backend], node: str,
+                     wait_for_pods: float = 0.0) -> Attributor:
     """Build the attributor the CLI flags ask for.
 
     The simulated backend gets a fixture /proc tree and its pods; any other backend gets
@@ -206,7 +211,7 @@ def build_attributor(args: argparse.Namespace, backend: object, node: str, wait_
         ValueError: the flags ask for something unavailable (``--kubernetes on``
             without the package or a configuration).
     """
-    scenario = _simulated_scenario(backend)
+    scenario = _simulated_scenario(backends)
     if scenario is not None:
         off = str(getattr(args, "pod_resources_socket", "auto") or "auto").strip().lower() == "off"
         return _simulated(scenario, allocations=not off)

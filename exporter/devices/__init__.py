@@ -1,16 +1,17 @@
-"""Device backends: one module per vendor behind `base.Backend`.
+"""Device backends: one module (or package) per vendor, each a `base.Backend`.
 
 Vendor libraries are imported inside each backend's ``open()``, so a node without them
-can still run the others (or the simulated backend for a demo).
+can still run the others (or the simulated backend for a demo). A node's backends are a
+list (``--backend amd,gaudi`` on a mixed-vendor node): `open_backends`.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
-from typing import Callable, Sequence
+from typing import Any, Mapping, Sequence
 
-from exporter.devices.base import Backend, BackendUnavailable
-from exporter.model import DeviceSample
+from exporter.devices.base import SAMPLING_FLAGS, SOURCE_FLAGS, Backend, BackendUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -18,89 +19,70 @@ log = logging.getLogger(__name__)
 AUTO_ORDER = ("nvml", "amd", "gaudi")
 
 
-def _factories() -> dict[str, Callable[..., Backend]]:
-    from exporter.devices import simulated
+def registry() -> dict[str, type[Backend]]:
+    """Every backend by ``--backend`` name, in the order their flags are listed."""
+    from exporter.devices import amd, gaudi, nvml, simulated
 
-    factories: dict[str, Callable[..., Backend]] = {"simulated": simulated.SimulatedBackend}
-    try:
-        from exporter.devices import nvml
-
-        factories["nvml"] = nvml.NvmlBackend
-    except ImportError:  # pragma: no cover - module is part of the package
-        pass
-    try:
-        from exporter.devices import amd
-
-        factories["amd"] = amd.AmdBackend
-    except ImportError:
-        pass
-    try:
-        from exporter.devices import gaudi
-
-        factories["gaudi"] = gaudi.GaudiBackend
-    except ImportError:
-        pass
-    return factories
+    return {"simulated": simulated.SimulatedBackend, "nvml": nvml.NvmlBackend, "amd": amd.AmdBackend,
+            "gaudi": gaudi.GaudiBackend}
 
 
 def known_backends() -> list[str]:
     """Names accepted by ``--backend`` (besides ``auto``)."""
-    return sorted(_factories())
+    return sorted(registry())
 
 
-class MultiBackend:
-    """Several backends on one node (mixed vendors), sampled in turn."""
-
-    def __init__(self, backends: Sequence[Backend]):
-        self.backends = list(backends)
-        self.name = ",".join(b.name for b in self.backends)
-
-    def open(self) -> None:
-        for backend in self.backends:
-            backend.open()
-
-    def sample(self, now: float) -> list[DeviceSample]:
-        samples = []
-        for backend in self.backends:
-            samples.extend(backend.sample(now))
-        return samples
-
-    def close(self) -> None:
-        for backend in self.backends:
-            try:
-                backend.close()
-            except Exception:  # noqa: BLE001 - closing must not stop the others
-                log.debug("closing backend %s failed", backend.name, exc_info=True)
+def add_arguments(group: Any, place: str) -> None:
+    """Every backend's flags that belong at ``place`` (`SOURCE_FLAGS`, `SAMPLING_FLAGS`)."""
+    for backend in registry().values():
+        backend.add_arguments(group, place)
 
 
-def open_backend(spec: str, options: dict[str, object]) -> Backend:
-    """Build and open the backend(s) named by ``--backend``.
+def options_from(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Each backend's constructor options from the parsed flags, by backend name."""
+    return {name: backend.options_from(args) for name, backend in registry().items()}
+
+
+def call_prefixes(backends: Sequence[Backend] | None = None) -> tuple[str, ...]:
+    """What the libraries of ``backends`` (default: of every backend) name their functions
+    with, to name the call that opening or closing them is stuck in."""
+    prefixes: list[str] = []
+    for prefix in (p for b in (backends if backends is not None else registry().values()) for p in b.call_prefixes):
+        if prefix not in prefixes:
+            prefixes.append(prefix)
+    return tuple(prefixes)
+
+
+def open_backends(spec: str, options: Mapping[str, Mapping[str, Any]] | None = None) -> list[Backend]:
+    """Build and open the backends named by ``--backend``.
 
     Args:
         spec: "auto", one name, or a comma-separated list for mixed-vendor nodes.
-        options: keyword arguments offered to every backend constructor; each backend
-            takes the ones it knows (e.g. ``scenario``, ``proc_root``, ``hl_smi``).
+        options: per backend name, the keyword arguments of its constructor
+            (`options_from`); a backend not named gets none.
+
+    Returns:
+        The opened backends, in the order named (auto: the first that opens).
 
     Raises:
         BackendUnavailable: with a message fit for the user.
     """
-    factories = _factories()
+    factories = registry()
+    options = options or {}
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise BackendUnavailable("--backend is empty; use auto, simulated, or " + ", ".join(AUTO_ORDER))
     if names == ["auto"]:
         reasons = []
         for name in AUTO_ORDER:
-            if name not in factories:
-                continue
-            backend = _build(factories[name], options)
+            backend = factories[name](**options.get(name, {}))
             try:
                 backend.open()
             except BackendUnavailable as exc:
                 reasons.append(f"{name}: {exc}")
                 continue
             log.info("backend auto: using %s", name)
-            return backend
+            return [backend]
         raise BackendUnavailable(
             "no GPU backend found ("
             + "; ".join(reasons)
@@ -111,18 +93,33 @@ def open_backend(spec: str, options: dict[str, object]) -> Backend:
         raise BackendUnavailable(
             f"unknown backend {unknown[0]!r}; choose auto or one of: {', '.join(sorted(factories))}"
         )
-    backends = [_build(factories[n], options) for n in names]
-    chosen: Backend = backends[0] if len(backends) == 1 else MultiBackend(backends)
-    chosen.open()
-    return chosen
+    backends = [factories[n](**options.get(n, {})) for n in names]
+    opened: list[Backend] = []
+    try:
+        for backend in backends:
+            backend.open()
+            opened.append(backend)
+    except BaseException:
+        close_backends(opened)  # the ones opened before the one that failed
+        raise
+    return backends
 
 
-def _build(factory: Callable[..., Backend], options: dict[str, object]) -> Backend:
-    import inspect
+def close_backends(backends: Sequence[Backend]) -> None:
+    """Close every backend; one that fails to close does not stop the others."""
+    for backend in backends:
+        try:
+            backend.close()
+        except Exception:  # noqa: BLE001 - closing must not stop the others
+            log.debug("closing backend %s failed", backend.name, exc_info=True)
 
-    params = inspect.signature(factory).parameters
-    accepted = {k: v for k, v in options.items() if k in params and v is not None}
-    return factory(**accepted)
+
+def joined_name(backends: Sequence[Backend]) -> str:
+    """The backends' names joined with commas (``nvml``, ``amd,gaudi``): the ``collector``
+    label of their reads' success."""
+    return ",".join(b.name for b in backends)
 
 
-__all__ = ["Backend", "BackendUnavailable", "MultiBackend", "known_backends", "open_backend"]
+__all__ = ["AUTO_ORDER", "SAMPLING_FLAGS", "SOURCE_FLAGS", "Backend", "BackendUnavailable", "add_arguments",
+           "call_prefixes", "close_backends", "joined_name", "known_backends", "open_backends", "options_from",
+           "registry"]

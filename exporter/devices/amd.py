@@ -39,8 +39,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from exporter.bulkhead import Read, check_abandoned
-from exporter.devices.base import BackendUnavailable
+from exporter.devices.base import Backend, BackendUnavailable
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
+from exporter.shares import READ_ALL, PassPlan
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class _Unsupported(Exception):
     """A read the card does not support (kept apart from real failures)."""
 
 
-class AmdBackend:
+class AmdBackend(Backend):
     """Reads AMD GPUs through ``amdsmi``.
 
     Args:
@@ -150,6 +151,7 @@ class AmdBackend:
     """
 
     name = "amd"
+    call_prefixes = _CALL_PREFIXES
 
     def __init__(self, amdsmi: Any = None):
         self._lib = amdsmi
@@ -217,7 +219,7 @@ class AmdBackend:
             samples.extend(read.run())
         return samples
 
-    def reads(self, now: float) -> list[Read]:
+    def reads(self, now: float, plan: PassPlan = READ_ALL) -> list[Read]:
         """This pass as parts the collector can give up on one by one (`exporter.bulkhead`):
         one per GPU (key: its index), then forgetting the engine counters of processes
         gone from the GPUs that were read. A GPU stuck in an amdsmi call is asked nothing
@@ -255,12 +257,9 @@ class AmdBackend:
 
     def _down_sample(self, index: int, error: str) -> DeviceSample:
         static = self._static.get(index, {})
-        return DeviceSample(
-            index=index, uuid=static.get("uuid", ""), model=static.get("model", ""),
-            vendor=VENDOR, up=False, error=error,
-            driver_version=static.get("driver_version", ""),
-            pci_bus_id=static.get("pci_bus_id", ""), serial=static.get("serial", ""),
-        )
+        return DeviceSample(index=index, uuid=static.get("uuid", ""), model=static.get("model", ""), vendor=VENDOR,
+                            driver_version=static.get("driver_version", ""), pci_bus_id=static.get("pci_bus_id", ""),
+                            serial=static.get("serial", "")).down(error)
 
     def _sample_device(self, index: int, handle: Any, now: float,
                        seen: set[tuple[int, int]]) -> DeviceSample:

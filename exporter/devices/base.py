@@ -1,10 +1,23 @@
-"""The one small interface every device backend implements."""
+"""The one interface every device backend implements: `Backend`."""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import abc
+import argparse
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
+from exporter.bulkhead import Read
 from exporter.model import DeviceSample
+from exporter.shares import READ_ALL, PassPlan
+
+if TYPE_CHECKING:
+    from exporter.devices.simulated import Scenario
+
+#: Where a backend's flags are listed in the ``devices`` group of ``--help``: the ones
+#: that say where its devices are read from right after ``--backend``, the ones that say
+#: how a pass samples them after ``--interval``.
+SOURCE_FLAGS = "source"
+SAMPLING_FLAGS = "sampling"
 
 
 class BackendUnavailable(Exception):
@@ -14,44 +27,126 @@ class BackendUnavailable(Exception):
     """
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """A source of `DeviceSample`s for one vendor.
+class Backend(abc.ABC):
+    """A source of `DeviceSample`\\ s for one vendor.
 
-    Lifecycle: `open()` once (raises `BackendUnavailable`), then `sample()` once per
-    collection pass from the collector thread only, then `close()`.
+    Lifecycle: built with the options of its flags (`options_from`), `open` once (raises
+    `BackendUnavailable`), then one pass per collection pass, then `close`.
 
-    `sample()` must not raise for a single failing device: that device comes back with
-    ``up=False`` and an ``error`` and the others carry on. It may raise for a failure of
-    the whole backend (the driver went away), which the collector reports as a failed
-    collector and retries on the next pass.
+    A pass is `reads`: parts that the collector runs through its bulkhead
+    (`exporter.bulkhead`) on worker threads, each given up on by itself when it overruns
+    its deadline, so that a driver call that never returns degrades only its own part.
+    Their driver calls should be followed by `exporter.bulkhead.check_abandoned`, so that
+    a read given up on stops when its call returns. The default is the whole backend as
+    one part (`sample`): every device of the backend is down while it hangs.
 
-    Backends may also offer ``errors() -> Mapping[str, int]``: cumulative counts of
-    problems they survived, by short reason ("timeout", "malformed_line", "gpu_lost"),
-    exported as ``l9gpu_backend_errors_total{backend, reason}``.
+    `sample` must not raise for a single failing device: that device comes back
+    `DeviceSample.down` and the others carry on. It may raise for a failure of the whole
+    backend (the driver went away), which the collector reports as a failed collector and
+    retries on the next pass.
 
-    A call into a driver may never return. The collector reads every backend with a
-    deadline (`exporter.bulkhead`); a backend can make that finer and say more:
-
-    * ``reads(now) -> list[exporter.bulkhead.Read]``: the pass as parts, one per GPU, each
-      given up on by itself when it overruns (the others are still read), with the
-      devices to report down while it is stuck. Its driver calls should be followed by
-      `exporter.bulkhead.check_abandoned`, so that a read given up on stops when its call
-      returns. Without it, ``sample(now)`` is one part: every device of the backend is
-      down while it hangs.
-    * ``call_prefixes``: what its library's function names start with (``("amdsmi_",)``),
-      to name the call a stuck read is in.
-    * ``read_timeout``: seconds a part may take, when the collector's default (1 s) is too
-      short for it (Gaudi's hl-smi has a timeout of its own).
+    Attributes:
+        name: the ``--backend`` name, the ``backend`` label of its errors.
+        call_prefixes: what its library's function names start with (``("amdsmi_",)``),
+            to name the call a stuck read is in.
+        read_timeout: seconds a part may take, when the collector's default (1 s) is too
+            short for it (Gaudi's hl-smi has a timeout of its own); None: the default.
+        defers_process_shares: its parts read the per-process samples only of the GPUs
+            the pass's `PassPlan` names, and `process_share_reads` reads the others'
+            once the collector knows who owns their processes (`exporter.shares`).
     """
 
-    name: str
+    name: ClassVar[str]
+    call_prefixes: tuple[str, ...] = ()
+    read_timeout: float | None = None
+    defers_process_shares: ClassVar[bool] = False
+    # The devices of the last finished `sample` of the default `reads`: reported down
+    # while a later one is stuck.
+    _last_sampled: tuple[DeviceSample, ...] = ()
 
-    def open(self) -> None:
+    # ---- flags ----------------------------------------------------------------------
+
+    @classmethod  # noqa: B027 - no flags by default
+    def add_arguments(cls, group: Any, place: str) -> None:
+        """Add this backend's flags that belong at ``place`` (`SOURCE_FLAGS` or
+        `SAMPLING_FLAGS`) of the ``devices`` group; none by default."""
+
+    @classmethod
+    def options_from(cls, args: argparse.Namespace) -> dict[str, Any]:
+        """The keyword arguments of the constructor, from the parsed flags."""
+        return {}
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    def open(self) -> None:  # noqa: B027 - a backend without a library has nothing to load
         """Load the vendor library and find the devices."""
 
+    @abc.abstractmethod
     def sample(self, now: float) -> list[DeviceSample]:
-        """Read every device once. ``now`` is the pass's monotonic time in seconds."""
+        """Read every device once, in this thread. ``now`` is the pass's monotonic time in seconds."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - nothing to release by default
         """Release the vendor library."""
+
+    # ---- a pass ---------------------------------------------------------------------
+
+    def reads(self, now: float, plan: PassPlan = READ_ALL) -> list[Read]:
+        """This pass as parts the collector can give up on one by one.
+
+        Args:
+            now: monotonic seconds of this pass.
+            plan: which GPUs' per-process samples to read in their own part (only
+                backends that `defers_process_shares` look at it).
+
+        Returns:
+            By default the whole backend as one part (key: its name), which reports the
+            devices of its last finished pass down while it is stuck.
+        """
+        def run() -> list[DeviceSample]:
+            devices = list(self.sample(now))
+            self._last_sampled = tuple(devices)
+            return devices
+
+        return [Read(self.name, f"the {self.name} backend", run, calls=self.call_prefixes, timeout=self.read_timeout,
+                     down=lambda reason: [d.down(reason) for d in self._last_sampled])]
+
+    def process_share_reads(self, devices: Sequence[DeviceSample]) -> list[Read]:
+        """Parts that read these GPUs' per-process samples (for a backend that
+        `defers_process_shares`): each returns its GPU's sample with its processes' SM
+        shares. None by default."""
+        return []
+
+    # ---- what else it tells ---------------------------------------------------------
+
+    def errors(self) -> Mapping[str, int]:
+        """Cumulative counts of problems survived, by short reason ("timeout",
+        "malformed_line", "gpu_lost"): ``l9gpu_backend_errors_total{backend, reason}``."""
+        return {}
+
+    def gpm_status(self) -> Mapping[tuple[int, str], str]:
+        """GPM per (GPU index, MIG instance or ""): active, warming up, or why it is
+        unsupported. Empty for a backend without GPM."""
+        return {}
+
+    def enable_timings(self) -> bool:
+        """Record the wall and CPU time of every library call from now on (`timings`);
+        False when the backend cannot."""
+        return False
+
+    def timings(self, reset: bool = False) -> dict[str, tuple[int, float, float, float]]:
+        """Per library function: (calls, wall seconds, CPU seconds, slowest call's wall
+        seconds) since `enable_timings` or the last ``reset``."""
+        return {}
+
+    def node_name(self) -> str:
+        """The node's name as the backend knows it ("" when it does not: a real node's
+        is its hostname)."""
+        return ""
+
+    def simulated_scenario(self) -> Scenario | None:
+        """The simulated node this backend serves (its processes get the scenario's pods),
+        None for real devices."""
+        return None
+
+
+__all__ = ["SAMPLING_FLAGS", "SOURCE_FLAGS", "Backend", "BackendUnavailable"]

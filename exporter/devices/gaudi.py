@@ -43,8 +43,10 @@ import signal
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from exporter.devices.base import BackendUnavailable
+from exporter.config import argtype, parse_positive_duration
+from exporter.devices.base import SOURCE_FLAGS, Backend, BackendUnavailable
 from exporter.model import DeviceSample, ProcessSample
 
 log = logging.getLogger(__name__)
@@ -216,7 +218,7 @@ class HlSmiError(RuntimeError):
     """hl-smi failed for the whole node (missing, hung, or exited with an error)."""
 
 
-class GaudiBackend:
+class GaudiBackend(Backend):
     """Reads Intel Gaudi devices with one ``hl-smi`` call per pass.
 
     Args:
@@ -228,6 +230,21 @@ class GaudiBackend:
     name = "gaudi"
     # Named in what a stuck pass reports: hl-smi that ignores its kill, a /proc scan that hangs.
     call_prefixes = ("_query", "scan_accel_processes")
+
+    @classmethod
+    def add_arguments(cls, group: Any, place: str) -> None:
+        if place != SOURCE_FLAGS:
+            return
+        group.add_argument("--hl-smi", default="hl-smi", metavar="PATH", help="hl-smi executable for --backend gaudi")
+        group.add_argument("--hl-smi-timeout", default="5s", type=argtype(parse_positive_duration),
+                           metavar="DURATION", help="kill hl-smi after this long (default: 5s)")
+
+    @classmethod
+    def options_from(cls, args: Any) -> dict[str, Any]:
+        """``--hl-smi``, ``--hl-smi-timeout`` and attribution's ``--proc-root`` (where the
+        host's /proc is, for the scan of who holds a device)."""
+        options = {"hl_smi": args.hl_smi, "hl_smi_timeout": args.hl_smi_timeout, "proc_root": args.proc_root}
+        return {k: v for k, v in options.items() if v is not None}
 
     def __init__(self, hl_smi: str = "hl-smi", hl_smi_timeout: float = 5.0, proc_root: str = "/proc"):
         self.hl_smi = hl_smi
@@ -293,11 +310,7 @@ class GaudiBackend:
             samples.append(sample)
         for index in sorted(set(self._known) - present):
             last = self._known[index]
-            samples.append(DeviceSample(
-                index=index, uuid=last.uuid, model=last.model, vendor=VENDOR, up=False,
-                error="missing from hl-smi output", driver_version=last.driver_version,
-                pci_bus_id=last.pci_bus_id, serial=last.serial,
-            ))
+            samples.append(last.down("missing from hl-smi output"))
         samples.sort(key=lambda s: s.index)
         return samples
 

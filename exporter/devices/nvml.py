@@ -109,9 +109,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.bulkhead import ABANDONED, Read, check_abandoned
-from exporter.devices.base import BackendUnavailable
+from exporter.config import argtype, parse_duration
+from exporter.devices.base import SAMPLING_FLAGS, Backend, BackendUnavailable
 from exporter.devices.gpm import DEFAULT_INTERVAL_SECONDS, GpmReader
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
+from exporter.shares import READ_ALL, PassPlan
 
 log = logging.getLogger(__name__)
 
@@ -430,7 +432,14 @@ class _DeviceDown(Exception):
         self.reason = reason
 
 
-class NvmlBackend:
+def parse_gpm_interval(text: str) -> float | None:
+    """``--gpm-interval``: a duration (0 = every pass), or ``off`` (None)."""
+    if str(text).strip().lower() == "off":
+        return None
+    return parse_duration(text)
+
+
+class NvmlBackend(Backend):
     """NVIDIA GPUs (and MIG instances) through NVML.
 
     Args:
@@ -443,6 +452,24 @@ class NvmlBackend:
     """
 
     name = "nvml"
+    call_prefixes = _CALL_PREFIXES
+    defers_process_shares = True
+
+    @classmethod
+    def add_arguments(cls, group: Any, place: str) -> None:
+        if place == SAMPLING_FLAGS:
+            group.add_argument("--gpm-interval", default="5s", type=argtype(parse_gpm_interval),
+                               metavar="DURATION|off",
+                               help="NVIDIA Hopper and newer: time between two GPM samples of a GPU, over which SM, "
+                                    "tensor-core and DRAM activity are averaged; 0 samples every pass, off turns GPM "
+                                    "off (default: 5s)")
+
+    @classmethod
+    def options_from(cls, args: Any) -> dict[str, Any]:
+        """``--gpm-interval``: off turns GPM off."""
+        if args.gpm_interval is None:
+            return {"gpm": False}
+        return {"gpm": True, "gpm_interval": args.gpm_interval}
 
     def __init__(self, nvml: Any = None, energy_counter_period: float = ENERGY_COUNTER_PERIOD,
                  gpm: bool = True, gpm_interval: float = DEFAULT_INTERVAL_SECONDS):
@@ -471,14 +498,9 @@ class NvmlBackend:
         self._mig_capacities: dict[str, float] = {}  # MIG UUID -> its part of the GPU
         self._unfinished: set[int] = set()  # GPUs whose read is under way (or was given up on)
         self._parts: list[Read] | None = None  # what `reads` returns, made once
-        # Leave whole GPUs' per-process samples to `process_utilization_reads` (the
-        # collector turns it on: it asks for them once it knows the processes' owners),
-        # except on the GPUs the collector names in `shared_gpus`.
-        self.defer_process_utilization = False
-        # GPUs that more than one owner shared in the last pass: their samples are read in
-        # their part of the pass, as before, since the next pass will most likely need them
-        # too (set by the collector between passes).
-        self.shared_gpus: frozenset[int] = frozenset()
+        # The plan of the pass `reads` was last asked for: which GPUs' per-process samples
+        # their part reads (the others' are left to `process_share_reads`).
+        self._plan = READ_ALL
         self._pass_now = 0.0  # the time of the pass `reads` was last asked for
 
     # ---- lifecycle --------------------------------------------------------------
@@ -581,10 +603,12 @@ class NvmlBackend:
             return {}
         return self._gpm.status()
 
-    def enable_timings(self) -> None:
+    def enable_timings(self) -> bool:
         """Record the wall and CPU time of every NVML call from now on (see `timings`)."""
-        if self._nvml is not None:
-            self._nvml.timings = {}
+        if self._nvml is None:
+            return False
+        self._nvml.timings = {}
+        return True
 
     def timings(self, reset: bool = False) -> dict[str, tuple[int, float, float, float]]:
         """Per NVML function: (calls, wall seconds, CPU seconds, slowest call's wall seconds).
@@ -615,7 +639,7 @@ class NvmlBackend:
             samples.extend(read.run())
         return samples
 
-    def reads(self, now: float) -> list[Read]:
+    def reads(self, now: float, plan: PassPlan = READ_ALL) -> list[Read]:
         """This pass as parts the collector can give up on one by one (`exporter.bulkhead`).
 
         The XID event drain (key ``"events"``), one part per GPU (key: its index; MIG
@@ -626,9 +650,11 @@ class NvmlBackend:
 
         Args:
             now: monotonic seconds of this pass (see `sample`).
+            plan: the GPUs whose per-process samples their part reads (the others' are
+                left to `process_share_reads`, `exporter.shares`).
         """
         self._require()
-        self._pass_now = now
+        self._pass_now, self._plan = now, plan
         if self._gpm is not None:
             self._gpm.begin_pass(now)
         parts = self._parts
@@ -692,18 +718,10 @@ class NvmlBackend:
     def _down_sample(self, index: int, error: str) -> DeviceSample:
         """A GPU that could not be read: its identity, XID counts and why, no values."""
         static = self._static.get(index, {})
-        return DeviceSample(
-            index=index,
-            uuid=static.get("uuid", ""),
-            model=static.get("model", ""),
-            vendor="nvidia",
-            up=False,
-            error=error,
-            driver_version=self._driver_version,
-            pci_bus_id=static.get("pci_bus_id", ""),
-            serial=static.get("serial", ""),
-            xid_errors=frozen_mapping(self._xid_counts.get(index)),
-        )
+        identity = DeviceSample(index=index, uuid=static.get("uuid", ""), model=static.get("model", ""),
+                                vendor="nvidia", driver_version=self._driver_version,
+                                pci_bus_id=static.get("pci_bus_id", ""), serial=static.get("serial", ""))
+        return identity.down(error, xid_errors=self._xid_counts.get(index))
 
     def _require(self) -> _Nvml:
         if self._nvml is None or not self._initialized:
@@ -1006,17 +1024,17 @@ class NvmlBackend:
             # processes reads only samples newer than the last one read.
             return ()
         util: dict[int, tuple[float, float]] | None = None
-        if per_process_util and (not self.defer_process_utilization or index in self.shared_gpus):
+        if per_process_util and self._plan.reads_shares(index):
             util = self._process_utilization(nvml, index, handle)
         return _processes_with_shares([(pid, *found[pid]) for pid in sorted(found)], util)
 
-    def process_utilization_reads(self, devices: Sequence[DeviceSample]) -> list[Read]:
+    def process_share_reads(self, devices: Sequence[DeviceSample]) -> list[Read]:
         """The per-process samples of these GPUs, as parts of the pass (`exporter.bulkhead`).
 
-        With `defer_process_utilization` on, a GPU's part of the pass leaves its
-        processes' SM shares unread (unless the GPU is in `shared_gpus`), so that the
-        collector can ask for them once it knows the processes' owners: only for GPUs that
-        more than one owner shares (the per-process read costs 1.5 ms on an H200, more
+        Under a `PassPlan` without per-process metrics, a GPU's part of the pass leaves
+        its processes' SM shares unread (unless the plan names it in ``shared``), so that
+        the collector can ask for them once it knows the processes' owners: only for GPUs
+        that more than one owner shares (the per-process read costs 1.5 ms on an H200, more
         than the rest of a GPU's pass).
         Each part returns the GPU's sample with its processes' shares, or the GPU down
         when it was lost meanwhile; its key is the GPU's, so it is not asked while a call

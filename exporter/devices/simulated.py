@@ -6,7 +6,7 @@ is constant or waves. Values are pure functions of the time since the backend op
 so tests can predict them; energy is the integral of the simulated power.
 
 Each process may name its workload (Kubernetes pod and container, or Slurm job); the
-attribution layer reads those through `SimulatedBackend.scenario`.
+attribution layer reads those through `SimulatedBackend.simulated_scenario`.
 
 Scenario format (see ``exporter/scenarios/default.yaml``)::
 
@@ -48,6 +48,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from exporter.config import parse_positive_duration
+from exporter.devices.base import SOURCE_FLAGS, Backend, BackendUnavailable
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
 
 GIB = 2**30
@@ -253,7 +254,7 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
     return parse_scenario(data, str(target))
 
 
-class SimulatedBackend:
+class SimulatedBackend(Backend):
     """Serves a scenario as if it were a real node (vendor "nvidia", NVML-like values).
 
     Args:
@@ -262,6 +263,16 @@ class SimulatedBackend:
     """
 
     name = "simulated"
+
+    @classmethod
+    def add_arguments(cls, group: Any, place: str) -> None:
+        if place == SOURCE_FLAGS:
+            group.add_argument("--scenario", metavar="FILE",
+                               help="scenario file for --backend simulated (default: the built-in node)")
+
+    @classmethod
+    def options_from(cls, args: Any) -> dict[str, Any]:
+        return {"scenario": args.scenario} if args.scenario is not None else {}
 
     def __init__(self, scenario: str | Path | None = None, clock: Callable[[], float] = time.monotonic):
         self._path = scenario
@@ -274,8 +285,6 @@ class SimulatedBackend:
         self._on_gpu: dict[int, list[ProcessSpec]] = {}
 
     def open(self) -> None:
-        from exporter.devices.base import BackendUnavailable
-
         try:
             self.scenario = load_scenario(self._path)
         except ScenarioError as exc:
@@ -289,6 +298,13 @@ class SimulatedBackend:
 
     def close(self) -> None:
         return None
+
+    def node_name(self) -> str:
+        """The scenario's node."""
+        return self.scenario.node if self.scenario is not None else ""
+
+    def simulated_scenario(self) -> Scenario | None:
+        return self.scenario
 
     def elapsed(self, now: float) -> float:
         """Seconds since the backend opened, at pass time ``now``."""
