@@ -21,7 +21,7 @@ any check fails (2 when it cannot run at all), and, when ``$OUT`` is set, writes
 ``gpu_check.json`` (checks, numbers, timeline), the raw scrapes and the agent's log there.
 
 Cost, measured on the same run: while the workload runs, the median wall and CPU time of
-each NVML call the agent could make (``measure_call_costs``: the table in DESIGN.md), and
+each NVML call the agent could make (``measure_call_costs``: the table in docs/PERFORMANCE.md), and
 ``l9gpu snapshot --timings`` (what a first and a steady pass of the agent cost). Where
 nvitop-exporter is installed (``pip install nvitop-exporter``) it runs beside the agent on
 the same GPU, scraped just as often, and both processes' CPU per second over the workload
@@ -220,7 +220,7 @@ class Agent:
 def measure_call_costs(device: int, repeats: int = 30) -> list[dict[str, Any]]:
     """Median wall and CPU milliseconds of each NVML call on GPU ``device``.
 
-    The calls the agent makes or avoids, so the table in DESIGN.md can be checked on any
+    The calls the agent makes or avoids, so the table in docs/PERFORMANCE.md can be checked on any
     driver. NOT_SUPPORTED calls are timed too (they still cost); the blocking PCIe
     throughput call is timed only a few times.
     """
@@ -889,11 +889,11 @@ def gpm_section(nvml_module: Any, device: int, workload: Any, deadline_seconds: 
     Returns:
         ``{"status": "passed"|"failed"|"skipped", "reason", "checks", "windows", "costs"}``.
     """
-    from exporter.devices.gpm import GpmReader
-    from exporter.devices.nvml import NA, _Nvml
+    from exporter.devices.nvml.gpm import GpmReader
+    from exporter.devices.nvml.libnvml import NA, Nvml
 
     timed = _TimedNvml(nvml_module)
-    nvml = _Nvml(timed)
+    nvml = Nvml(timed)
     nvml_module.nvmlInit()
     reader = GpmReader(nvml, interval=0.0, na=NA)
     windows: list[dict[str, Any]] = []

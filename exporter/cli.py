@@ -28,7 +28,7 @@ from exporter import catalogue as cat
 from exporter.bulkhead import DEFAULT_READ_TIMEOUT
 from exporter.config import argtype, parse_listen, parse_positive_duration
 from exporter.devices import close_backends, joined_name
-from exporter.devices.gpm import WARMING_UP
+from exporter.devices.nvml.gpm import WARMING_UP
 from exporter.escape import for_terminal
 from exporter.snapshot_json import describe_owner, document_json, snapshot_document
 

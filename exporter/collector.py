@@ -68,8 +68,8 @@ class Collector:
             hl-smi has its own timeout).
         process_metrics: per-process series are exported (``--process-metrics``): read
             every GPU's per-process samples every pass. Otherwise a GPU all of whose
-            processes belong to one owner is not asked for them (1.5 ms per GPU on an
-            H200): the owner's SM share is the GPU's utilisation.
+            processes belong to one owner is not asked for them (they cost more than the rest
+            of its pass, docs/PERFORMANCE.md): the owner's SM share is the GPU's utilisation.
     """
 
     def __init__(

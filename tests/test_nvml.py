@@ -632,11 +632,11 @@ def test_real_ctypes_handles_map_back_by_address():
     # Event data carries a new pointer object to the device: equal address, not identity.
     ctypes = pytest.importorskip("ctypes")
     pynvml = pytest.importorskip("pynvml")
-    from exporter.devices.nvml import _handle_key
+    from exporter.devices.nvml.libnvml import handle_key
 
     device = pynvml.struct_c_nvmlDevice_t()
     registered = ctypes.pointer(device)
     event = pynvml.c_nvmlEventData_t()
     event.device = ctypes.cast(ctypes.addressof(device), pynvml.c_nvmlDevice_t)
     assert event.device is not registered
-    assert _handle_key(event.device) == _handle_key(registered)
+    assert handle_key(event.device) == handle_key(registered)

@@ -22,8 +22,8 @@ from fake_pynvml import (
     FakeNvml,
 )
 
-from exporter.devices import gpm as gpm_module
 from exporter.devices.nvml import NvmlBackend
+from exporter.devices.nvml import gpm as gpm_module
 from exporter.model import GPM_RATE_KEYS, GPM_RATIO_KEYS
 
 MiB = 2**20
@@ -137,7 +137,7 @@ def test_pre_hopper_gpu_has_no_gpm_and_the_reason_is_logged_once(caplog):
     clock = Clock()
     fake = FakeNvml(gpus=[FakeGpu(name="NVIDIA A100-SXM4-80GB"), FakeGpu(name="NVIDIA A100-SXM4-80GB"), FakeGpu()])
     backend = opened(fake, clock)
-    with caplog.at_level(logging.INFO, logger="exporter.devices.gpm"):
+    with caplog.at_level(logging.INFO, logger="exporter.devices.nvml.gpm"):
         for _ in range(3):
             samples = backend.sample(clock())
             clock.t += 1.0

@@ -12,14 +12,13 @@ metric as the average between two such samples. (``nvmlGpmMigSampleGet(parent ha
 gpu instance id, sample)`` does the same for one MIG GPU instance.) So a value needs two
 samples: the first pass after start-up (or after a lost GPU comes back) has none.
 
-Cadence. A sample costs ~0.1 ms and the metrics ~1.0 ms (11 metrics, measured on an
-H200; the first call of each ~0.5 and ~4.5 ms). Because the metrics average over
-whatever window two samples span, nothing is lost by reading them less often than the
-collection interval: `GpmReader` takes a sample only when ``interval`` seconds have
-passed since the device's previous one (``--gpm-interval``, default 5 s; 0 = every pass),
-and between those passes the device keeps the values of its last complete window. At a
-1 s collection interval that is ~0.2 ms of CPU per GPU per pass on average, and never
-more than one ``nvmlGpmMetricsGet`` per GPU (or MIG instance) per pass.
+Cadence. A sample is cheap and the metrics cost more (figures in docs/PERFORMANCE.md,
+"GPM"). Because the metrics average over whatever window two samples span, nothing is
+lost by reading them less often than the collection interval: `GpmReader` takes a sample
+only when ``interval`` seconds have passed since the device's previous one
+(``--gpm-interval``, default 5 s; 0 = every pass), and between those passes the device
+keeps the values of its last complete window: never more than one ``nvmlGpmMetricsGet``
+per GPU (or MIG instance) per pass.
 
 Units. NVML gives activity in percent (0-100) and traffic in MiB per second; here they
 become ratios 0-1 and bytes per second. A metric whose entry carries an error

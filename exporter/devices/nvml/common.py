@@ -1,0 +1,125 @@
+"""What the NVML backend's parts share: its state between passes, the schedule of slow re-reads,
+and the guard around optional queries.
+
+The schedule. A pass asks only for what it needs (the cost of each call, and so the
+periods below, are in docs/PERFORMANCE.md): MIG mode and the enforced power limit are
+re-read every `SLOW_PERIOD` seconds, ECC totals and the PCIe byte counters every
+`ECC_PERIOD` and `PCIE_PERIOD` (cumulative counters lose nothing by it; dcgm-exporter
+polls every 30 s), the graphics process list every `GRAPHICS_PERIOD` while a GPU has no
+graphics process, the energy counter every `ENERGY_COUNTER_PERIOD` (`energy`); static
+facts (UUID, name, serial, PCI bus id, MIG slots) once. The re-reads of different GPUs are
+spread over the period (`NvmlState._due`).
+
+Failures. A device whose core queries fail (``NVML_ERROR_GPU_IS_LOST``, or any other
+unexpected NVML error) comes back down with the error text and no values; the other
+devices carry on. An optional query that fails otherwise gives `NA` (counted as
+``query_error``). Such problems are counted by reason in `NvmlBackend.errors`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from exporter.devices.nvml.gpm import GpmReader
+from exporter.devices.nvml.libnvml import NA, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_RESET_REQUIRED, DeviceDown, Nvml
+from exporter.model import frozen_mapping
+from exporter.shares import PassPlan
+
+log = logging.getLogger(__name__)
+
+# Seconds between reads of values that are costly or change slowly (see the module doc).
+ENERGY_COUNTER_PERIOD = 30.0
+SLOW_PERIOD = 30.0
+ECC_PERIOD = 10.0
+PCIE_PERIOD = 10.0
+# Graphics contexts are rare on data-centre GPUs: while a GPU has none, its graphics
+# process list is asked this often (compute processes: every pass).
+GRAPHICS_PERIOD = 5.0
+# NVML averages power over the last second (Ampere and newer): up to this interval the
+# reading times the interval is the energy used in it; in longer intervals the reading
+# covers the last second and the mean of the readings at both ends the rest.
+POWER_AVERAGING_SECONDS = 1.0
+
+
+class NvmlState:
+    """The NVML backend's state that its parts (`processes`, `mig`, `events`, `energy`)
+    read and keep; `NvmlBackend.__init__` sets every attribute."""
+
+    _nvml: Nvml | None
+    _initialized: bool
+    _count: int
+    _handles: dict[int, Any]
+    _static: dict[int, dict[str, Any]]
+    _driver_version: str
+    _errors: Counter[str]
+    _gpm: GpmReader | None
+    _next_read: dict[tuple[int, Hashable], float]
+    _slow_values: dict[tuple[Any, ...], Any]
+    _plan: PassPlan
+
+    def _require(self) -> Nvml:
+        if self._nvml is None or not self._initialized:
+            raise RuntimeError("NvmlBackend.sample() called before open()")
+        return self._nvml
+
+    def _down(self, nvml: Nvml, exc: BaseException) -> DeviceDown:
+        code = nvml.code(exc)
+        if code == nvml.const("NVML_ERROR_GPU_IS_LOST", NVML_ERROR_GPU_IS_LOST):
+            return DeviceDown("gpu_lost", f"GPU is lost: {exc}")
+        if code == nvml.const("NVML_ERROR_RESET_REQUIRED", NVML_ERROR_RESET_REQUIRED):
+            return DeviceDown("reset_required", f"GPU requires reset: {exc}")
+        return DeviceDown("device_error", f"NVML error {code}: {exc}")
+
+    def _guard(self, nvml: Nvml, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run an optional query: a lost GPU stops the device, other errors give NA."""
+        try:
+            return fn(*args)
+        except nvml.error as exc:
+            code = nvml.code(exc)
+            if code in (
+                nvml.const("NVML_ERROR_GPU_IS_LOST", NVML_ERROR_GPU_IS_LOST),
+                nvml.const("NVML_ERROR_RESET_REQUIRED", NVML_ERROR_RESET_REQUIRED),
+            ):
+                raise self._down(nvml, exc) from exc
+            self._errors["query_error"] += 1
+            log.debug("NVML query %s failed: %s", getattr(fn, "__name__", fn), exc)
+            return NA
+
+    def _opt(self, nvml: Nvml, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self._guard(nvml, lambda: nvml.call(name, *args, **kwargs))
+
+    def _due(self, index: int, what: Hashable, now: float, period: float) -> bool:
+        """True when ``what`` of GPU ``index`` is to be read in this pass.
+
+        The first pass reads everything; after it, the re-reads of GPU i are first due
+        (i + 1) / count of a period later, so that GPUs do not all pay in the same pass.
+        """
+        key = (index, what)
+        due = self._next_read.get(key)
+        if due is None:
+            self._next_read[key] = now + period * (index + 1) / max(1, self._count)
+            return True
+        if now < due:
+            return False
+        self._next_read[key] = max(due + period, now)
+        return True
+
+    def _slow(self, index: int, what: str, now: float, period: float, read: Callable[[], Any]) -> Any:
+        """A value re-read every ``period`` seconds, served from the last read in between."""
+        key = (index, what)
+        if self._due(index, what, now, period) or key not in self._slow_values:
+            self._slow_values[key] = read()
+        return self._slow_values[key]
+
+    def _read_gpm(self, nvml: Nvml, handle: Any, index: int, gpu_instance: int | None = None) -> Any:
+        """GPM values (see `exporter.devices.nvml.gpm`); a lost GPU stops the device."""
+        gpm = self._gpm
+        if gpm is None:
+            return frozen_mapping()
+        try:
+            return gpm.read(handle, index, gpu_instance)
+        except nvml.error as exc:
+            raise self._down(nvml, exc) from exc

@@ -1,0 +1,239 @@
+"""The NVML backend's processes: the compute and graphics process lists and the per-process
+utilisation of each GPU.
+
+Per-process utilisation. ``nvmlDeviceGetProcessUtilization(handle, lastSeenTimeStamp)``
+returns the driver's samples newer than ``lastSeenTimeStamp`` (microseconds). The
+backend keeps the newest timestamp it has seen per device and, each pass, averages every
+sample of the interval per PID (``smUtil`` and ``memUtil``, percent -> 0-1). The rule
+for processes without a sample (`processes_with_shares`):
+
+* the call answered ``NVML_ERROR_NOT_FOUND`` (no samples since the last pass), or it
+  returned samples that do not include this PID: the device does sample processes and
+  this one did not run a kernel, so it gets ``sm_utilization = 0.0`` (idle). Holding
+  memory at 0 SM is exactly what ``container_gpu_idle_seconds`` is about.
+* the call is not supported (or missing), or the device is a MIG instance: per-process
+  utilisation is unknown, so ``sm_utilization`` stays None.
+
+What is asked. Per-process utilisation is asked only of GPUs that have processes, with
+``nvmlDeviceGetProcessesUtilizationInfo`` where the driver has it (cheaper than
+``nvmlDeviceGetProcessUtilization``, which remains the fallback), and, under a
+`exporter.shares.PassPlan` without per-process metrics, only of GPUs that more than one
+owner shares: the GPUs the plan names (shared in the last pass) in their own part of the
+pass, the ones a second owner has just joined in `ProcessesMixin.process_share_reads` once
+the collector knows the owners. A GPU held by one owner takes its utilisation as the
+owner's SM share (docs/ATTRIBUTION.md). The graphics process list is asked every
+`GRAPHICS_PERIOD` while a GPU has no graphics process.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from exporter.bulkhead import Read
+from exporter.devices.nvml.common import GRAPHICS_PERIOD, NvmlState
+from exporter.devices.nvml.libnvml import (
+    CALL_PREFIXES,
+    COMPUTE_PROCESS_FUNCTIONS,
+    GRAPHICS_PROCESS_FUNCTIONS,
+    NA,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_RESET_REQUIRED,
+    NVML_SUCCESS,
+    PROCESS_UTIL_FUNCTIONS,
+    DeviceDown,
+    Nvml,
+    handle_key,
+    process_memory,
+)
+from exporter.model import DeviceSample, ProcessSample
+
+log = logging.getLogger(__name__)
+
+
+class ProcessesMixin(NvmlState):
+    """The processes of a GPU and their shares (part of `NvmlBackend`)."""
+
+    _last_seen: dict[int, int]
+    _unfinished: set[int]
+
+    def _went_down(self, index: int, down: DeviceDown) -> list[DeviceSample]:
+        raise NotImplementedError
+
+    def _down_samples(self, index: int, error: str) -> list[DeviceSample]:
+        raise NotImplementedError
+
+    def _processes(
+        self, nvml: Nvml, index: int, handle: Any, per_process_util: bool, now: float
+    ) -> tuple[ProcessSample, ...]:
+        found: dict[int, tuple[int | None, str]] = {}
+        graphics_key = (index, "graphics", handle_key(handle))
+        kinds = [("compute", COMPUTE_PROCESS_FUNCTIONS)]
+        if self._slow_values.get(graphics_key) or self._due(index, graphics_key[1:], now, GRAPHICS_PERIOD):
+            kinds.append(("graphics", GRAPHICS_PROCESS_FUNCTIONS))
+        for kind, functions in kinds:
+            infos = self._guard(nvml, lambda fns=functions: nvml.first(fns, handle))
+            if kind == "graphics":
+                self._slow_values[graphics_key] = bool(infos)
+            if infos is NA or infos is None:
+                continue
+            for info in infos:
+                try:  # the binding's process objects always have both
+                    pid, memory = info.pid, info.usedGpuMemory
+                except AttributeError:
+                    pid, memory = getattr(info, "pid", 0), getattr(info, "usedGpuMemory", None)
+                pid = int(pid or 0)
+                if pid <= 0:
+                    continue
+                memory = process_memory(memory)
+                known = found.get(pid)
+                if known is None:
+                    found[pid] = (memory, kind)
+                elif known[0] is None:
+                    # Compute and graphics contexts of one process share its memory
+                    # figure; keep the first kind and a figure if either has one.
+                    found[pid] = (memory, known[1])
+        if not found:
+            # No process, nothing to ask the driver's per-process samples about (they
+            # cost milliseconds). The last-seen timestamp stays, so the next pass with
+            # processes reads only samples newer than the last one read.
+            return ()
+        util: dict[int, tuple[float, float]] | None = None
+        if per_process_util and self._plan.reads_shares(index):
+            util = self._process_utilization(nvml, index, handle)
+        return processes_with_shares([(pid, *found[pid]) for pid in sorted(found)], util)
+
+    def process_share_reads(self, devices: Sequence[DeviceSample]) -> list[Read]:
+        """The per-process samples of these GPUs, as parts of the pass (`exporter.bulkhead`).
+
+        Under a `PassPlan` without per-process metrics, a GPU's part of the pass leaves
+        its processes' SM shares unread (unless the plan names it in ``shared``), so that
+        the collector can ask for them once it knows the processes' owners: only for GPUs
+        that more than one owner shares (the per-process read costs more than the rest of a
+        GPU's pass, docs/PERFORMANCE.md).
+        Each part returns the GPU's sample with its processes' shares, or the GPU down
+        when it was lost meanwhile; its key is the GPU's, so it is not asked while a call
+        of its first part is stuck.
+
+        Args:
+            devices: whole GPUs of this pass (MIG instances have no per-process samples).
+        """
+        reads = []
+        for device in devices:
+            if device.gpu_instance or not device.processes or not device.up:
+                continue
+            index = device.index
+            reads.append(Read(index, f"GPU {index}", functools.partial(self._read_shares, device),
+                              calls=CALL_PREFIXES, down=functools.partial(self._down_samples, index)))
+        return reads
+
+    def _read_shares(self, device: DeviceSample) -> list[DeviceSample]:
+        nvml = self._require()
+        index = device.index
+        handle = self._handles.get(index)
+        if handle is None:  # lost since its first part: the next pass reads it afresh
+            return [device]
+        self._unfinished.add(index)
+        try:
+            util = self._process_utilization(nvml, index, handle)
+        except DeviceDown as down:
+            self._unfinished.discard(index)
+            return self._went_down(index, down)
+        self._unfinished.discard(index)
+        processes = [(p.pid, p.used_memory_bytes, p.kind) for p in device.processes]
+        return [replace(device, processes=processes_with_shares(processes, util))]
+
+    def _process_utilization(self, nvml: Nvml, index: int, handle: Any) -> dict[int, tuple[float, float]] | None:
+        """Mean SM and memory utilisation (0-1) per PID over the samples since last pass.
+
+        Asks ``nvmlDeviceGetProcessesUtilizationInfo`` where the driver has it, else
+        ``nvmlDeviceGetProcessUtilization``; both take and return the same timestamps.
+
+        Returns:
+            PID -> (sm, memory) for PIDs with samples; an empty dict when the device
+            samples processes but has none new (NOT_FOUND: all idle); None when the
+            device cannot sample processes at all.
+        """
+        last_seen = self._last_seen.get(index, 0)
+        for name in PROCESS_UTIL_FUNCTIONS:
+            fn = getattr(nvml.module, name, None)
+            if not callable(fn):
+                nvml.call(name)  # not in this binding: logs that once
+                continue
+            if nvml.unsupported(name, handle):
+                continue
+            try:
+                samples = nvml.invoke(name, fn, handle, last_seen)
+            except nvml.mismatch:
+                nvml.remember_unsupported(name, handle)
+                continue
+            except nvml.error as exc:
+                code = nvml.code(exc)
+                # NOT_FOUND: no sample newer than last_seen. pynvml raises NVMLError(SUCCESS)
+                # when the driver answers "success, zero samples" to its sizing call.
+                if code in (nvml.const("NVML_ERROR_NOT_FOUND", NVML_ERROR_NOT_FOUND), NVML_SUCCESS):
+                    return {}
+                if code in (nvml.not_supported, nvml.function_not_found):
+                    nvml.remember_unsupported(name, handle)
+                    continue
+                if code in (
+                    nvml.const("NVML_ERROR_GPU_IS_LOST", NVML_ERROR_GPU_IS_LOST),
+                    nvml.const("NVML_ERROR_RESET_REQUIRED", NVML_ERROR_RESET_REQUIRED),
+                ):
+                    raise self._down(nvml, exc) from exc
+                self._errors["query_error"] += 1
+                log.debug("%s failed: %s", name, exc)
+                return None
+            return self._aggregate_utilization(index, last_seen, samples or ())
+        return None
+
+    def _aggregate_utilization(
+        self, index: int, last_seen: int, samples: Iterable[Any]
+    ) -> dict[int, tuple[float, float]]:
+        sums: dict[int, list[float]] = {}
+        newest = last_seen
+        for sample in samples:
+            try:  # the binding's samples always have these (ctypes structs)
+                stamp, pid, sm, mem = sample.timeStamp, sample.pid, sample.smUtil, sample.memUtil
+            except AttributeError:
+                stamp, pid = getattr(sample, "timeStamp", 0), getattr(sample, "pid", 0)
+                sm, mem = getattr(sample, "smUtil", 0), getattr(sample, "memUtil", 0)
+            stamp = int(stamp or 0)
+            if stamp > newest:
+                newest = stamp
+            if stamp <= last_seen:
+                continue  # the driver promises newer samples only; be safe anyway
+            pid = int(pid or 0)
+            acc = sums.get(pid)
+            if acc is None:
+                sums[pid] = [float(sm or 0), float(mem or 0), 1]
+            else:
+                acc[0] += float(sm or 0)
+                acc[1] += float(mem or 0)
+                acc[2] += 1
+        self._last_seen[index] = newest
+        return {
+            pid: (min(sm / n / 100.0, 1.0), min(mem / n / 100.0, 1.0))
+            for pid, (sm, mem, n) in sums.items()
+        }
+
+    # ---- MIG --------------------------------------------------------------------
+
+
+def processes_with_shares(processes: Sequence[tuple[int, int | None, str]],
+                           util: Mapping[int, tuple[float, float]] | None) -> tuple[ProcessSample, ...]:
+    """(pid, memory, kind) of each process, with its SM and memory shares from ``util`` (see
+    the module doc for the rule): a process without a sample was idle (0); None (the
+    device cannot sample processes, or they were not read) leaves the shares unknown."""
+    if util is None:
+        return tuple(ProcessSample(pid=pid, used_memory_bytes=memory, kind=kind) for pid, memory, kind in processes)
+    out = []
+    for pid, memory, kind in processes:
+        sm, mem = util.get(pid, (0.0, 0.0))
+        out.append(ProcessSample(pid=pid, used_memory_bytes=memory, sm_utilization=sm, memory_utilization=mem,
+                                 kind=kind))
+    return tuple(out)
