@@ -95,10 +95,11 @@ def fmt(values: list[float]) -> str:
 def bench_cycle(path: Path, passes: int) -> list[float]:
     """Wall time of warm passes on the simulated node (reads cost nothing there)."""
     from exporter.cli import _collector, _open, build_parser
+    from exporter.devices import close_backends
 
     args = build_parser().parse_args(["snapshot", "--backend", "simulated", "--scenario", str(path)])
-    backend, attributor = _open(args)
-    collector, _ = _collector(args, backend, attributor)
+    backends, attributor = _open(args)
+    collector, _ = _collector(args, backends, attributor)
     collector.collect_once()  # warm the attribution cache
     gc.collect()
     gc.freeze()  # as `l9gpu serve` does after start-up
@@ -109,7 +110,7 @@ def bench_cycle(path: Path, passes: int) -> list[float]:
         times.append(time.perf_counter() - start)
     assert len(snap.workloads) == CONTAINERS and len(snap.processes) == PROCESSES
     attributor.close()
-    backend.close()
+    close_backends(backends)
     return times
 
 
@@ -123,8 +124,9 @@ def bench_render(path: Path, renders: int = 50) -> dict[str, list[float]]:
     from exporter.encode import Encoder
 
     args = cli.build_parser().parse_args(["serve", "--backend", "simulated", "--scenario", str(path)])
-    backend, attributor = cli._open(args)
-    collector, extra = cli._collector(args, backend, attributor)
+    from exporter.devices import close_backends
+    backends, attributor = cli._open(args)
+    collector, extra = cli._collector(args, backends, attributor)
     collector.collect_once()
     registry = cli.build_registry(lambda: collector.snapshot, cli._enabled(args), extra)
     library, _ = choose_encoder(PROMETHEUS["Accept"])
@@ -139,7 +141,7 @@ def bench_render(path: Path, renders: int = 50) -> dict[str, list[float]]:
                 results[name].append(time.thread_time() - started)
     finally:
         attributor.close()
-        backend.close()
+        close_backends(backends)
     return results
 
 
@@ -149,14 +151,15 @@ def bench_nvml_pass(path: Path, h200_costs: bool, passes: int) -> tuple[list[flo
 
     from exporter.attribution import procfs
     from exporter.cli import _collector, _open, build_parser
+    from exporter.devices import close_backends
 
     saved = sys.modules.get("pynvml")
     plain_init = procfs.ProcCache.__init__
     fake_nvml_agent.install(str(path), h200_costs)
     try:
         args = build_parser().parse_args(["snapshot", "--backend", "nvml", "--kubernetes", "off"])
-        backend, attributor = _open(args)
-        collector, _ = _collector(args, backend, attributor)
+        backends, attributor = _open(args)
+        collector, _ = _collector(args, backends, attributor)
         collector.collect_once()
         gc.collect()
         walls, cpus = [], []
@@ -167,7 +170,7 @@ def bench_nvml_pass(path: Path, h200_costs: bool, passes: int) -> tuple[list[flo
             cpus.append(time.process_time() - cpu)
             time.sleep(0.01 if i % 10 else 0.0)
         attributor.close()
-        backend.close()
+        close_backends(backends)
     finally:
         procfs.ProcCache.__init__ = plain_init  # type: ignore[method-assign]
         if saved is None:

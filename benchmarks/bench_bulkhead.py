@@ -66,12 +66,13 @@ def bench_pass(path: Path, passes: int, rounds: int) -> dict[str, list[float]]:
 
     from exporter.attribution import procfs
     from exporter.cli import _collector, _open, build_parser
+    from exporter.devices import close_backends
 
     plain_init = procfs.ProcCache.__init__
     fake_nvml_agent.install(str(path), False)
     args = build_parser().parse_args(["snapshot", "--backend", "nvml", "--kubernetes", "off"])
-    backend, attributor = _open(args)
-    collector, _ = _collector(args, backend, attributor)
+    backends, attributor = _open(args)
+    collector, _ = _collector(args, backends, attributor)
     collector.collect_once()
     gc.collect()
     out: dict[str, list[float]] = {"bulkhead": [], "inline": []}
@@ -92,7 +93,7 @@ def bench_pass(path: Path, passes: int, rounds: int) -> dict[str, list[float]]:
         sys.modules.pop("pynvml", None)
         collector.stop()
         attributor.close()
-        backend.close()
+        close_backends(backends)
     return out
 
 

@@ -29,18 +29,19 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 def snapshot_of(scenario: str | None):  # type: ignore[no-untyped-def]
     from exporter.cli import _collector, _open, build_parser
+    from exporter.devices import close_backends
 
     argv = ["snapshot", "--backend", "simulated"] + (["--scenario", scenario] if scenario else [])
     args = build_parser().parse_args(argv)
-    backend, attributor = _open(args)
+    backends, attributor = _open(args)
     try:
-        collector, extra = _collector(args, backend, attributor)
+        collector, extra = _collector(args, backends, attributor)
         collector.collect_once()
         time.sleep(0.05)
         return collector.collect_once(), extra
     finally:
         attributor.close()
-        backend.close()
+        close_backends(backends)
 
 
 def registry_for(schema: str, snapshot, extra):  # type: ignore[no-untyped-def]

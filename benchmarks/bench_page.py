@@ -30,16 +30,17 @@ GZIP = {"Accept-Encoding": "gzip"}
 
 def bench_render(path: Path, renders: int) -> tuple[dict[str, list[float]], int, int, int]:
     from exporter.cli import _collector, _open, build_parser
+    from exporter.devices import close_backends
     from exporter.page import render_page
     from exporter.snapshot_json import document_json, snapshot_document
 
     args = build_parser().parse_args(["snapshot", "--backend", "simulated", "--scenario", str(path)])
-    backend, attributor = _open(args)
-    collector, names = _collector(args, backend, attributor)
+    backends, attributor = _open(args)
+    collector, names = _collector(args, backends, attributor)
     collector.collect_once()
     snap = collector.collect_once()
     attributor.close()
-    backend.close()
+    close_backends(backends)
     times: dict[str, list[float]] = {"snapshot document": [], "page from the document": [],
                                      "compact JSON (/api/v1/snapshot)": [], "indented JSON (snapshot --json)": []}
     for _ in range(renders):
