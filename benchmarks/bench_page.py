@@ -31,8 +31,8 @@ GZIP = {"Accept-Encoding": "gzip"}
 def bench_render(path: Path, renders: int) -> tuple[dict[str, list[float]], int, int, int]:
     from exporter.cli import _collector, _open, build_parser
     from exporter.devices import close_backends
-    from exporter.page import render_page
     from exporter.snapshot_json import document_json, snapshot_document
+    from exporter.web.page import render_page
 
     args = build_parser().parse_args(["snapshot", "--backend", "simulated", "--scenario", str(path)])
     backends, attributor = _open(args)

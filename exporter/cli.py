@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_connection_args(group: Any) -> None:
     """The listener's limits (docs/SECURITY.md, "Limits")."""
-    from exporter.connections import ConnectionLimits, parse_connections, parse_header_bytes
+    from exporter.web.limits import ConnectionLimits, parse_connections, parse_header_bytes
 
     d = ConnectionLimits()
     group.add_argument("--max-connections", default=d.max_connections, type=argtype(parse_connections), metavar="N",
@@ -161,7 +161,8 @@ def _connection_limits(args: argparse.Namespace) -> tuple[Any, str]:
     import resource
 
     from exporter.attribution.procfs import max_kept_open
-    from exporter.connections import ConnectionLimits, connection_budget, descriptors_in_use
+    from exporter.web.descriptors import connection_budget, descriptors_in_use
+    from exporter.web.limits import ConnectionLimits
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     in_use, reserved = descriptors_in_use(), max_kept_open()
@@ -416,14 +417,12 @@ def serve(args: argparse.Namespace) -> int:
     """Run the agent until SIGTERM or SIGINT."""
     from aiohttp import web
 
-    from exporter.connections import (
-        REJECTIONS_METRIC,
-        GuardedSite,
-        Rejections,
-        install_accept_error_log,
-        raise_open_file_limit,
-    )
-    from exporter.server import Exposition, make_app
+    from exporter.counts import REJECTIONS_METRIC, Rejections
+    from exporter.web.app import make_app
+    from exporter.web.descriptors import raise_open_file_limit
+    from exporter.web.exposition import Exposition
+    from exporter.web.logs import install_accept_error_log
+    from exporter.web.site import GuardedSite
 
     # A scrape waits for the interpreter while the collector thread runs a pass or
     # renders: each time the event loop wakes it asks for the GIL, which a busy thread
@@ -463,7 +462,7 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         close_backends(backends)
         raise UsageError(f"l9gpu: {exc}") from None
-    from exporter.page import SnapshotPages
+    from exporter.web.page import SnapshotPages
 
     pages = SnapshotPages(lambda: collector.snapshot, args.node_name, args.interval, extra_names,
                           gpm_status=lambda: gpm_status(backends))
@@ -538,7 +537,7 @@ def _web_config(path: str | None, rejections: Any = None) -> Any:
     """The --web-config watcher (None without the flag); a bad file is a usage error."""
     if not path:
         return None
-    from exporter.webconfig import WebConfigWatcher
+    from exporter.web.watcher import WebConfigWatcher
 
     try:
         return WebConfigWatcher(path, rejections=rejections)

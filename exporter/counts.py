@@ -3,7 +3,8 @@
 The OTLP bridge counts its exports by result, the HTTP listener what it turned away by
 reason: each is a `LabelCounts` registered on the registry ``/metrics`` and the pushes
 read (`exporter.catalogue.REGISTERED_ELSEWHERE`), every value served from 0, so that
-``increase()`` sees the first event.
+``increase()`` sees the first event. `Rejections` is the listener's (the connection
+guard's and the web config's refusals, `exporter.web`).
 """
 
 from __future__ import annotations
@@ -52,3 +53,25 @@ class LabelCounts(Collector):
 
     def describe(self) -> Iterator[CounterMetricFamily]:
         return iter(())
+
+
+#: Why the listener turned a connection or a request away (``l9gpu_http_rejections_total``).
+REJECTION_REASONS = (
+    "connection_limit_evicted",  # an idle or unfinished connection closed to admit a new one
+    "connection_limit_refused",  # a new connection closed: every open one was busy
+    "header_timeout",            # 408: the request's line and headers did not arrive in time
+    "header_too_large",          # 431 (or closed during TLS): past --max-header-bytes
+    "accept_failed",             # the kernel had a connection the agent could not accept (EMFILE)
+    "client_cert_not_allowed",   # 403: a client certificate outside client_allowed_sans
+    "rate_limited",              # 429: the client address's rate limit
+    "auth_busy",                 # 503: too many password checks queued
+    "auth_failed",               # 401: no or wrong credentials
+)
+REJECTIONS_METRIC = "l9gpu_http_rejections_total"
+
+
+class Rejections(LabelCounts):
+    """Counts what the listener turned away, by reason: ``l9gpu_http_rejections_total{reason}``."""
+
+    def __init__(self) -> None:
+        super().__init__(REJECTIONS_METRIC, REJECTION_REASONS)

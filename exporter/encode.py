@@ -20,7 +20,7 @@ those names. Such a family is named with `BareCounterName`, and `for_openmetrics
 ``unknown`` in OpenMetrics, the type OpenMetrics gives a metric from a third-party system
 whose type it cannot state, so that strict parsers accept it under its own name; the text
 format keeps ``counter``, as dcgm-exporter writes it (and /metrics answers the text format
-to every scraper that accepts it while the DCGM schema is served: `exporter.server`).
+to every scraper that accepts it while the DCGM schema is served: `exporter.web.exposition`).
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ from fake_nvml_node import GiB, Node
 from flood import Flood
 from waiting import PATIENCE, wait_until
 
-from exporter.connections import SPARE_DESCRIPTORS, ConnectionLimits, connection_budget
+from exporter.web.descriptors import SPARE_DESCRIPTORS, connection_budget
+from exporter.web.limits import ConnectionLimits
 
 needs_cgroups = pytest.mark.skipif(bool(cgroup2_unwritable()), reason=cgroup2_unwritable() or "ok")
 
@@ -200,7 +201,11 @@ def test_limits_flags_are_validated_with_one_clear_line() -> None:
 _LISTENER = r"""
 import asyncio, resource, sys, time
 from aiohttp import web
-from exporter.connections import ConnectionLimits, GuardedSite, Rejections, descriptors_in_use, install_accept_error_log
+from exporter.counts import Rejections
+from exporter.web.descriptors import descriptors_in_use
+from exporter.web.limits import ConnectionLimits
+from exporter.web.logs import install_accept_error_log
+from exporter.web.site import GuardedSite
 from exporter.cli import setup_logging
 
 setup_logging("info", "text")

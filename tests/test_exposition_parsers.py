@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from test_encode import ACCEPT
 
 from exporter import cli, dcgm
-from exporter.server import Exposition
+from exporter.web.exposition import Exposition
 
 SCHEMAS = ("l9gpu", "dcgm", "l9gpu,dcgm")
 # served as counters whatever the counters file says: their series carry no _total

@@ -31,10 +31,11 @@ from exporter.collector import Collector
 from exporter.devices.base import Backend
 from exporter.devices.nvml import NvmlBackend
 from exporter.model import DeviceSample
-from exporter.page import render_page
 from exporter.render import SnapshotCollector
-from exporter.server import Exposition, make_app
 from exporter.snapshot_json import snapshot_document
+from exporter.web.app import make_app
+from exporter.web.exposition import Exposition
+from exporter.web.page import render_page
 
 INTERVAL = 0.5  # the collector's interval in these tests
 # What the product promises: within three intervals (at least 3 s) of a call that does

@@ -14,10 +14,11 @@ from exporter import catalogue as cat
 from exporter.collector import Collector
 from exporter.derive import label_schema
 from exporter.devices.simulated import SimulatedBackend
-from exporter.page import SnapshotPages, duration, render_page
 from exporter.render import SnapshotCollector
-from exporter.server import Exposition, make_app
 from exporter.snapshot_json import snapshot_document, snapshot_json
+from exporter.web.app import make_app
+from exporter.web.exposition import Exposition
+from exporter.web.page import SnapshotPages, duration, render_page
 
 GIB = 2**30
 

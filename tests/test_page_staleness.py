@@ -18,8 +18,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from browser import DevTools, need_chromium
 
 from exporter.model import DeviceSample, Snapshot
-from exporter.page import SnapshotPages, server_timing
-from exporter.server import make_app
+from exporter.web.app import make_app
+from exporter.web.page import SnapshotPages, server_timing
 
 AGE = 23.0  # seconds: how old the snapshot is when the page opens
 

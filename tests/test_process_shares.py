@@ -27,7 +27,8 @@ from exporter.cli import _collector, build_parser, build_registry
 from exporter.collector import Collector
 from exporter.derive import label_schema
 from exporter.devices.nvml import NvmlBackend
-from exporter.server import Exposition, make_app
+from exporter.web.app import make_app
+from exporter.web.exposition import Exposition
 
 GiB = 2**30
 UTIL_CALL = "nvmlDeviceGetProcessesUtilizationInfo"

@@ -2,6 +2,7 @@
 
 import asyncio
 import gzip
+import time
 
 from agent import parse_metrics, pick
 from aiohttp.test_utils import TestClient, TestServer
@@ -16,7 +17,8 @@ from exporter.devices.base import Backend
 from exporter.devices.simulated import SimulatedBackend
 from exporter.model import DeviceSample, ProcessSample, Workload
 from exporter.render import SnapshotCollector
-from exporter.server import Exposition, make_app
+from exporter.web.app import make_app
+from exporter.web.exposition import Exposition
 
 
 class Clock:
@@ -144,10 +146,10 @@ def test_workload_series_and_a_vanished_pod_vanishes():
     assert pick(render(c, extra=names), "container_gpu_usage_seconds_total", pod="web-1") == []
 
 
-def _app(collector, max_age=60.0):
+def _app(collector, max_age=60.0, clock=time.monotonic):
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: collector.snapshot, cat.enabled_names()))
-    exposition = Exposition(registry, lambda: collector.snapshot, max_age=max_age)
+    exposition = Exposition(registry, lambda: collector.snapshot, max_age=max_age, clock=clock)
     return make_app(exposition, lambda: collector.snapshot, lambda: True, "n"), exposition
 
 
@@ -289,8 +291,7 @@ def test_each_scraper_of_an_ha_pair_is_foreseen():
 
 def test_a_scrape_with_nothing_recent_renders_by_itself():
     clock, c = _simulated_collector()
-    _, exposition = _app(c, max_age=2.0)
-    exposition._clock = clock
+    _, exposition = _app(c, max_age=2.0, clock=clock)
     first, _ = exposition.render(None, False)
     clock.t = 30.0
     c.collect_once()

@@ -31,12 +31,9 @@ from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402
 
-from exporter.webconfig import (  # noqa: E402
-    BasicAuthenticator,
-    WebConfigWatcher,
-    load_web_config,
-    parse_web_config,
-)
+from exporter.web.auth import BasicAuthenticator  # noqa: E402
+from exporter.web.watcher import WebConfigWatcher, load_web_config  # noqa: E402
+from exporter.web.webconfig import parse_web_config  # noqa: E402
 
 SIM = ("--backend", "simulated", "--interval", "250ms")
 

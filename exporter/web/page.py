@@ -35,7 +35,7 @@ from exporter.snapshot_json import document_json, snapshot_document
 PAGE_PATH = "/"
 API_PATH = "/api/v1/snapshot"
 
-_TEMPLATE = string.Template(resources.files("exporter").joinpath("page.html").read_text(encoding="utf-8"))
+_TEMPLATE = string.Template(resources.files("exporter.web").joinpath("page.html").read_text(encoding="utf-8"))
 _GZIP_MIN = 1024  # smaller bodies are not worth compressing
 _GIB = 2**30
 

@@ -1,14 +1,11 @@
-"""The HTTP side: /metrics, /healthz, /readyz, the page at / and its JSON, on aiohttp.
+"""/metrics bytes: content negotiation, gzip, rendered once per snapshot.
 
 A scrape never touches hardware: it serves bytes rendered from the current snapshot.
 Bytes are rendered once per (snapshot, encoding, gzip) and reused by every scrape of
 that snapshot; they are re-rendered at most once per interval when the snapshot stops
 changing, so ``l9gpu_snapshot_age_seconds`` keeps growing if the collector stalls.
-
-Rendering costs far more than a pass on a busy node (a 200 KiB body), and Prometheus
-scrapes every 15-60 s while passes run every second, so the agent renders only for the
-scrapes it expects: it learns each client's scrape period (`ScrapeForecast`) and, after
-a pass, renders only when a scrape is due before the next pass.
+After a pass, only the variants a scrape is expected for are rendered ahead
+(`exporter.web.forecast.ScrapeForecast`).
 
 With the DCGM schema every scraper that accepts the text format gets it, as from
 dcgm-exporter (whose counters OpenMetrics cannot type counter); only a scraper that
@@ -18,92 +15,17 @@ accepts nothing but OpenMetrics gets OpenMetrics (docs/MIGRATING-FROM-DCGM.md).
 from __future__ import annotations
 
 import gzip
-import logging
-import statistics
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from exporter.encode import Encoder, for_openmetrics
 from exporter.model import Snapshot
-from exporter.page import SnapshotPages
-
-log = logging.getLogger(__name__)
-
-TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-@dataclass
-class _Client:
-    last: float
-    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=3))
-
-
-class ScrapeForecast:
-    """When each client's next scrape is due, from its last scrapes.
-
-    Prometheus scrapes a target at a fixed period with little jitter; each server of an
-    HA pair has its own period and phase, so clients are told apart (by address and the
-    variant they ask for). A client's period is the median of its last three gaps.
-
-    Args:
-        max_clients: clients remembered at most (the least recently seen are dropped).
-        forget_after: seconds after which a client seen once (period unknown) is dropped;
-            a client with a known period is dropped after three missed periods plus this.
-    """
-
-    def __init__(self, max_clients: int = 32, forget_after: float = 120.0):
-        self._clients: dict[Any, _Client] = {}
-        self._max = max_clients
-        self._forget_after = forget_after
-        self._lock = threading.Lock()
-
-    def observe(self, key: Any, now: float) -> None:
-        """A scrape by ``key`` (client and variant) at monotonic time ``now``."""
-        with self._lock:
-            client = self._clients.pop(key, None)
-            if client is None:
-                client = _Client(now)
-            else:
-                client.gaps.append(max(0.0, now - client.last))
-                client.last = now
-            self._clients[key] = client  # most recently seen last
-            while len(self._clients) > self._max:
-                del self._clients[next(iter(self._clients))]
-
-    def due(self, variant: Any, now: float, horizon: float) -> bool:
-        """True when a client of ``variant`` is expected to scrape before ``now + horizon``.
-
-        A client seen once (period unknown) is not expected: its next scrape renders by
-        itself, and from the third on they are foreseen. A scrape overdue by more than a
-        quarter of ``horizon`` is no longer expected.
-        """
-        with self._lock:
-            for key, client in list(self._clients.items()):
-                if not client.gaps:
-                    if now - client.last > self._forget_after:
-                        del self._clients[key]
-                    continue
-                period = statistics.median(client.gaps)
-                if now - client.last > 3 * period + self._forget_after:
-                    del self._clients[key]
-                    continue
-                if key[1:] != variant:
-                    continue
-                # Its next scrape, if due before the next pass (or late by a quarter of the
-                # horizon): one pass renders for it (two when it falls right at a pass
-                # boundary). A client that missed its time (stopped, or irregular) is not
-                # rendered for on every pass; its next scrape renders by itself and tells
-                # its period anew.
-                expected = client.last + period
-                if now - horizon / 4 <= expected <= now + horizon:
-                    return True
-            return False
+from exporter.web.forecast import ScrapeForecast
 
 
 def text_first(accept: str) -> str:
@@ -237,72 +159,3 @@ class Exposition:
         for accept, want_gzip in wanted:
             if self.forecast.due((accept, want_gzip), now, horizon):
                 self.render(accept or None, want_gzip, background=True)
-
-
-def make_app(
-    exposition: Exposition | None,
-    get_snapshot: Callable[[], Snapshot | None],
-    collector_alive: Callable[[], bool],
-    node: str,
-    middlewares: Sequence[Callable[..., object]] = (),
-    pages: SnapshotPages | None = None,
-    health: Callable[[], tuple[bool, str]] | None = None,
-) -> web.Application:
-    """Build the aiohttp application.
-
-    What the probes mean (docs/HEALTH.md): ``/healthz`` (liveness) fails only when the
-    collector itself no longer runs or finishes passes, which a restart can mend; a GPU
-    stuck in a driver call is no reason to restart (a new agent would meet the same stuck
-    driver), so it is said in the body of a 200. ``/readyz`` fails only before the first
-    snapshot: a target that is not ready is no longer scraped, and its down GPUs would
-    vanish from Prometheus instead of alerting.
-
-    Args:
-        exposition: renders /metrics; None runs without a metrics endpoint (push-only).
-        get_snapshot: the current snapshot, for /readyz.
-        collector_alive: True while the collector thread runs, for /healthz (when no
-            ``health`` is given).
-        node: node name shown on the page.
-        middlewares: aiohttp middlewares, e.g. the web config's basic auth and headers.
-        pages: serves / and /api/v1/snapshot (default: from ``get_snapshot`` and ``node``).
-        health: (live, note) for /healthz and /readyz: whether the collector runs and
-            finishes passes, and what is degraded meanwhile, in one line
-            (`Collector.liveness`).
-    """
-
-    async def metrics(request: web.Request) -> web.Response:
-        assert exposition is not None
-        want_gzip = "gzip" in request.headers.get("Accept-Encoding", "")
-        body, content_type = exposition.render(request.headers.get("Accept"), want_gzip, client=request.remote)
-        headers = {"Content-Type": content_type}
-        if want_gzip:
-            headers["Content-Encoding"] = "gzip"
-        return web.Response(body=body, headers=headers)
-
-    def liveness() -> tuple[bool, str]:
-        if health is not None:
-            return health()
-        if collector_alive():
-            return True, ""
-        return False, "collector thread is not running"
-
-    async def healthz(request: web.Request) -> web.Response:
-        live, note = liveness()
-        if live:
-            return web.Response(text=f"ok: {note}\n" if note else "ok\n")
-        return web.Response(status=503, text=f"{note}\n")
-
-    async def readyz(request: web.Request) -> web.Response:
-        if get_snapshot() is None:
-            return web.Response(status=503, text="not ready: the first collection pass has not finished\n")
-        # Ready whatever is degraded: Prometheus must keep scraping to see it.
-        _, note = liveness()
-        return web.Response(text=f"ok: {note}\n" if note else "ok\n")
-
-    app = web.Application(middlewares=list(middlewares))  # type: ignore[arg-type]
-    if exposition is not None:
-        app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    (pages or SnapshotPages(get_snapshot, node)).add_routes(app)
-    return app
