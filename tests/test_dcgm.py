@@ -419,17 +419,18 @@ SAME_WORKLOAD_VALUES = {
 @pytest.fixture(scope="module")
 def simulated_snapshot() -> Snapshot:
     from exporter.cli import _collector, _open, build_parser
+    from exporter.devices import close_backends
 
     args = build_parser().parse_args(["snapshot", "--backend", "simulated"])
-    backend, attributor = _open(args)
+    backends, attributor = _open(args)
     try:
-        collector, _ = _collector(args, backend, attributor)
+        collector, _ = _collector(args, backends, attributor)
         collector.collect_once()
         time.sleep(0.05)  # GPM values need two samples some time apart
         return collector.collect_once()
     finally:
         attributor.close()
-        backend.close()
+        close_backends(backends)
 
 
 def _l9gpu(snapshot: Snapshot):  # type: ignore[no-untyped-def]

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from test_encode import ACCEPT
 
 from exporter import cli, dcgm
+from exporter.devices import close_backends
 from exporter.web.exposition import Exposition
 
 SCHEMAS = ("l9gpu", "dcgm", "l9gpu,dcgm")
@@ -43,14 +44,14 @@ def _registry(schema: str, counters: Path):  # type: ignore[no-untyped-def]
     if "dcgm" in schema:
         argv += ["--collectors", str(counters)]
     args = cli.build_parser().parse_args(argv)
-    backend, attributor = cli._open(args)
+    backends, attributor = cli._open(args)
     try:
-        collector, extra = cli._collector(args, backend, attributor)
+        collector, extra = cli._collector(args, backends, attributor)
         collector.collect_once()
         snapshot = collector.collect_once()  # GPM needs two passes
     finally:
         attributor.close()
-        backend.close()
+        close_backends(backends)
     selection = cli._dcgm_selection(args)
     registry = cli.build_registry(lambda: snapshot, cli._enabled(args), extra, selection)
     return Exposition(registry, lambda: snapshot, prefer_text=selection is not None)
