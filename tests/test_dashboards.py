@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,9 @@ from exporter.catalogue import METRICS
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
+CHART_COPIES = sorted((REPO / "charts" / "l9gpu" / "dashboards").glob("*.json"))
+if str(REPO) not in sys.path:  # dashboards/ is a package of the checkout, not of the wheel
+    sys.path.insert(0, str(REPO))
 RULES = REPO / "alerts" / "l9gpu.rules.yaml"
 INFERENCE_RULES = REPO / "alerts" / "l9gpu-inference.rules.yaml"
 PRICES = REPO / "alerts" / "prices.example.yaml"
@@ -188,10 +192,147 @@ def test_units_follow_the_metric(path):
                 break
 
 
+def _sdk() -> None:
+    pytest.importorskip("grafana_foundation_sdk", reason="grafana-foundation-sdk (the test extra) builds the dashboards")
+
+
 def test_dashboards_are_generated():
+    _sdk()
     check = subprocess.run([sys.executable, str(REPO / "dashboards" / "generate.py"), "--check"],
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
+
+
+def test_generate_check_fails_when_a_committed_file_drifts(tmp_path):
+    """A hand edit of the committed JSON, or of the chart's copy, is caught: --check names the file."""
+    _sdk()
+    shutil.copytree(REPO / "dashboards", tmp_path / "dashboards", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "charts" / "l9gpu" / "dashboards", tmp_path / "charts" / "l9gpu" / "dashboards")
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(tmp_path / "dashboards" / "generate.py"), "--check"],
+                              capture_output=True, text=True, cwd=tmp_path)
+
+    assert check().returncode == 0, check().stderr
+    copy = tmp_path / "charts" / "l9gpu" / "dashboards" / "l9gpu-devices.json"
+    copy.write_text(copy.read_text().replace('"GPUs up"', '"GPUs that are up"', 1))
+    drifted = check()
+    assert drifted.returncode == 1
+    assert "charts/l9gpu/dashboards/l9gpu-devices.json" in drifted.stderr
+    assert "dashboards/l9gpu-workloads.json" not in drifted.stderr
+
+
+@pytest.mark.parametrize("path", DASHBOARDS + CHART_COPIES, ids=lambda p: str(p.relative_to(REPO)))
+def test_dashboard_is_valid_against_grafanas_schema(path):
+    """Every field, panel type and unit is one the schema grafana-foundation-sdk ships knows."""
+    _sdk()
+    from dashboards import schema
+
+    assert schema.problems(_dashboard(path)) == []
+
+
+# The index a panel appended to the devices dashboard gets.
+NEXT = len(json.loads((REPO / "dashboards" / "l9gpu-devices.json").read_text())["panels"])
+
+
+def _broken(edit: Any) -> list[str]:
+    """The problems of the devices dashboard, built as generate.py builds it, after `edit(doc)`."""
+    _sdk()
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+
+    from dashboards import schema
+    from dashboards.devices import devices
+
+    doc = json.loads(json.dumps(devices(), cls=JSONEncoder))
+    assert schema.problems(doc) == []
+    edit(doc)
+    return schema.problems(doc)
+
+
+def _built_panel(title: str, **kwargs: Any) -> dict[str, Any]:
+    """A timeseries panel as the dashboards' own builder makes it, as JSON."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+
+    from dashboards.panels import target, timeseries
+
+    panel = timeseries(title, [target("gpu_power_watts")], **kwargs).id(999)
+    return json.loads(json.dumps(panel.build(), cls=JSONEncoder))
+
+
+def test_a_unit_grafana_does_not_have_fails():
+    def edit(doc: dict[str, Any]) -> None:
+        doc["panels"].append(_built_panel("Power", unit="watts"))  # Grafana's id is "watt"
+
+    assert _broken(edit) == [f"panels[{NEXT}] 'Power': fieldConfig.defaults: unit 'watts' is not a Grafana unit id"]
+
+    def override(doc: dict[str, Any]) -> None:
+        from dashboards.panels import by_name
+
+        panel = _built_panel("Power", unit="watt", overrides=[by_name("limit", unit="kilowatts")])
+        doc["panels"].append(panel)
+
+    assert _broken(override) == [f"panels[{NEXT}] 'Power': fieldConfig.overrides[0]: unit 'kilowatts' is not a Grafana "
+                                 "unit id"]
+    # custom units are Grafana's own grammar, not a typo
+    assert _broken(lambda doc: doc["panels"].append(_built_panel("Tokens", unit="suffix: tok/s"))) == []
+
+
+def test_an_unknown_panel_field_fails():
+    def edit(doc: dict[str, Any]) -> None:
+        panel = _built_panel("Power", unit="watt")
+        panel["fieldConfig"]["defaults"]["colour"] = {"mode": "fixed"}  # Grafana's field is "color"
+        panel["options"]["legend"]["position"] = "right"  # it is "placement"
+        panel["fieldConfig"]["defaults"]["custom"]["lineWidht"] = 2
+        panel["targets"][0]["query"] = "gpu_power_watts"  # a Prometheus query's is "expr"
+        doc["panels"].append(panel)
+
+    assert sorted(_broken(edit)) == sorted([
+        f"unknown field panels[{NEXT}].fieldConfig.defaults.colour",
+        f"unknown field panels[{NEXT}].options.legend.position",
+        f"unknown field panels[{NEXT}].fieldConfig.defaults.custom.lineWidht",
+        f"unknown field panels[{NEXT}].targets[0].query",
+    ])
+
+
+def test_an_unknown_override_property_fails():
+    def edit(doc: dict[str, Any]) -> None:
+        from dashboards.panels import DASHED, by_regexp
+
+        doc["panels"].append(_built_panel("Power", unit="watt", overrides=[
+            by_regexp(".* limit", custom__lineStyle=DASHED),  # a timeseries' own property
+            by_regexp(".* limit", custom__cellOptions={"type": "color-background"}),  # a table's, not a timeseries'
+        ]))
+
+    assert _broken(edit) == [f"panels[{NEXT}] 'Power': fieldConfig.overrides[1]: unknown property 'custom.cellOptions' "
+                             "(custom.cellOptions)"]
+
+
+def test_a_panel_type_grafana_dropped_fails():
+    def edit(doc: dict[str, Any]) -> None:
+        panel = _built_panel("Power", unit="watt")
+        panel["type"] = "graph"  # the Angular graph panel, gone since Grafana 11
+        doc["panels"].append(panel)
+
+    assert _broken(edit) == [f"panels[{NEXT}] 'Power': panel type 'graph' is not one Grafana has"]
+
+
+def test_generate_writes_nothing_that_fails_the_schema(monkeypatch, capsys):
+    """generate.py refuses to write (or pass --check with) a dashboard the schema rejects."""
+    _sdk()
+    import dashboards.generate as generate
+    from dashboards import panels
+
+    def broken() -> Any:
+        def row(board: panels.Board) -> None:
+            board.row("Broken")
+            board.add(panels.timeseries("Power", [panels.target("gpu_power_watts")], "watts"), 24, 8)
+        return panels.dashboard("broken", "broken", "", [], [], [row])
+
+    monkeypatch.setattr(generate, "DASHBOARDS", {"broken.json": broken})
+    monkeypatch.setattr(generate, "DESTINATIONS", ())
+    assert generate.main([]) == 1
+    assert "broken.json: panels[1] 'Power': fieldConfig.defaults: unit 'watts' is not a Grafana unit id" in \
+        capsys.readouterr().err
 
 
 def test_every_name_in_every_expression_is_exported():

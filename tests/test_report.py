@@ -16,14 +16,26 @@ written out from that description, not computed by the code under test.
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from agent import REPO, ambient_setting
 from chargeback_history import Device, EngineCounters, Node, Workload, backfill
 from conftest import need_tool
+from loopback_http import LoopbackServer
 from promserver import PrometheusServer
 
 from exporter.cli import main
@@ -834,3 +846,101 @@ def test_the_step_changes_the_queries_not_the_figures(prometheus, tmp_path):
         assert a["group"] == b["group"]
         for key in ("gpu_hours_used", "gpu_hours_allocated", "zombie_hours", "energy_kwh"):
             assert a[key] == pytest.approx(b[key], abs=1e-6), (a["group"], key)
+
+
+
+def report_with_stderr(base: str, *extra: str, terminal: bool, env: dict[str, str] | None = None,
+                       watch: Any = None) -> tuple[int, bytes, bytes]:
+    """`python -m exporter report --format json` over the whole history from the Prometheus
+    at ``base``, in a subprocess whose standard error is a real pseudo-terminal
+    (``terminal``) or a pipe; its exit status, standard output and everything written to
+    standard error. ``watch`` is called with what the terminal showed so far, as it grows."""
+    full_env = {k: v for k, v in os.environ.items() if not ambient_setting(k)}
+    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.update(env or {})
+    cmd = [sys.executable, "-m", "exporter", "report", "--prometheus", base, "--from", str(START),
+           "--to", str(END), "--format", "json", *extra]
+    if not terminal:
+        done = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, timeout=120)
+        return done.returncode, done.stdout, done.stderr
+    controller, terminal_fd = pty.openpty()
+    fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # 120 columns
+    seen = bytearray()
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the last holder of the terminal side closed it
+                return
+            if not chunk:
+                return
+            seen.extend(chunk)
+            if watch is not None:
+                watch(bytes(seen))
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=terminal_fd,
+                                stdin=subprocess.DEVNULL)
+        os.close(terminal_fd)
+        out, _ = proc.communicate(timeout=120)
+        reader.join(timeout=30)
+    finally:
+        os.close(controller)
+    return proc.returncode, out, bytes(seen)
+
+
+def held(prometheus, release: threading.Event) -> Any:
+    """Prometheus behind a proxy that answers no query before ``release`` is set."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    async def forward(request: web.Request) -> web.Response:
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(prometheus.base + request.path, data=await request.read(),
+                                    headers={"Content-Type": request.headers["Content-Type"]}) as upstream:
+                return web.Response(status=upstream.status, body=await upstream.read(),
+                                    content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", forward)
+    return LoopbackServer(app)
+
+
+def test_progress_on_a_terminal_and_nothing_when_piped_or_quiet(prometheus):
+    """On a terminal the report shows the phase, the queries answered of those asked and the
+    time elapsed, which moves on while the queries are unanswered; piped, or with --quiet
+    (or L9GPU_QUIET), standard error has no progress; standard output is the same bytes
+    every way."""
+    status, piped_out, piped_err = report_with_stderr(prometheus.base, terminal=False)
+    assert status == 0
+    queries = json.loads(piped_out)["source"]["queries"]
+    assert queries > 10
+    assert b"queries" not in piped_err and b"\r" not in piped_err and b"\x1b" not in piped_err
+
+    # every query held until the terminal has shown them asked, none answered, a second on
+    release = threading.Event()
+    waiting = re.compile(rb"l9gpu report: reading counters, 0/[1-9]\d* queries \[00:0[1-9]\]")
+    with held(prometheus, release) as proxy:
+        status, out, shown = report_with_stderr(
+            proxy.base, terminal=True, watch=lambda seen: waiting.search(seen) and release.set())
+    assert release.is_set(), shown
+    assert status == 0 and out.replace(proxy.base.encode(), prometheus.base.encode()) == piped_out
+    text = shown.decode()
+    # once every answer is in: all the queries asked, answered
+    assert f"l9gpu report: summarising, {queries}/{queries} queries [" in text, text
+    assert "l9gpu report: writing json" in text, text
+    # --by model asks for the idle intervals too, and says so
+    status, _, shown = report_with_stderr(prometheus.base, "--by", "model", terminal=True)
+    assert status == 0
+    assert re.search(r"l9gpu report: reading counters and idle intervals, \d+/\d+ queries", shown.decode())
+
+    for extra, env in ((("--quiet",), None), (("-q",), None), ((), {"L9GPU_QUIET": "true"})):
+        status, out, shown = report_with_stderr(prometheus.base, *extra, terminal=True, env=env)
+        assert status == 0 and out == piped_out, (extra, env)
+        assert b"queries" not in shown and b"\r" not in shown, (extra, env, shown)

@@ -90,3 +90,35 @@ def test_names_from_labels_are_escaped_in_the_page_and_its_chart():
     html = to_html(summarize([s], grid, "slurm_account", parse_prices({"gpu_hour": 1})))
     assert "<b>lab</b>" not in html and "&lt;b&gt;lab&lt;/b&gt;" in html
     assert "slurm job 7 (a&amp;b)" in html
+
+
+def test_progress_only_on_a_terminal_not_quiet_and_with_tqdm(monkeypatch):
+    """The report's progress line needs a terminal, no --quiet, and tqdm (the report extra);
+    missing any of them it is the silent default, not an error."""
+    import io
+    import os
+    import pty
+    import sys
+
+    from exporter.report.progress import Progress, TerminalProgress, progress_for
+
+    controller, terminal_fd = pty.openpty()
+    try:
+        with os.fdopen(terminal_fd, "w", closefd=True) as terminal:
+            shown = progress_for(terminal, quiet=False)
+            assert isinstance(shown, TerminalProgress)
+            shown.close()
+            assert type(progress_for(terminal, quiet=True)) is Progress
+            assert type(progress_for(io.StringIO(), quiet=False)) is Progress
+            monkeypatch.setitem(sys.modules, "tqdm", None)  # `import tqdm` raises ImportError
+            assert type(progress_for(terminal, quiet=False)) is Progress
+    finally:
+        os.close(controller)
+    silent = Progress()
+    out = io.StringIO()
+    silent.phase("reading counters")
+    silent.asked()
+    silent.answered()
+    silent.note("l9gpu report: note: a note", out)
+    silent.close()
+    assert out.getvalue() == "l9gpu report: note: a note\n"

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from exporter.report.progress import Progress, progress_for
+
 COMMANDS = ("report", "prices", "inference-rules")
 BY = re.compile(r"^(namespace|model|slurm_account|slurm_user|label_[a-zA-Z0-9_]+)$")
 
@@ -49,6 +51,10 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
                              "results do not depend on it, only the query cost does")
     report.add_argument("--selector", default="", metavar="MATCHERS",
                         help='extra label matchers for every series, e.g. cluster="eu-1"')
+    report.add_argument("--quiet", "-q", action="store_true",
+                        help="show no progress line; without it a terminal (standard error) shows the queries "
+                             "answered, the phase and the time elapsed, when tqdm is installed (l9gpu[report]); "
+                             "notes and errors are printed either way")
     auth = report.add_argument_group("Prometheus connection")
     auth.add_argument("--bearer-token", metavar="TOKEN", help="send Authorization: Bearer TOKEN")
     auth.add_argument("--bearer-token-file", metavar="FILE", help="read the bearer token from FILE")
@@ -167,7 +173,7 @@ def _report(args: argparse.Namespace) -> int:
     from exporter.report import compute, output, summary
     from exporter.report.periods import parse_duration, parse_period
     from exporter.report.prices import PricesError, load_prices
-    from exporter.report.prom import Prometheus, PrometheusError, config_from_args, parse_size
+    from exporter.report.prom import config_from_args, parse_size
 
     for flag, value in (("--prometheus", args.prometheus), ("--from", args.start)):
         if not value:  # required, from the command line or L9GPU_PROMETHEUS / L9GPU_FROM
@@ -226,27 +232,65 @@ def _report(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise _Fail(str(exc)) from None
 
+    progress = progress_for(sys.stderr, args.quiet)
+    try:
+        report = _compute(args, config, engines, prices, (start_ms, end_ms, step_s), progress)
+        progress.phase(f"writing {fmt}")
+        text = output.FORMATS[fmt](report)
+    finally:
+        progress.close()
+    _write(args.output, text)
+    return 0
+
+
+async def _ticking(work: Any, progress: Progress) -> Any:
+    """Await `work`, redrawing `progress` twice a second so that the elapsed time moves on
+    while one long query runs."""
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            progress.refresh()
+
+    ticker = asyncio.create_task(tick())
+    try:
+        return await work
+    finally:
+        ticker.cancel()
+
+
+def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, period: tuple[int, int, int],
+             progress: Progress) -> dict[str, Any]:
+    """Fetch the period's counters and summarise them (the report as a document); notes on stderr."""
+    from exporter.report import compute, summary
+    from exporter.report.prices import PricesError
+    from exporter.report.prom import Prometheus, PrometheusError
+
+    start_ms, end_ms, step_s = period
+
+    def note(line: str) -> None:
+        progress.note(f"l9gpu report: note: {line}", sys.stderr)
+
     async def go() -> Any:
-        async with Prometheus(config) as prom:
-            return await compute.fetch(prom, start_ms, end_ms, step_s * 1000, args.selector.strip(), engines)
+        async with Prometheus(config, progress) as prom:
+            return await _ticking(compute.fetch(prom, start_ms, end_ms, step_s * 1000, args.selector.strip(),
+                                                engines, progress), progress)
 
     try:
         fetched = asyncio.run(go())
     except PrometheusError as exc:
         raise _Fail(str(exc), status=1) from None
+    progress.phase("summarising")
     grid, series, stats = fetched.grid, fetched.series, fetched.stats
     if args.by == summary.MODEL_BY:
         if not fetched.tokens:
-            print("l9gpu report: note: Prometheus has no inference engine token series with a pod label in this "
-                  f"period (engines read: {', '.join(e.name for e in engines)}); every workload is in group "
-                  f"{summary.NONE_GROUP}", file=sys.stderr)
+            note("Prometheus has no inference engine token series with a pod label in this period (engines "
+                 f"read: {', '.join(e.name for e in engines)}); every workload is in group {summary.NONE_GROUP}")
     elif series and args.by not in ("namespace",) and not any(s.labels.get(args.by) for s in series):
         hint = (f" (run the agents with --pod-label {args.by[len('label_'):]})" if args.by.startswith("label_")
                 else "")
-        print(f"l9gpu report: note: no series carries {args.by}{hint}; everything is in group "
-              f"{summary.NONE_GROUP}", file=sys.stderr)
+        note(f"no series carries {args.by}{hint}; everything is in group {summary.NONE_GROUP}")
     if not series:
-        print("l9gpu report: note: Prometheus has no l9gpu workload series in this period", file=sys.stderr)
+        note("Prometheus has no l9gpu workload series in this period")
     source: dict[str, Any] = {"prometheus": config.url, "step_seconds": step_s, "queries": stats.queries,
                               "series": stats.series, "raw_steps": stats.raw_steps}
     if config.headers:
@@ -260,7 +304,6 @@ def _report(args: argparse.Namespace) -> int:
         report["notes"].append(f"{fetched.unjoined} inference engine series have no pod label, so their tokens join "
                                "no workload and are left out; scrape the engines' pods so that Prometheus adds "
                                "namespace and pod (docs/INFERENCE.md)")
-    for note in report["notes"]:
-        print(f"l9gpu report: note: {note}", file=sys.stderr)
-    _write(args.output, output.FORMATS[fmt](report))
-    return 0
+    for line in report["notes"]:
+        note(line)
+    return report

@@ -32,6 +32,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from exporter.report.progress import Progress
 from exporter.report.prom import Prometheus
 
 # What the report reads: key -> (family, scale to the report's unit).
@@ -433,11 +434,13 @@ def _rows(counters: dict[str, tuple[str, float]], results: list[dict[SeriesKey, 
 
 
 async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, selector: str = "",
-                engines: Sequence[Any] = ()) -> Fetched:
+                engines: Sequence[Any] = (), progress: Progress | None = None) -> Fetched:
     """Every workload series with its per-step increases of every counter in `COUNTERS`,
     and every GPU series with those of `DEVICE_COUNTERS`; with ``engines``
     (`exporter.inference.engines.Engine`), their token counters, read the same way, and
-    the idle intervals of the workloads that hold GPUs."""
+    the idle intervals of the workloads that hold GPUs. ``progress`` is told the phase."""
+    progress = progress or Progress()
+    progress.phase("reading counters and idle intervals" if engines else "reading counters")
     grid = Grid(start_ms, end_ms, step_ms)
     stats = FetchStats()
     families = [family for family, _ in COUNTERS.values()] + [family for family, _ in DEVICE_COUNTERS.values()]

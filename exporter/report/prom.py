@@ -29,6 +29,7 @@ from typing import Any, Sequence
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from exporter.escape import for_terminal
+from exporter.report.progress import Progress
 
 #: Default cap on one answer's size (decompressed), in bytes: ``--max-response-bytes``.
 DEFAULT_MAX_RESPONSE_BYTES = 256 * 2**20
@@ -197,8 +198,9 @@ def _ssl_context(config: PrometheusConfig) -> ssl.SSLContext | bool:
 class Prometheus:
     """An open connection pool to one Prometheus (use as ``async with``)."""
 
-    def __init__(self, config: PrometheusConfig):
+    def __init__(self, config: PrometheusConfig, progress: Progress | None = None):
         self.config = config
+        self._progress = progress or Progress()  # counts the queries asked and answered
         self._session: Any = None
         self._limit = asyncio.Semaphore(config.concurrency)
         self.queries = 0
@@ -257,14 +259,18 @@ class Prometheus:
     async def _call(self, path: str, form: dict[str, str]) -> Any:
         """POST one query; the answer's ``data``. The first failure fails every later call
         at once: the report needs every answer, so the rest would be read for nothing."""
-        async with self._limit:
-            if self._failure is not None:
-                raise PrometheusError(str(self._failure))
-            try:
-                return await self._post(path, form)
-            except PrometheusError as exc:
-                self._failure = exc
-                raise
+        self._progress.asked()
+        try:
+            async with self._limit:
+                if self._failure is not None:
+                    raise PrometheusError(str(self._failure))
+                try:
+                    return await self._post(path, form)
+                except PrometheusError as exc:
+                    self._failure = exc
+                    raise
+        finally:
+            self._progress.answered()
 
     async def _post(self, path: str, form: dict[str, str]) -> Any:
         import aiohttp
