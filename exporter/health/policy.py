@@ -1,7 +1,7 @@
 """THE health policy table: every reason a GPU can be distrusted, its action, and its source.
 
 One row per reason. The verdict (:mod:`exporter.health.verdict`) reads nothing else, and
-docs/HEALTH.md's policy table is generated from it (``python -m exporter.health.policy
+docs/HEALTH.md's policy table is generated from it (``python -m exporter.health
 --markdown``; a test fails when the doc drifts).
 
 XID rows follow NVIDIA's Xid catalog, column "Resolution Bucket (Immediate Action)"
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+
+from exporter.health.signals import VENDOR_COVERAGE
 
 HEALTHY, DEGRADED, UNHEALTHY = "healthy", "degraded", "unhealthy"
 STATES: tuple[str, ...] = (HEALTHY, DEGRADED, UNHEALTHY)
@@ -330,14 +332,18 @@ def markdown() -> str:
         clears = CLEARS_TEXT[x.clears] if x.action != NONE else "counted only"
         lines.append(f"| {x.code} | `{x.mnemonic}` | {_cell(x.description)} | {x.category} | {x.bucket} | "
                      f"`{x.action}` | {clears} | {_cell(x.note)} |")
+    lines += ["", "What each backend can read (a signal a vendor lacks raises no reason there):", ""]
+    header, *rows = VENDOR_COVERAGE
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m exporter.health.policy --markdown``: print the policy tables."""
+    """``python -m exporter.health --markdown``: print the policy tables."""
     args = sys.argv[1:] if argv is None else argv
     if args != ["--markdown"]:
-        print("usage: python -m exporter.health.policy --markdown", file=sys.stderr)
+        print("usage: python -m exporter.health --markdown", file=sys.stderr)
         return 2
     sys.stdout.write(markdown())
     return 0
