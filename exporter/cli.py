@@ -378,7 +378,7 @@ def _open(args: argparse.Namespace, wait_for_pods: float = 0.0) -> tuple[Any, An
 
 def _collector(args: argparse.Namespace, backend: Any, attributor: Any) -> tuple[Any, tuple[str, ...]]:
     from exporter.collector import Collector
-    from exporter.derive import label_schema
+    from exporter.labels import label_schema
 
     extra_names, labeller = label_schema(getattr(args, "pod_label", []) or [])
     # serve's --read-timeout, snapshot's --timeout

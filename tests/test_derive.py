@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.derive import DeriveState, label_schema, split_energy, step
+from exporter.derive import DeriveState, split_energy, step
+from exporter.labels import label_schema, workload_label_map
 from exporter.model import DeviceSample, ProcessSample, Workload
 
 GIB = 2**30
@@ -20,7 +21,7 @@ def gpu(energy=None, power=None, procs=(), up=True, index=0):
 
 
 def by_pod(derived):
-    return {u.labels[6]: u for u in derived.workloads}
+    return {u.workload.pod: u for u in derived.workloads}
 
 
 def test_device_energy_counter_follows_device_and_survives_a_reset():
@@ -90,7 +91,7 @@ def test_a_pod_on_two_gpus_gets_one_series_per_gpu_and_processes_are_summed():
     devices = [gpu(index=0, procs=[ProcessSample(1, GIB, 0.3), ProcessSample(2, GIB, 0.3)]),
                gpu(index=1, procs=[ProcessSample(3, GIB, 0.9)])]
     _, d = step(DeriveState(), 0.0, "n", devices, owners)
-    rows = sorted((u.labels[1], u.processes, u.memory_used_bytes, u.utilization) for u in d.workloads)
+    rows = sorted((workload_label_map(u.labels)["gpu"], u.processes, u.memory_used_bytes, u.utilization) for u in d.workloads)
     assert rows == [("0", 2, 2 * GIB, 0.6), ("1", 1, GIB, 0.9)]
 
 

@@ -12,8 +12,8 @@ from waiting import wait_until
 
 from exporter import catalogue as cat
 from exporter.collector import Collector
-from exporter.derive import label_schema
 from exporter.devices.simulated import SimulatedBackend
+from exporter.labels import label_schema
 from exporter.page import SnapshotPages, duration, render_page
 from exporter.render import SnapshotCollector
 from exporter.server import Exposition, make_app
