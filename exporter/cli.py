@@ -26,9 +26,9 @@ from typing import Any, Callable, Mapping, Sequence
 from exporter import __version__
 from exporter import catalogue as cat
 from exporter.bulkhead import DEFAULT_READ_TIMEOUT
-from exporter.config import argtype, parse_duration, parse_listen, parse_positive_duration
 from exporter.devices.gpm import WARMING_UP
 from exporter.escape import for_terminal
+from exporter.parsing import argtype, parse_duration_or_seconds, parse_listen, parse_positive_duration
 from exporter.snapshot_json import describe_owner, document_json, snapshot_document
 
 log = logging.getLogger("l9gpu")
@@ -50,7 +50,7 @@ def parse_gpm_interval(text: str) -> float | None:
     """``--gpm-interval``: a duration (0 = every pass), or ``off`` (None)."""
     if str(text).strip().lower() == "off":
         return None
-    return parse_duration(text)
+    return parse_duration_or_seconds(text)
 
 
 class UsageError(Exception):

@@ -48,8 +48,8 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from aiohttp import web
 
-from exporter.config import parse_duration
 from exporter.connections import Rejections
+from exporter.parsing import parse_duration_or_seconds
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +278,7 @@ def _parse_rate_limit(path: str, raw: Any) -> RateLimit | None:
         return None
     interval_raw = data.get("interval", 0)
     try:
-        interval = parse_duration(str(interval_raw)) if not isinstance(interval_raw, bool) else -1.0
+        interval = parse_duration_or_seconds(str(interval_raw)) if not isinstance(interval_raw, bool) else -1.0
     except ValueError:
         interval = -1.0
     if interval < 0:
