@@ -420,9 +420,9 @@ def build_registry(get_snapshot: Callable[[], Any], enabled: frozenset[str],
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(get_snapshot, enabled, extra_labels))
     if dcgm_selection is not None:
-        from exporter.dcgm import DcgmCollector
+        from exporter.dcgm import DcgmSnapshotCollector
 
-        registry.register(DcgmCollector(get_snapshot, dcgm_selection))
+        registry.register(DcgmSnapshotCollector(get_snapshot, dcgm_selection))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence, Union
 
 from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector as PrometheusCollector
 from prometheus_client.samples import Sample
 
 from exporter.devices.nvml import THROTTLE_REASONS
@@ -635,7 +635,7 @@ class DcgmRenderer:
         return {key: list(series.values()) for key, series in by_device.items()}
 
 
-class DcgmCollector(Collector):
+class DcgmSnapshotCollector(PrometheusCollector):
     """A prometheus_client collector serving the DCGM families of the current snapshot.
 
     Args:

@@ -42,7 +42,7 @@ exactly like memory and energy. A GPU that is down is held by nobody that pass.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from exporter.labels import Labeller, default_labeller, device_label_values, workload_id_values
 from exporter.model import UNKNOWN, AllocationRow, DeviceSample, Unattributed, Workload, WorkloadUsage
@@ -212,31 +212,22 @@ class _Pass:
     """What one pass looks up more than once: label values and workloads by owner object.
 
     A workload's identity (`workload_id_values`) names one `Workload` per pass: the owner
-    of its first process on the node (devices in order), else of its first allocation,
-    so every GPU's usage of it carries the same object.
+    of its first process on the node (devices in order), so every GPU's usage of it
+    carries the same object (a Slurm job's step is the one it first runs on the node); a
+    container allocated a GPU it runs nothing on, and no process before, is its
+    allocation's.
     """
 
-    def __init__(self, node: str, labeller: Labeller, devices: Sequence[DeviceSample],
-                 owners: Mapping[int, Workload], allocations: Sequence[AllocationRow] | None):
+    def __init__(self, node: str, labeller: Labeller, owners: Mapping[int, Workload],
+                 allocations: Sequence[AllocationRow] | None):
         self.node = node
         self.labeller = labeller
         self.owners = owners
         self.known_allocations = allocations is not None
         self._labels: dict[int, tuple[str, ...]] = {}
         self._workloads: dict[tuple[str, ...], Workload] = {}
-        seen: set[int] = set()
-        owners_get = owners.get
-        for device in devices:
-            if device.up:
-                for proc in device.processes:
-                    owner = owners_get(proc.pid, UNKNOWN)
-                    if id(owner) not in seen:
-                        seen.add(id(owner))
-                        if owner.attributed:
-                            self._workloads.setdefault(workload_id_values(owner), owner)
         self.allocated_to: dict[str, list[AllocationRow]] = {}
         for row in allocations or ():
-            self._workloads.setdefault(workload_id_values(row.workload), row.workload)
             if row.workload.attributed:
                 self.allocated_to.setdefault(row.device_key, []).append(row)
 
@@ -248,13 +239,15 @@ class _Pass:
             labels = self._labels[id(owner)] = self.labeller(owner)
         return labels
 
-    def workload(self, owner: Workload) -> Workload:
-        """The pass's one `Workload` with the owner's identity."""
+    def workload(self, owner: Workload, runs: bool = True) -> Workload:
+        """The pass's one `Workload` with the owner's identity. Ask for process owners
+        (``runs``) in process order, devices in order: the first one asked for is it."""
+        if runs:
+            return self._workloads.setdefault(workload_id_values(owner), owner)
         return self._workloads.get(workload_id_values(owner), owner)
 
 
-@dataclass(frozen=True)
-class HolderShare:
+class HolderShare(NamedTuple):
     """What one workload holds of one GPU in a pass, before its counters advance.
 
     Attributes:
@@ -285,8 +278,7 @@ class HolderShare:
     sole_owner: bool = False
 
 
-@dataclass(frozen=True)
-class DeviceSplit:
+class DeviceSplit(NamedTuple):
     """One GPU's pass cut between its holders and nobody.
 
     Attributes:
@@ -323,7 +315,7 @@ def _allocations_here(ctx: _Pass, device: DeviceSample, dev_labels: tuple[str, .
     allocated: dict[tuple[str, ...], tuple[Workload, set[str]]] = {}
     replicas: int | None = None
     for row in ctx.allocated_to.get(device.key, ()):
-        entry = allocated.setdefault(dev_labels + ctx.labels(row.workload), (ctx.workload(row.workload), set()))
+        entry = allocated.setdefault(dev_labels + ctx.labels(row.workload), (row.workload, set()))
         entry[1].add(row.device_id)
         if row.replicas is not None:
             replicas = max(replicas or 0, row.replicas)
@@ -374,7 +366,7 @@ def split_device(ctx: _Pass, device: DeviceSample, delta: float, device_seconds:
         allocated = (group.labels in allocated_here) if ctx.known_allocations and is_pod else None
         running.append(_running_share(ctx, group, device, sms, parts, holders_only, allocated))
     running_labels = {group.labels for group in groups.groups}
-    idle = [HolderShare(labels, workload, 0, 0, 0.0, 0.0, False, True, False)
+    idle = [HolderShare(labels, ctx.workload(workload, runs=False), 0, 0, 0.0, 0.0, False, True, False)
             for labels, (workload, _) in allocated_here.items() if labels not in running_labels]
 
     # Holders taking part in the time split: those holding the GPU or replicas of it.
@@ -384,9 +376,9 @@ def split_device(ctx: _Pass, device: DeviceSample, delta: float, device_seconds:
     fractions, free = split_time([(replicas_of(s), s.memory) for s in taking], replicas)
     seconds = {id(share): fraction * device_seconds for share, fraction in zip(taking, fractions)}
     sole = groups.sole_workload
-    running = [replace(share, allocation_seconds=seconds.get(id(share), 0.0),
-                       sole_owner=sole is not None and share.labels == sole.labels) for share in running]
-    idle = [replace(share, allocation_seconds=seconds[id(share)]) for share in idle]
+    running = [share._replace(allocation_seconds=seconds.get(id(share), 0.0),
+                              sole_owner=sole is not None and share.labels == sole.labels) for share in running]
+    idle = [share._replace(allocation_seconds=seconds[id(share)]) for share in idle]
 
     rest_memory: int | None = sum(procs[i].used_memory_bytes or 0 for i in groups.rest)
     if groups.rest and all(p.used_memory_bytes is None for p in procs):
@@ -514,7 +506,7 @@ def step(
     """
     dt = 0.0 if state.last_now is None else max(0.0, now - state.last_now)
     ledger = _Ledger(state)
-    ctx = _Pass(node, labeller, devices, owners, allocations)
+    ctx = _Pass(node, labeller, owners, allocations)
     counters = dict(state.workloads)
     usages: list[WorkloadUsage] = []
     unattributed: list[Unattributed] = []

@@ -8,15 +8,13 @@ cannot disagree on whether one owner holds a GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 from exporter.labels import Labeller, default_labeller
 from exporter.model import UNKNOWN, DeviceSample, Workload
 
 
-@dataclass(frozen=True)
-class OwnerGroup:
+class OwnerGroup(NamedTuple):
     """One workload's processes on one GPU.
 
     Attributes:
@@ -30,8 +28,7 @@ class OwnerGroup:
     members: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class ProcessGroups:
+class ProcessGroups(NamedTuple):
     """A GPU's processes by owner: attributed ones grouped by labels, the rest apart.
 
     Attributes:

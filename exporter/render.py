@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import platform
 import time
-from typing import Callable, Iterator, Mapping, Union
+from typing import Callable, Iterator, Mapping, Sequence, Union
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector as PrometheusCollector
 
 from exporter import __version__
 from exporter import catalogue as cat
 from exporter.labels import device_label_values, workload_id_values
-from exporter.model import DeviceSample, Snapshot
+from exporter.model import DeviceSample, Snapshot, WorkloadUsage
 
 Family = Union[GaugeMetricFamily, CounterMetricFamily]
 
@@ -54,6 +54,7 @@ def families(
     """
     devices = {d.key: d for d in snapshot.devices}
     dev_labels = {d.key: device_label_values(snapshot.node, d) for d in snapshot.devices}
+    sole: list[WorkloadUsage] | None = None  # the workloads that use a GPU alone, once GPM needs them
     for spec in cat.METRICS:
         if spec.name not in enabled or spec.name in cat.REGISTERED_ELSEWHERE:
             continue
@@ -70,7 +71,9 @@ def families(
                 if value is not None:
                     family.add_metric(usage.labels, value)
         elif spec.scope == cat.WORKLOAD_GPM:
-            family = _gpm_workload_family(spec, snapshot, devices, extra_labels)
+            if sole is None:
+                sole = [usage for usage in snapshot.workloads if usage.sole_owner]
+            family = _gpm_workload_family(spec, sole, devices, extra_labels)
         elif spec.scope == cat.UNATTRIBUTED:
             family = _family(spec, spec.labels)
             for rest in snapshot.unattributed:
@@ -89,15 +92,15 @@ def families(
         yield family
 
 
-def _gpm_workload_family(spec: cat.MetricSpec, snapshot: Snapshot, devices: Mapping[str, DeviceSample],
+def _gpm_workload_family(spec: cat.MetricSpec, sole: Sequence[WorkloadUsage], devices: Mapping[str, DeviceSample],
                          extra_labels: tuple[str, ...]) -> Family:
     """A GPM family per workload: on a GPU (or MIG instance) that one workload uses alone
     (`WorkloadUsage.sole_owner`), the device's value with the workload's labels. On a
     shared GPU device-wide values cannot be split by process, so no workload gets them."""
     family = _family(spec, spec.labels + extra_labels)
     key = spec.source[len("gpm."):]
-    for usage in snapshot.workloads:
-        device = devices.get(usage.device_key) if usage.sole_owner else None
+    for usage in sole:
+        device = devices.get(usage.device_key)
         if device is not None and device.up:
             value = device.gpm.get(key)
             if value is not None:
@@ -180,7 +183,7 @@ def _self_family(spec: cat.MetricSpec, snapshot: Snapshot, devices: Mapping[str,
     return family
 
 
-class SnapshotCollector(Collector):
+class SnapshotCollector(PrometheusCollector):
     """A prometheus_client collector that serves whatever snapshot is current.
 
     Args:
