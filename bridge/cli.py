@@ -20,7 +20,7 @@ from bridge.config import (
     parse_header,
     resolve,
 )
-from exporter.config import argtype, parse_positive_duration
+from exporter.parsing import argtype, parse_positive_duration
 
 log = logging.getLogger("l9gpu.otlp")
 

@@ -15,12 +15,8 @@ import sys
 from dataclasses import dataclass
 from typing import Iterable
 
-# Labels on every GPU series. ``gpu_instance`` is the MIG GPU instance ("" otherwise).
-DEVICE_LABELS: tuple[str, ...] = ("node", "gpu", "uuid", "model", "gpu_instance")
-# Labels that say whose a workload series is ("" where not applicable).
-WORKLOAD_ID_LABELS: tuple[str, ...] = ("namespace", "pod", "container", "pod_uid", "slurm_job_id")
-WORKLOAD_LABELS: tuple[str, ...] = DEVICE_LABELS + WORKLOAD_ID_LABELS
-PROCESS_LABELS: tuple[str, ...] = WORKLOAD_LABELS + ("pid", "comm")
+# The label names and their order come from the label schema (exporter/labels.py).
+from exporter.labels import DEVICE_LABELS, OWNER_LABELS, PROCESS_LABELS, WORKLOAD_ID_LABELS, WORKLOAD_LABELS
 
 # Prometheus label key -> OpenTelemetry attribute (semantic conventions where they exist).
 LABEL_ATTRIBUTES: dict[str, str] = {
@@ -485,8 +481,8 @@ def markdown() -> str:
         "do not edit by hand (a test fails when this file and the catalogue disagree).",
         "",
         "Every GPU series carries `" + "`, `".join(DEVICE_LABELS) + "`; workload series add `"
-        + "`, `".join(WORKLOAD_ID_LABELS) + "` (empty where not applicable), plus `owner_kind`, "
-        "`owner_name`, `slurm_user`, `slurm_account` and `label_<key>` when configured. Values a "
+        + "`, `".join(WORKLOAD_ID_LABELS) + "` (empty where not applicable), plus `"
+        + "`, `".join(OWNER_LABELS[:-1]) + "`, `" + OWNER_LABELS[-1] + "` and `label_<key>` when configured. Values a "
         "device cannot provide are omitted, never exported as 0.",
         "",
     ]

@@ -26,10 +26,10 @@ from typing import Any, Callable, Mapping, Sequence
 from exporter import __version__
 from exporter import catalogue as cat
 from exporter.bulkhead import DEFAULT_READ_TIMEOUT
-from exporter.config import argtype, parse_listen, parse_positive_duration
 from exporter.devices import close_backends, joined_name
 from exporter.devices.nvml.gpm import WARMING_UP
 from exporter.escape import for_terminal
+from exporter.parsing import argtype, parse_listen, parse_positive_duration
 from exporter.snapshot_json import describe_owner, document_json, snapshot_document
 
 log = logging.getLogger("l9gpu")
@@ -362,7 +362,7 @@ def _open(args: argparse.Namespace, wait_for_pods: float = 0.0) -> tuple[list[An
 
 def _collector(args: argparse.Namespace, backends: list[Any], attributor: Any) -> tuple[Any, tuple[str, ...]]:
     from exporter.collector import Collector
-    from exporter.derive import label_schema
+    from exporter.labels import label_schema
 
     extra_names, labeller = label_schema(getattr(args, "pod_label", []) or [])
     # serve's --read-timeout, snapshot's --timeout
@@ -404,9 +404,9 @@ def build_registry(get_snapshot: Callable[[], Any], enabled: frozenset[str],
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(get_snapshot, enabled, extra_labels))
     if dcgm_selection is not None:
-        from exporter.dcgm import DcgmCollector
+        from exporter.dcgm import DcgmSnapshotCollector
 
-        registry.register(DcgmCollector(get_snapshot, dcgm_selection))
+        registry.register(DcgmSnapshotCollector(get_snapshot, dcgm_selection))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)

@@ -27,8 +27,9 @@ from typing import Callable, Mapping, NoReturn, Sequence
 
 from exporter.attribution import Attributor, NullAttributor
 from exporter.bulkhead import DEFAULT_READ_TIMEOUT, Bulkhead, Failed, Read, Stuck
-from exporter.derive import DeriveState, Labeller, default_labeller, step
+from exporter.derive import DeriveState, step
 from exporter.devices.base import Backend
+from exporter.labels import Labeller, default_labeller
 from exporter.model import (
     UNKNOWN,
     AllocationRow,

@@ -43,10 +43,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence, Union
 
 from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector as PrometheusCollector
 from prometheus_client.samples import Sample
 
-from exporter import catalogue as cat
 from exporter.devices.nvml import THROTTLE_REASONS
 from exporter.encode import BareCounterName
 from exporter.model import DeviceSample, Snapshot, WorkloadUsage
@@ -516,23 +515,17 @@ def describe_skipped(selection: Selection, source: str) -> str | None:
 # ---- rendering ----------------------------------------------------------------------------
 
 
-_I_NAMESPACE = cat.WORKLOAD_LABELS.index("namespace")
-_I_POD = cat.WORKLOAD_LABELS.index("pod")
-_I_CONTAINER = cat.WORKLOAD_LABELS.index("container")
-_I_SLURM = cat.WORKLOAD_LABELS.index("slurm_job_id")
-
-
 def workload_labels(usage: WorkloadUsage) -> dict[str, str]:
     """dcgm-exporter's labels for a workload: ``namespace``/``pod``/``container`` for a pod,
     ``hpc_job`` for a Slurm job; empty when neither is known (a pod known by UID only)."""
-    labels = usage.labels
+    workload = usage.workload
     out: dict[str, str] = {}
-    if labels[_I_POD]:
-        out["container"] = labels[_I_CONTAINER]
-        out["namespace"] = labels[_I_NAMESPACE]
-        out["pod"] = labels[_I_POD]
-    elif labels[_I_SLURM]:
-        out["hpc_job"] = labels[_I_SLURM]
+    if workload.pod:
+        out["container"] = workload.container
+        out["namespace"] = workload.namespace
+        out["pod"] = workload.pod
+    elif workload.slurm_job_id:
+        out["hpc_job"] = workload.slurm_job_id
     return {k: v for k, v in out.items() if v}
 
 
@@ -642,7 +635,7 @@ class DcgmRenderer:
         return {key: list(series.values()) for key, series in by_device.items()}
 
 
-class DcgmCollector(Collector):
+class DcgmSnapshotCollector(PrometheusCollector):
     """A prometheus_client collector serving the DCGM families of the current snapshot.
 
     Args:

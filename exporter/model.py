@@ -225,8 +225,12 @@ class WorkloadUsage:
 
     Attributes:
         device_key: the `DeviceSample.key` of the GPU.
-        labels: the label values, in `catalogue.WORKLOAD_LABELS` order (device labels
-            first) followed by the configured extras (see `derive.Labeller`).
+        workload: its owner (a Kubernetes container or a Slurm job). Read a workload's
+            fields here; one object per workload and pass, whichever GPUs it uses.
+        labels: its series label values, in `labels.WORKLOAD_LABELS` order (device labels
+            first) followed by the configured extras (see `labels.label_schema`), made
+            once per pass so that rendering a scrape only hands them on. Read them by name
+            (`labels.workload_label_map`), never by position.
         memory_used_bytes: sum of its processes' device memory, bytes (None where the
             device reports no per-process memory, e.g. Gaudi).
         utilization: sum of its processes' SM shares, 0-1 (None when unavailable).
@@ -247,9 +251,13 @@ class WorkloadUsage:
             pod known by UID only).
         present: False while the workload is gone but its counters are kept for the
             grace period; only counter families are exported then.
+        sole_owner: every process on the GPU is this workload's (no other workload's, none
+            unattributed) and the GPU is up: device-wide values (GPM) are then its own and
+            carry its labels. Decided once per pass, where the processes are grouped.
     """
 
     device_key: str
+    workload: Workload
     labels: tuple[str, ...]
     memory_used_bytes: int | None
     utilization: float | None
@@ -260,6 +268,7 @@ class WorkloadUsage:
     energy_joules_total: float | None
     present: bool = True
     allocated: bool | None = None
+    sole_owner: bool = False
 
 
 @dataclass(frozen=True)

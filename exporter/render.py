@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import platform
 import time
-from typing import Callable, Iterator, Mapping, Union
+from typing import Callable, Iterator, Mapping, Sequence, Union
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector as PrometheusCollector
 
 from exporter import __version__
 from exporter import catalogue as cat
-from exporter.derive import default_labeller, device_label_values
-from exporter.model import DeviceSample, Snapshot
+from exporter.labels import device_label_values, workload_id_values
+from exporter.model import DeviceSample, Snapshot, WorkloadUsage
 
 Family = Union[GaugeMetricFamily, CounterMetricFamily]
 
@@ -54,7 +54,7 @@ def families(
     """
     devices = {d.key: d for d in snapshot.devices}
     dev_labels = {d.key: device_label_values(snapshot.node, d) for d in snapshot.devices}
-    sole: dict[str, tuple[str, ...]] | None = None
+    sole: list[WorkloadUsage] | None = None  # the workloads that use a GPU alone, once GPM needs them
     for spec in cat.METRICS:
         if spec.name not in enabled or spec.name in cat.REGISTERED_ELSEWHERE:
             continue
@@ -71,14 +71,9 @@ def families(
                 if value is not None:
                     family.add_metric(usage.labels, value)
         elif spec.scope == cat.WORKLOAD_GPM:
-            family = _family(spec, spec.labels + extra_labels)
             if sole is None:
-                sole = sole_workloads(snapshot)
-            key = spec.source[len("gpm."):]
-            for device_key, labels in sole.items():
-                value = devices[device_key].gpm.get(key)
-                if value is not None:
-                    family.add_metric(labels, float(value))
+                sole = [usage for usage in snapshot.workloads if usage.sole_owner]
+            family = _gpm_workload_family(spec, sole, devices, extra_labels)
         elif spec.scope == cat.UNATTRIBUTED:
             family = _family(spec, spec.labels)
             for rest in snapshot.unattributed:
@@ -90,32 +85,27 @@ def families(
             for row in snapshot.processes:
                 value = _number(getattr(row, spec.source))
                 if value is not None and row.device_key in dev_labels:
-                    labels = dev_labels[row.device_key] + default_labeller(row.workload) + (str(row.pid), row.comm)
+                    labels = dev_labels[row.device_key] + workload_id_values(row.workload) + (str(row.pid), row.comm)
                     family.add_metric(labels, value)
         else:
             family = _self_family(spec, snapshot, devices, now)
         yield family
 
 
-def sole_workloads(snapshot: Snapshot) -> dict[str, tuple[str, ...]]:
-    """Device key -> label values of the one workload that uses the device, if there is one.
-
-    A GPU (or MIG instance) counts as used by one workload when every process on it
-    belongs to that workload: exactly one present workload with processes there and no
-    unattributed process. Device-wide values (GPM) can then be labelled with it; on a
-    shared GPU they cannot be split by process, so no workload gets them.
-    """
-    users: dict[str, list[tuple[str, ...]]] = {}
-    for usage in snapshot.workloads:
-        if usage.present and usage.processes > 0:
-            users.setdefault(usage.device_key, []).append(usage.labels)
-    others = {rest.device_key for rest in snapshot.unattributed if rest.processes > 0}
-    devices = {d.key: d for d in snapshot.devices}
-    return {
-        key: labels[0]
-        for key, labels in users.items()
-        if len(labels) == 1 and key not in others and key in devices and devices[key].up
-    }
+def _gpm_workload_family(spec: cat.MetricSpec, sole: Sequence[WorkloadUsage], devices: Mapping[str, DeviceSample],
+                         extra_labels: tuple[str, ...]) -> Family:
+    """A GPM family per workload: on a GPU (or MIG instance) that one workload uses alone
+    (`WorkloadUsage.sole_owner`), the device's value with the workload's labels. On a
+    shared GPU device-wide values cannot be split by process, so no workload gets them."""
+    family = _family(spec, spec.labels + extra_labels)
+    key = spec.source[len("gpm."):]
+    for usage in sole:
+        device = devices.get(usage.device_key)
+        if device is not None and device.up:
+            value = device.gpm.get(key)
+            if value is not None:
+                family.add_metric(usage.labels, float(value))
+    return family
 
 
 def _stuck_family(spec: cat.MetricSpec, snapshot: Snapshot, dev_labels: Mapping[str, tuple[str, ...]],
@@ -193,7 +183,7 @@ def _self_family(spec: cat.MetricSpec, snapshot: Snapshot, devices: Mapping[str,
     return family
 
 
-class SnapshotCollector(Collector):
+class SnapshotCollector(PrometheusCollector):
     """A prometheus_client collector that serves whatever snapshot is current.
 
     Args:
@@ -201,8 +191,6 @@ class SnapshotCollector(Collector):
             yields nothing).
         enabled: family names to export.
         extra_labels: extra workload label names (see `families`).
-        extra_families: more families derived from the snapshot by optional parts
-            (e.g. attribution's own self-metrics), called with the snapshot.
     """
 
     def __init__(

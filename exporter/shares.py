@@ -1,8 +1,9 @@
-"""Whose SM share is read how: the one place that decides whether one owner holds a GPU.
+"""Whose SM share is read how: what a pass reads of each GPU's per-process samples.
 
 A process's SM share comes from the driver's per-process samples (NVML:
 ``nvmlDeviceGetProcessUtilization``), which cost more per GPU than the rest of its pass.
-Where every process on a GPU belongs to one owner, the owner's share is the GPU's
+Where every process on a GPU belongs to one owner (`exporter.process_groups.has_one_owner`,
+the one rule that derive groups processes by too), the owner's share is the GPU's
 utilisation (`share_from_device`) and the samples need not be read; only a GPU that
 several owners share needs them (docs/ATTRIBUTION.md). Whether a GPU is shared is known
 only once the pass's processes are attributed, after the device reads, so a backend that
@@ -25,8 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from exporter.derive import Labeller
-from exporter.model import UNKNOWN, DeviceSample, Workload, updated
+from exporter.labels import Labeller
+from exporter.model import DeviceSample, Workload, updated
+from exporter.process_groups import has_one_owner
 
 
 @dataclass(frozen=True)
@@ -79,29 +81,6 @@ def share_from_device(device: DeviceSample) -> DeviceSample:
     return updated(device, processes=processes, sm_share_from_device=True)
 
 
-def one_owner(device: DeviceSample, owners: Mapping[int, Workload], labeller: Labeller) -> bool:
-    """True when every process on the device belongs to one owner: one workload (the same
-    labels, as derive groups them), or none attributed (one unattributed bucket)."""
-    first: Workload | None = None
-    first_labels: tuple[str, ...] | None = None
-    for process in device.processes:
-        owner = owners.get(process.pid, UNKNOWN)
-        if first is None:
-            first = owner
-            continue
-        if owner is first:  # a container's processes share one object
-            continue
-        if owner.attributed != first.attributed:
-            return False
-        if not owner.attributed:
-            continue
-        if first_labels is None:
-            first_labels = labeller(first)
-        if labeller(owner) != first_labels:
-            return False
-    return True
-
-
 def plan_shares(devices: Sequence[DeviceSample], owners: Mapping[int, Workload], labeller: Labeller,
                 plan: PassPlan) -> SharePlan:
     """Decide the SM shares of one deferring backend's devices, read under ``plan``.
@@ -119,7 +98,7 @@ def plan_shares(devices: Sequence[DeviceSample], owners: Mapping[int, Workload],
     for n, device in enumerate(devices):
         if not device.up or device.gpu_instance or not device.processes:
             continue
-        one = one_owner(device, owners, labeller)
+        one = has_one_owner(device, owners, labeller)
         if not one:
             shared.add(device.index)
         if device.index in plan.shared:
@@ -132,4 +111,4 @@ def plan_shares(devices: Sequence[DeviceSample], owners: Mapping[int, Workload],
     return SharePlan(tuple(out), tuple(read_now), PassPlan(process_metrics=False, shared=frozenset(shared)))
 
 
-__all__ = ["READ_ALL", "PassPlan", "SharePlan", "one_owner", "plan_shares", "share_from_device"]
+__all__ = ["READ_ALL", "PassPlan", "SharePlan", "plan_shares", "share_from_device"]

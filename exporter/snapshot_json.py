@@ -11,16 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from exporter.catalogue import DEVICE_LABELS, WORKLOAD_LABELS
-from exporter.derive import default_labeller
 from exporter.escape import strict_json
+from exporter.labels import POD_LABEL_PREFIX, workload_id_values, workload_label_map
 from exporter.model import Snapshot, StuckCall, Workload, WorkloadUsage
 
 #: Bumped only when a key changes meaning or goes away (never for added keys).
 SCHEMA_VERSION = 1
-
-_ID = slice(len(DEVICE_LABELS), len(WORKLOAD_LABELS))  # namespace .. slurm_job_id in a usage's labels
-_EXTRA_START = len(WORKLOAD_LABELS)
 
 
 def describe_owner(w: Workload) -> str:
@@ -38,31 +34,27 @@ def describe_owner(w: Workload) -> str:
     return w.kind
 
 
-def is_zombie(memory_used_bytes: int | None, sm_utilization: float | None) -> bool:
-    """Holds GPU memory while its SM share is exactly 0 (unknown SM share: not a zombie)."""
+def idle_holding(memory_used_bytes: int | None, sm_utilization: float | None) -> bool:
+    """Holds GPU memory while its SM share is exactly 0 in this pass (an unknown SM share
+    is not 0): the document's ``zombie`` key.
+
+    One pass says little (per-process SM shares are point samples, 0 between kernels);
+    the page calls a workload a zombie only after three such passes (``idle_seconds``
+    says for how long it has lasted), the ``GPUZombieWorkload`` alert after an hour.
+    """
     return bool(memory_used_bytes) and sm_utilization == 0.0
 
 
-def _workload_of(usage: WorkloadUsage, known: dict[tuple[str, ...], Workload]) -> Workload:
-    ident = usage.labels[_ID]
-    found = known.get(ident)
-    if found is not None:
-        return found
-    namespace, pod, container, pod_uid, job = ident
-    kind = "slurm" if job and not pod else "kubernetes"
-    return Workload(kind=kind, namespace=namespace, pod=pod, container=container, pod_uid=pod_uid, slurm_job_id=job)
-
-
-def _workload_entry(usage: WorkloadUsage, workload: Workload, pids: list[int],
-                    extra_names: Sequence[str]) -> dict[str, Any]:
-    extras = dict(zip(extra_names, usage.labels[_EXTRA_START:]))
-    zombie = is_zombie(usage.memory_used_bytes, usage.utilization)
+def _workload_entry(usage: WorkloadUsage, pids: list[int], extra_names: Sequence[str]) -> dict[str, Any]:
+    workload: Workload = usage.workload
+    extras = workload_label_map(usage.labels, extra_names) if extra_names else {}
     return {
         "kind": workload.kind, "owner": describe_owner(workload),
         "namespace": workload.namespace, "pod": workload.pod, "container": workload.container,
         "pod_uid": workload.pod_uid, "owner_kind": extras.get("owner_kind", workload.owner_kind),
         "owner_name": extras.get("owner_name", workload.owner_name),
-        "pod_labels": {k.removeprefix("label_"): v for k, v in extras.items() if k.startswith("label_")},
+        "pod_labels": {name.removeprefix(POD_LABEL_PREFIX): value
+                       for name, value in extras.items() if name.startswith(POD_LABEL_PREFIX)},
         "slurm_job_id": workload.slurm_job_id, "slurm_step": workload.slurm_step,
         "slurm_user": workload.slurm_user,
         "memory_used_bytes": usage.memory_used_bytes, "sm_utilization_ratio": usage.utilization,
@@ -71,7 +63,7 @@ def _workload_entry(usage: WorkloadUsage, workload: Workload, pids: list[int],
         "usage_seconds_total": usage.usage_seconds_total,
         "allocation_seconds_total": usage.allocation_seconds_total,
         "energy_joules_total": usage.energy_joules_total,
-        "zombie": zombie,
+        "zombie": idle_holding(usage.memory_used_bytes, usage.utilization),
         "allocated_unused": usage.allocated is True and usage.processes == 0 and not usage.memory_used_bytes,
     }
 
@@ -83,20 +75,16 @@ def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = (),
     Args:
         snap: a published snapshot.
         extra_label_names: the names of the workload label values after the id labels
-            (``derive.label_schema``: ``owner_kind``, ``owner_name``, ``label_<key>``).
+            (``labels.label_schema``: ``owner_kind``, ``owner_name``, ``label_<key>``).
         gpm_status: GPM status per (GPU index, MIG instance) from the backend ("active",
             warming up, or "unsupported: <reason>"); "" for devices it does not name.
     """
     processes: dict[str, list[Any]] = {}
-    known: dict[tuple[str, ...], Workload] = {}
     for row in snap.processes:
         processes.setdefault(row.device_key, []).append(row)
-        if row.workload.attributed:
-            known.setdefault(default_labeller(row.workload), row.workload)
     allocations: dict[str, list[Any]] = {}
     for alloc in snap.allocations:
         allocations.setdefault(alloc.device_key, []).append(alloc)
-        known.setdefault(default_labeller(alloc.workload), alloc.workload)
     workloads: dict[str, list[WorkloadUsage]] = {}
     for usage in snap.workloads:
         if usage.present:  # gone workloads keep only their counters, for the grace period
@@ -111,9 +99,9 @@ def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = (),
         rest = unattributed.get(d.key)
         entries = []
         for usage in workloads.get(d.key, []):
-            ident = usage.labels[_ID]
-            pids = [r.pid for r in rows if r.workload.attributed and default_labeller(r.workload) == ident]
-            entries.append(_workload_entry(usage, _workload_of(usage, known), pids, extra_label_names))
+            ident = workload_id_values(usage.workload)
+            pids = [r.pid for r in rows if r.workload.attributed and workload_id_values(r.workload) == ident]
+            entries.append(_workload_entry(usage, pids, extra_label_names))
         gpus.append({
             "index": d.index, "uuid": d.uuid, "model": d.model, "vendor": d.vendor,
             "gpu_instance": d.gpu_instance, "up": d.up, "error": d.error,

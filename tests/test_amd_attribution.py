@@ -31,8 +31,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.attribution import build_attributor
 from exporter.collector import Collector
-from exporter.derive import label_schema
 from exporter.devices.amd import AmdBackend
+from exporter.labels import label_schema
 from exporter.render import SnapshotCollector
 
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")

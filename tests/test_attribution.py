@@ -241,8 +241,8 @@ def test_simulated_node_runs_the_real_attribution() -> None:
 
     from exporter.attribution import build_attributor
     from exporter.collector import Collector
-    from exporter.derive import label_schema
     from exporter.devices.simulated import SimulatedBackend
+    from exporter.labels import label_schema
 
     clock = [1000.0]
     backend = SimulatedBackend(clock=lambda: clock[0])

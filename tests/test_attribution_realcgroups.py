@@ -33,7 +33,7 @@ from waiting import wait_until, within  # noqa: E402
 
 from exporter.attribution import build_attributor  # noqa: E402
 from exporter.collector import Collector  # noqa: E402
-from exporter.derive import label_schema  # noqa: E402
+from exporter.labels import label_schema  # noqa: E402
 from exporter.render import SnapshotCollector  # noqa: E402
 
 fake_pynvml = pytest.importorskip("fake_pynvml", reason="the NVML fake is not available")

@@ -44,9 +44,9 @@ from bridge.push import ExportCounter, OtlpPusher
 from exporter import catalogue as cat
 from exporter.cli import build_registry
 from exporter.collector import Collector
-from exporter.derive import label_schema
 from exporter.devices.simulated import SimulatedBackend
-from exporter.model import DeviceSample, Snapshot, WorkloadUsage
+from exporter.labels import device_label_values, label_schema
+from exporter.model import DeviceSample, Snapshot, Workload, WorkloadUsage
 
 SCOPE = InstrumentationScope("l9gpu", "test")
 RESOURCE = Resource({"service.name": "l9gpu"})
@@ -87,10 +87,11 @@ def _expected_attrs(labels):
 def _workload_snapshot() -> Snapshot:
     device = DeviceSample(index=3, uuid="GPU-1b849e72-0003-4c1d-9a3e-5f0c2d7b0003", model="NVIDIA H100 80GB HBM3",
                           memory_used_bytes=75_000_000_000, memory_total_bytes=85_899_345_920, power_watts=650.0)
-    labels = ("sim-node-01", "3", device.uuid, device.model, "",
-              "ml-production", "vllm-llama3-70b-6d8b94df7-q5z82", "inference-engine", "uid-1", "",
-              "Deployment", "vllm-llama3-70b", "", "", "inference")
-    usage = WorkloadUsage(device_key=device.key, labels=labels, memory_used_bytes=73_819_750_400, utilization=0.9,
+    workload = Workload(kind="kubernetes", namespace="ml-production", pod="vllm-llama3-70b-6d8b94df7-q5z82",
+                        container="inference-engine", pod_uid="uid-1", owner_kind="Deployment",
+                        owner_name="vllm-llama3-70b", labels=(("team", "inference"),))
+    labels = device_label_values("sim-node-01", device) + label_schema(["team"])[1](workload)
+    usage = WorkloadUsage(device_key=device.key, workload=workload, labels=labels, memory_used_bytes=73_819_750_400, utilization=0.9,
                           processes=1, idle_seconds=0.0, usage_seconds_total=12.5, allocation_seconds_total=30.0,
                           energy_joules_total=9000.0)
     return Snapshot(seq=1, node="sim-node-01", timestamp=time.time(), devices=(device,),

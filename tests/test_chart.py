@@ -682,7 +682,7 @@ def test_schema_durations_agree_with_the_agent():
     hypothesis = pytest.importorskip("hypothesis")
     from hypothesis import strategies as st
 
-    from exporter.config import parse_positive_duration
+    from exporter.parsing import parse_positive_duration
 
     number = st.from_regex(r"\A(0|[0-9]{1,3})(\.[0-9]{1,2})?\Z")
     component = st.tuples(number, st.sampled_from(_UNITS)).map("".join)

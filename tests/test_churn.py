@@ -16,8 +16,8 @@ from exporter.attribution.kubernetes import PodIndex, pod_meta
 from exporter.attribution.resolver import ProcAttributor
 from exporter.attribution.simulated import container_id, pod_uid, scenario_pods, write_proc_tree
 from exporter.collector import Collector
-from exporter.derive import label_schema
 from exporter.devices.base import Backend
+from exporter.labels import label_schema
 from exporter.model import DeviceSample, ProcessSample
 from exporter.render import families
 
@@ -124,7 +124,7 @@ def test_state_tracks_what_is_alive_through_thousands_of_passes(tmp_path):
             live = [u for u in snap.workloads if u.present]
             assert len(live) == LIVE and sum(u.processes for u in live) == LIVE
             # each live series names a live pod: none kept a dead pod's identity
-            assert {u.labels[6] for u in live} == {p.workload["pod"] for p in node.alive.values()}
+            assert {u.workload.pod for u in live} == {p.workload["pod"] for p in node.alive.values()}
             assert all(u.memory_used_bytes == 2**30 for u in live)
             # every live process is attributed, including the ones on reused PIDs
             assert snap.info["unattributed_processes"] == 0.0

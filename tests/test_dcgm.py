@@ -14,7 +14,8 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from exporter import catalogue as cat
 from exporter import dcgm
 from exporter.encode import for_openmetrics
-from exporter.model import DeviceSample, ProcessSample, Snapshot, WorkloadUsage, frozen_mapping
+from exporter.labels import device_label_values, workload_id_values
+from exporter.model import DeviceSample, ProcessSample, Snapshot, Workload, WorkloadUsage, frozen_mapping
 from exporter.render import families
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -57,9 +58,10 @@ def _device(index: int = 0, **overrides) -> DeviceSample:  # type: ignore[no-unt
 def _usage(device: DeviceSample, namespace: str = "", pod: str = "", container: str = "", pod_uid: str = "",
            slurm: str = "", memory: int | None = 2**30, util: float | None = 0.25, energy: float | None = 10.0,
            present: bool = True) -> WorkloadUsage:
-    labels = ("node-a", str(device.index), device.uuid, device.model, device.gpu_instance,
-              namespace, pod, container, pod_uid, slurm)
-    return WorkloadUsage(device.key, labels, memory, util, 1, 0.0, 1.0, 1.0, energy, present)
+    workload = Workload(kind="slurm" if slurm and not pod else "kubernetes", namespace=namespace, pod=pod,
+                        container=container, pod_uid=pod_uid, slurm_job_id=slurm)
+    labels = device_label_values("node-a", device) + workload_id_values(workload)
+    return WorkloadUsage(device.key, workload, labels, memory, util, 1, 0.0, 1.0, 1.0, energy, present)
 
 
 # ---- counters files ---------------------------------------------------------------------

@@ -4,8 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.derive import DeriveState, label_schema, split_energy, step
+from exporter.derive import DeriveState, split_energy, step
+from exporter.labels import label_schema, workload_label_map
 from exporter.model import DeviceSample, ProcessSample, Workload
+from exporter.process_groups import has_one_owner
 
 GIB = 2**30
 
@@ -20,7 +22,7 @@ def gpu(energy=None, power=None, procs=(), up=True, index=0):
 
 
 def by_pod(derived):
-    return {u.labels[6]: u for u in derived.workloads}
+    return {u.workload.pod: u for u in derived.workloads}
 
 
 def test_device_energy_counter_follows_device_and_survives_a_reset():
@@ -90,7 +92,7 @@ def test_a_pod_on_two_gpus_gets_one_series_per_gpu_and_processes_are_summed():
     devices = [gpu(index=0, procs=[ProcessSample(1, GIB, 0.3), ProcessSample(2, GIB, 0.3)]),
                gpu(index=1, procs=[ProcessSample(3, GIB, 0.9)])]
     _, d = step(DeriveState(), 0.0, "n", devices, owners)
-    rows = sorted((u.labels[1], u.processes, u.memory_used_bytes, u.utilization) for u in d.workloads)
+    rows = sorted((workload_label_map(u.labels)["gpu"], u.processes, u.memory_used_bytes, u.utilization) for u in d.workloads)
     assert rows == [("0", 2, 2 * GIB, 0.6), ("1", 1, GIB, 0.9)]
 
 
@@ -237,3 +239,30 @@ def test_one_owner_idle_by_the_devices_utilisation_and_without_memory_its_idle_e
     (usage,) = d.workloads
     assert usage.energy_joules_total == pytest.approx(100.0)
     assert d.unattributed[0].energy_joules_total == pytest.approx(300.0)
+
+
+def test_a_usage_carries_its_workload_the_same_object_on_every_gpu_of_a_pass():
+    """Fields beyond the labels (a Slurm job's step) come from the workload's first process
+    on the node, so every GPU's entry names the same Workload."""
+    step0 = Workload(kind="slurm", slurm_job_id="42", slurm_step="0", slurm_user="bob")
+    step1 = Workload(kind="slurm", slurm_job_id="42", slurm_step="1", slurm_user="bob")
+    devices = [gpu(index=0, procs=[ProcessSample(1, GIB, 0.5)]), gpu(index=1, procs=[ProcessSample(2, GIB, 0.5)])]
+    _, d = step(DeriveState(), 0.0, "n", devices, {1: step0, 2: step1}, label_schema([])[1])
+    assert [u.workload for u in d.workloads] == [step0, step0]
+    assert all(workload_label_map(u.labels)["slurm_job_id"] == "42" for u in d.workloads)
+
+
+def test_sole_owner_is_the_one_workload_running_every_process_on_an_up_gpu():
+    a, b = pod("a"), pod("b")
+    devices = [gpu(index=0, procs=[ProcessSample(1, GIB, 0.1), ProcessSample(2, GIB, 0.1)]),  # a alone, 2 processes
+               gpu(index=1, procs=[ProcessSample(3, GIB, 0.1), ProcessSample(4, GIB, 0.1)]),  # a and b
+               gpu(index=2, procs=[ProcessSample(5, GIB, 0.1), ProcessSample(99, GIB, 0.1)])]  # b and an unknown pid
+    owners = {1: a, 2: a, 3: a, 4: b, 5: b}
+    state, d = step(DeriveState(), 0.0, "n", devices, owners)
+    sole = {(u.device_key, u.workload.pod) for u in d.workloads if u.sole_owner}
+    assert sole == {("GPU-0", "a")}
+    assert [has_one_owner(device, owners) for device in devices] == [True, False, False]
+    assert has_one_owner(gpu(procs=[ProcessSample(98, GIB), ProcessSample(99, GIB)]), owners)  # none attributed
+    # a gone workload's counters (grace period) are no owner of anything
+    _, d = step(state, 1.0, "n", [gpu(index=0)], owners)
+    assert d.workloads and not any(u.present or u.sole_owner for u in d.workloads)

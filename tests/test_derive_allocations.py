@@ -12,7 +12,7 @@ def alloc(workload, index=0, device_id=None):
 
 
 def rows(derived):
-    return {u.labels[6]: u for u in derived.workloads}
+    return {u.workload.pod: u for u in derived.workloads}
 
 
 def test_allocated_and_unused_is_a_workload_with_honest_zeros_idle_from_allocation():
@@ -83,7 +83,7 @@ def test_allocated_is_unknown_without_allocations_and_for_slurm_jobs():
     _, d = step(DeriveState(), 0.0, "n", [gpu(energy=0.0, procs=procs)], owners)
     assert [u.allocated for u in d.workloads] == [None, None]
     _, d = step(DeriveState(), 0.0, "n", [gpu(energy=0.0, procs=procs)], owners, allocations=[])
-    by_kind = {u.labels[6] or "slurm": u.allocated for u in d.workloads}
+    by_kind = {u.workload.pod or "slurm": u.allocated for u in d.workloads}
     assert by_kind == {"a": False, "slurm": None}  # a pod on a GPU it was not allocated: 0
     # a pod known by UID only (no names yet) cannot be matched to pod-resources: unknown
     uid_only = Workload(kind="kubernetes", pod_uid="uid-x", container_id="c" * 64)

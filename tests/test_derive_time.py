@@ -20,7 +20,7 @@ def replica(workload, n, replicas=4, key="GPU-0"):
 
 
 def shares(derived):
-    return {u.labels[6] or u.labels[9]: u.allocation_seconds_total for u in derived.workloads}
+    return {u.workload.pod or u.workload.slurm_job_id: u.allocation_seconds_total for u in derived.workloads}
 
 
 def run(devices_per_pass, owners, allocations=None, dt=10.0):

@@ -12,8 +12,8 @@ from waiting import wait_until
 
 from exporter import catalogue as cat
 from exporter.collector import Collector
-from exporter.derive import label_schema
 from exporter.devices.simulated import SimulatedBackend
+from exporter.labels import label_schema
 from exporter.render import SnapshotCollector
 from exporter.snapshot_json import snapshot_document, snapshot_json
 from exporter.web.app import make_app

@@ -31,8 +31,8 @@ from exporter.attribution import build_attributor, podresources  # noqa: E402
 from exporter.attribution.kubernetes import PodIndex, StaticPodSource  # noqa: E402
 from exporter.attribution.resolver import ProcAttributor  # noqa: E402
 from exporter.collector import Collector  # noqa: E402
-from exporter.derive import label_schema  # noqa: E402
 from exporter.devices.base import Backend  # noqa: E402
+from exporter.labels import label_schema  # noqa: E402
 from exporter.model import DeviceSample, ProcessSample  # noqa: E402
 from exporter.render import SnapshotCollector  # noqa: E402
 

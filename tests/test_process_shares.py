@@ -25,8 +25,8 @@ from exporter.attribution.resolver import ProcAttributor
 from exporter.attribution.simulated import scenario_pods, write_proc_tree
 from exporter.cli import _collector, build_parser, build_registry
 from exporter.collector import Collector
-from exporter.derive import label_schema
 from exporter.devices.nvml import NvmlBackend
+from exporter.labels import label_schema
 from exporter.web.app import make_app
 from exporter.web.exposition import Exposition
 
@@ -181,7 +181,7 @@ def test_the_read_comes_back_in_the_pass_a_second_owner_appears_and_goes_when_it
     snap = collector.collect_once()
     reads = node.fake.called(UTIL_CALL)
     assert len(reads) == 1
-    shares = {w.labels[6]: w.utilization for w in snap.workloads if w.device_key == snap.devices[0].key}
+    shares = {w.workload.pod: w.utilization for w in snap.workloads if w.device_key == snap.devices[0].key}
     assert shares == {"train-a": pytest.approx(0.60), "eval-b": pytest.approx(0.25)}
     assert not snap.devices[0].sm_share_from_device and snap.devices[1].sm_share_from_device
     # Read on every pass while both are there ...

@@ -12,9 +12,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 
 from exporter import catalogue as cat
 from exporter.collector import Collector
-from exporter.derive import label_schema
 from exporter.devices.base import Backend
 from exporter.devices.simulated import SimulatedBackend
+from exporter.labels import label_schema
 from exporter.model import DeviceSample, ProcessSample, Workload
 from exporter.render import SnapshotCollector
 from exporter.web.app import make_app

@@ -6,8 +6,8 @@ import pytest
 
 from exporter.attribution.simulated import pod_uid, scenario_allocations
 from exporter.collector import Collector
-from exporter.derive import label_schema
 from exporter.devices.simulated import ScenarioError, SimulatedBackend, load_scenario, parse_scenario
+from exporter.labels import label_schema
 
 
 def test_default_scenario_allocates_each_pod_its_gpus_and_reserves_gpu_7():

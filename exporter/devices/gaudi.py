@@ -45,9 +45,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.config import argtype, parse_positive_duration
 from exporter.devices.base import SOURCE_FLAGS, Backend, BackendUnavailable
 from exporter.model import DeviceSample, ProcessSample
+from exporter.parsing import argtype, parse_positive_duration
 
 log = logging.getLogger(__name__)
 

@@ -47,9 +47,9 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from exporter.config import parse_positive_duration
 from exporter.devices.base import SOURCE_FLAGS, Backend, BackendUnavailable
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
+from exporter.parsing import parse_positive_duration
 
 GIB = 2**30
 MIB = 2**20

@@ -171,7 +171,7 @@ def _inference_rules(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from exporter.report import compute, output, summary
-    from exporter.report.periods import parse_duration, parse_period
+    from exporter.report.periods import parse_period, parse_prometheus_duration
     from exporter.report.prices import PricesError, load_prices
     from exporter.report.prom import config_from_args, parse_size
 
@@ -195,8 +195,8 @@ def _report(args: argparse.Namespace) -> int:
     now = time.time()
     try:
         start, end = parse_period(args.start, args.end, now)
-        timeout = parse_duration(args.timeout)
-        step = parse_duration(args.step) if args.step else None
+        timeout = parse_prometheus_duration(args.timeout)
+        step = parse_prometheus_duration(args.step) if args.step else None
     except ValueError as exc:
         raise _Fail(str(exc)) from None
     try:

@@ -20,8 +20,10 @@ _PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 _ISO = re.compile(r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?(Z|[+-]\d{2}:?\d{2})?$")
 
 
-def parse_duration(text: str) -> float:
-    """A Prometheus-style duration (``1d12h``, ``30m``) in seconds."""
+def parse_prometheus_duration(text: str) -> float:
+    """A duration in Prometheus' grammar (``1d12h``, ``30m``: whole numbers with the units
+    ms, s, m, h, d, w, y; no bare numbers) in seconds, for ``l9gpu report``. (The agent's
+    flags take `exporter.parsing.parse_duration_or_seconds`'s grammar.)"""
     value = text.strip()
     match = _RELATIVE.match(value)
     if not match or value.startswith("now"):

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from exporter.config import parse_duration
+from exporter.parsing import parse_duration_or_seconds
 
 #: exporter-toolkit's client_auth_type values (Go's tls.ClientAuthType names) mapped to
 #: Python's verify modes. Python cannot ask for a client certificate without verifying it:
@@ -255,7 +255,7 @@ def _parse_rate_limit(path: str, raw: Any) -> RateLimit | None:
         return None
     interval_raw = data.get("interval", 0)
     try:
-        interval = parse_duration(str(interval_raw)) if not isinstance(interval_raw, bool) else -1.0
+        interval = parse_duration_or_seconds(str(interval_raw)) if not isinstance(interval_raw, bool) else -1.0
     except ValueError:
         interval = -1.0
     if interval < 0:

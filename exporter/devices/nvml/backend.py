@@ -21,7 +21,6 @@ from dataclasses import replace
 from typing import Any
 
 from exporter.bulkhead import Read
-from exporter.config import argtype, parse_duration
 from exporter.devices.base import SAMPLING_FLAGS, Backend, BackendUnavailable
 from exporter.devices.nvml.common import ECC_PERIOD, ENERGY_COUNTER_PERIOD, PCIE_PERIOD, SLOW_PERIOD
 from exporter.devices.nvml.energy import EnergyEstimate, EnergyMixin
@@ -48,6 +47,7 @@ from exporter.devices.nvml.libnvml import (
 )
 from exporter.devices.nvml.mig import MigMixin
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
+from exporter.parsing import argtype, parse_duration_or_seconds
 from exporter.shares import READ_ALL, PassPlan
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def parse_gpm_interval(text: str) -> float | None:
     """``--gpm-interval``: a duration (0 = every pass), or ``off`` (None)."""
     if str(text).strip().lower() == "off":
         return None
-    return parse_duration(text)
+    return parse_duration_or_seconds(text)
 
 
 class NvmlBackend(MigMixin, XidMixin, EnergyMixin, Backend):

@@ -1,6 +1,6 @@
 import pytest
 
-from exporter.config import parse_duration, parse_listen, parse_positive_duration
+from exporter.parsing import parse_duration_or_seconds, parse_listen, parse_positive_duration
 
 
 @pytest.mark.parametrize("text,seconds", [
@@ -8,13 +8,13 @@ from exporter.config import parse_duration, parse_listen, parse_positive_duratio
     ("250ms", 0.25), ("1.5s", 1.5),
 ])
 def test_durations(text, seconds):
-    assert parse_duration(text) == pytest.approx(seconds)
+    assert parse_duration_or_seconds(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("text", ["", "abc", "5x", "-1s", "1s5", "s", "nan", "inf", "1 s"])
 def test_bad_durations_say_what_is_accepted(text):
     with pytest.raises(ValueError, match="duration"):
-        parse_duration(text)
+        parse_duration_or_seconds(text)
 
 
 def test_zero_interval_rejected():

@@ -1,4 +1,4 @@
-"""Parsing of user-facing values: durations, listen addresses, byte sizes.
+"""Parsers of the values users give in flags, variables and files: durations, listen addresses.
 
 Every parser raises `ValueError` with a message that names what was wrong and what is
 accepted; the CLI turns that into one line and exit status 2.
@@ -14,8 +14,12 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def parse_duration(text: str) -> float:
-    """Parse a duration like ``500ms``, ``2s``, ``1m30s`` or ``1.5`` (seconds).
+def parse_duration_or_seconds(text: str) -> float:
+    """Parse a duration like ``500ms``, ``2s``, ``1m30s`` or a plain number of seconds (``1.5``).
+
+    The grammar of every agent flag that takes a duration: decimal numbers with the units
+    ms, s, m and h, one after another, or a bare number of seconds. (``l9gpu report`` takes
+    Prometheus' durations instead: `exporter.report.periods.parse_prometheus_duration`.)
 
     Returns:
         The duration in seconds.
@@ -43,8 +47,8 @@ def parse_duration(text: str) -> float:
 
 
 def parse_positive_duration(text: str) -> float:
-    """Like `parse_duration`, but zero is rejected too."""
-    seconds = parse_duration(text)
+    """Like `parse_duration_or_seconds`, but zero is rejected too."""
+    seconds = parse_duration_or_seconds(text)
     if seconds <= 0:
         raise ValueError(f"invalid duration {text!r}; must be greater than zero")
     return seconds
