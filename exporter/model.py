@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping, TypeVar
 
+from exporter.health.signals import HealthSignals
+
 _EMPTY: Mapping[str, object] = MappingProxyType({})
 _T = TypeVar("_T")
 
@@ -123,6 +125,10 @@ class DeviceSample:
             (per-process series off, see docs/ATTRIBUTION.md): that owner's SM share is
             ``utilization``. The processes' ``sm_utilization`` then stays None, except
             where the device has one process, whose share it is.
+        health: what the GPU's health reads said (`exporter.health.HealthSignals`), on
+            the passes that read them (every ``--health-interval``); None on the others,
+            where the last reading stands. A MIG instance carries none: it inherits its
+            parent's verdict.
     """
 
     index: int
@@ -156,6 +162,7 @@ class DeviceSample:
     processes: tuple[ProcessSample, ...] = ()
     capacity: float = 1.0
     sm_share_from_device: bool = False
+    health: HealthSignals | None = None
 
     @property
     def key(self) -> str:
