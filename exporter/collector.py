@@ -311,11 +311,8 @@ class Collector:
 
         The attributor serves its source's last listing: this never waits on the kubelet.
         """
-        allocations = getattr(self.attributor, "allocations", None)  # attributors may predate it
-        if allocations is None:
-            return None
         try:
-            return allocations(devices)
+            return self.attributor.allocations(devices)
         except Exception as exc:  # noqa: BLE001 - allocations degrade their own series only
             log.warning("joining GPU allocations failed: %s", exc)
             return None

@@ -33,7 +33,10 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, cast
+
+if TYPE_CHECKING:
+    import urllib3
 
 log = logging.getLogger(__name__)
 
@@ -409,7 +412,8 @@ class PodWatcher:
         """
         resp = self.api.list_pod_for_all_namespaces(field_selector=self.selector, _preload_content=False,
                                                     _request_timeout=self.request_timeout)
-        pods, skipped, version = parse_pod_list(resp.data)  # type: ignore[attr-defined]  # raw urllib3 response
+        raw = cast("urllib3.BaseHTTPResponse", resp)  # _preload_content=False: the raw response
+        pods, skipped, version = parse_pod_list(raw.data)
         if skipped:
             log.warning("ignored %d pod(s) without a UID in the pod list", skipped)
         self.index.replace(pods)

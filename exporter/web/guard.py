@@ -14,7 +14,7 @@ import ssl
 import sys
 import time
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from exporter.counts import Rejections
 from exporter.web.limits import ConnectionLimits
@@ -58,12 +58,12 @@ class _GuardedConnection(asyncio.Protocol):
         self.raw = transport  # type: ignore[assignment]
         if not self.guard.admit(self):
             self.closing = True
-            transport.abort()  # type: ignore[attr-defined]
+            cast(asyncio.Transport, transport).abort()
             return
         if self.guard.ssl_context is not None:
             # Nothing may be read before start_tls takes the connection over: the
             # ClientHello belongs to the TLS layer (start_tls resumes reading).
-            transport.pause_reading()  # type: ignore[attr-defined]
+            cast(asyncio.Transport, transport).pause_reading()
             self._tls = asyncio.get_running_loop().create_task(self._start_tls())
         else:
             self._attach(self.raw)  # type: ignore[arg-type]
