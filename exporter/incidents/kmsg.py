@@ -231,13 +231,15 @@ class KernelLog:
             if os.fstat(self._fd).st_size < self._offset:  # rewritten from scratch
                 self._offset, self._pending, self._last_seq = 0, b"", None
                 os.lseek(self._fd, 0, os.SEEK_SET)
-            chunks = []
-            while sum(len(c) for c in chunks) < READ_SIZE * 64:
+            chunks: list[bytes] = []
+            size = 0
+            while size < READ_SIZE * 64:  # bounded like a device's poll; the rest comes next time
                 chunk = os.read(self._fd, READ_SIZE * 4)
                 if not chunk:
                     break
                 chunks.append(chunk)
-                self._offset += len(chunk)
+                size += len(chunk)
+            self._offset += size
         except OSError as exc:
             self._read_failed(exc)
             return []
