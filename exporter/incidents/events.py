@@ -191,11 +191,12 @@ class EventSink:
             the API server; the thread is a daemon and goes with the process).
         """
         self._closed = True
+        deadline = time.monotonic() + timeout
         try:
             self._queue.put(_STOP, timeout=timeout)
         except queue.Full:
             pass
-        self._thread.join(timeout)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         return not self._thread.is_alive()
 
     # ---- the thread -------------------------------------------------------------------
