@@ -14,6 +14,13 @@ proxy, until it resumes; ``stall(streams=False)`` holds only new requests, so op
 watches still end on time and the next one gets no answer), and ``garble(body)``
 (every pod list is answered ``200 OK`` with ``body`` instead of the PodList, as a broken
 server or proxy might; ``garble(None)`` answers properly again).
+
+It also takes core v1 Events as the real server does: ``POST`` and ``PATCH`` (a merge
+patch) on ``/api/v1/namespaces/{ns}/events[/{name}]``, kept in ``core_events`` by
+(namespace, name), every request logged in ``event_requests``. ``refuse_events(code)``
+answers each of them with that status (403 Forbidden, 429 Too Many Requests with a
+Retry-After) until ``refuse_events(None)``; ``hold_events(gate)`` holds each until the
+test sets the ``threading.Event`` (a slow server).
 """
 
 from __future__ import annotations
@@ -50,6 +57,18 @@ def make_pod(name: str, namespace: str, uid: str, node: str, containers: dict[st
                                               "restartCount": 0, "image": "busybox", "imageID": ""}
                                              for n, cid in init_containers.items()]},
     }
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    """A JSON merge patch (RFC 7386) of ``target``, in place: what a strategic merge patch
+    does to an Event, which has no lists to merge."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = value
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -98,6 +117,10 @@ class FakeApiServer:
         self.held = 0  # requests that arrived while stalled
         self._garbage: bytes | None = None  # set: the body of every list answer (see garble())
         self.requests: list[tuple[str, dict[str, str]]] = []  # ("list"|"watch", query)
+        self.core_events: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> Event
+        self.event_requests: list[tuple[str, str, str]] = []  # (method, path, Content-Type)
+        self._refuse_events: int | None = None  # set: the status every events request gets
+        self._events_gate: threading.Event | None = None  # set: events requests wait on it
         self.port = 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -156,6 +179,16 @@ class FakeApiServer:
         """Answer every pod list ``200 OK`` with ``body`` (None: the real PodList again)."""
         with self._cond:
             self._garbage = body.encode() if isinstance(body, str) else body
+
+    def refuse_events(self, code: int | None) -> None:
+        """Answer every events request with ``code`` (403, 429, 500...); None: take them."""
+        with self._cond:
+            self._refuse_events = code
+
+    def hold_events(self, gate: threading.Event | None) -> None:
+        """Hold every events request until ``gate`` is set (None: answer at once)."""
+        with self._cond:
+            self._events_gate = gate
 
     def _wait_while_stalled(self, new_request: bool = False) -> None:
         """Block (under ``_cond``) while stalled; returns early when stopped."""
@@ -249,11 +282,93 @@ class FakeApiServer:
                                 "metadata": {"resourceVersion": str(api._rv)}, "items": items}
                     self._json(200, body)
 
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                self._event_request("POST")
+
+            def do_PATCH(self) -> None:  # noqa: N802 - http.server's naming
+                self._event_request("PATCH")
+
+            def _event_request(self, method: str) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                path = urlparse(self.path).path
+                parts = path.strip("/").split("/")  # api v1 namespaces <ns> events [<name>]
+                api.event_requests.append((method, path, self.headers.get("Content-Type", "")))
+                gate = api._events_gate
+                while gate is not None and not gate.wait(0.2):
+                    if api._server is None:  # stopped meanwhile
+                        return
+                if len(parts) not in (5, 6) or parts[:3] != ["api", "v1", "namespaces"] or parts[4] != "events" \
+                        or (method == "POST") != (len(parts) == 5):
+                    self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
+                    return
+                namespace = parts[3]
+                refusal = api._refuse_events
+                if refusal is not None:
+                    self._refusal(refusal, namespace)
+                    return
+                try:
+                    doc = json.loads(body)
+                except ValueError:
+                    doc = None
+                if not isinstance(doc, dict):
+                    self._status(400, "BadRequest", "the body of the request was not a JSON object")
+                    return
+                if method == "POST":
+                    self._create_event(namespace, doc)
+                else:
+                    self._patch_event(namespace, parts[5], doc)
+
+            def _create_event(self, namespace: str, doc: dict[str, Any]) -> None:
+                meta = doc.setdefault("metadata", {})
+                if meta.get("namespace", namespace) != namespace:
+                    self._status(400, "BadRequest",
+                                 "the namespace of the provided object does not match the namespace sent on the request")
+                    return
+                name = meta.get("name", "")
+                with api._cond:
+                    if (namespace, name) in api.core_events:
+                        self._status(409, "AlreadyExists", f'events "{name}" already exists')
+                        return
+                    api._rv += 1
+                    meta.update(namespace=namespace, uid=f"event-{api._rv}", resourceVersion=str(api._rv),
+                                creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                    api.core_events[(namespace, name)] = doc
+                self._json(201, doc)
+
+            def _patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+                with api._cond:
+                    event = api.core_events.get((namespace, name))
+                    if event is None:
+                        self._status(404, "NotFound", f'events "{name}" not found')
+                        return
+                    _merge(event, patch)
+                    api._rv += 1
+                    event["metadata"]["resourceVersion"] = str(api._rv)
+                    answer = copy.deepcopy(event)
+                self._json(200, answer)
+
+            def _refusal(self, code: int, namespace: str) -> None:
+                if code == 403:
+                    self._status(403, "Forbidden", 'events is forbidden: User "system:serviceaccount:l9gpu:l9gpu" '
+                                 f'cannot create resource "events" in API group "" in the namespace "{namespace}"')
+                elif code == 429:
+                    self._status(429, "TooManyRequests", "too many requests, please try again later",
+                                 headers={"Retry-After": "1"})
+                else:
+                    self._status(code, "InternalError", "an error on the server has prevented the request")
+
+            def _status(self, code: int, reason: str, message: str, headers: dict[str, str] | None = None) -> None:
+                body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": message, "reason": reason, "code": code}
+                self._raw(code, json.dumps(body).encode(), headers)
+
             def _json(self, code: int, body: Any) -> None:
                 self._raw(code, json.dumps(body).encode())
 
-            def _raw(self, code: int, data: bytes) -> None:
+            def _raw(self, code: int, data: bytes, headers: dict[str, str] | None = None) -> None:
                 self.send_response(code)
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

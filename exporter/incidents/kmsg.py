@@ -1,0 +1,300 @@
+"""NVIDIA's Xid lines from the kernel log, read without blocking.
+
+``/dev/kmsg`` hands out one record per ``read()``::
+
+    <prio>,<seq>,<usec since boot>,<flags>[,<more>];<message>\\n
+     KEY=value\\n            (optional continuation lines, each starting with a space)
+
+The kernel writes every control character and backslash of the message as ``\\xNN``,
+so a record's message is one line whatever a process put into it. `KernelLog` opens the
+device non-blocking, starts at the newest record (or at the oldest still buffered, with
+``from_start``), and each `KernelLog.poll` reads until the device has nothing more
+(``EAGAIN``). Records the kernel overwrote before they were read (the reader was too
+slow: ``EPIPE``) show as a gap in the sequence numbers; they are counted and reading
+goes on. A regular file holding records in the same format, one per line, is read from
+its start and then followed as lines are appended (for replaying a saved log).
+
+Reading ``/dev/kmsg`` needs CAP_SYSLOG (or ``kernel.dmesg_restrict=0``) and, in a
+container, the host's ``/dev/kmsg`` mounted: without them opening raises
+`KernelLogUnavailable` with one line that says which. Root may write records to it too,
+so a line there is only as trustworthy as the node's root.
+
+`parse_xid` reads the driver's line, e.g.::
+
+    NVRM: Xid (PCI:0000:3b:00): 31, pid=1234, name=python3, Ch 00000008, intr 00000000. ...
+    NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+    NVRM: Xid (PCI:0000:ab:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (...)
+
+The process name is the process's own choice (its comm: up to 15 bytes, anything), and so
+is whatever follows it: both are kept escaped for a terminal (`exporter.escape`).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import stat
+from dataclasses import dataclass
+
+from exporter.escape import for_terminal
+
+log = logging.getLogger(__name__)
+
+DEV_KMSG = "/dev/kmsg"
+# Larger than the longest record the kernel hands out (CONSOLE_EXT_LOG_MAX, 8 KiB): a
+# read with a smaller buffer fails with EINVAL.
+READ_SIZE = 16384
+# Records one poll reads at most, so that a flood of kernel messages cannot hold up a
+# pass; the rest is read by the next poll.
+MAX_RECORDS_PER_POLL = 4096
+
+# The outcomes `KernelLog.counts` reports, by reason.
+OUTCOMES = ("read", "xid", "overwritten", "malformed", "truncated")
+
+_XID = re.compile(
+    r"^NVRM: Xid \((?:PCI:)?(?P<domain>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<device>[0-9a-fA-F]{2})"
+    r"(?:\.(?P<function>[0-7]))?\): (?P<xid>\d+)(?:, ?(?P<rest>.*))?$")
+# "pid=<n>, name=<comm>, <text>": the driver's form for a fault it can pin on a channel.
+_PROCESS = re.compile(r"^pid=(?P<pid>[^,]*), name=(?P<comm>.*?)(?:, (?P<text>.*))?$")
+_KERNEL_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
+_UNKNOWN = ("<unknown>", "'<unknown>'", "")
+
+
+class KernelLogUnavailable(Exception):
+    """The kernel log cannot be read; the message is one line saying why."""
+
+
+@dataclass(frozen=True)
+class XidRecord:
+    """One Xid line of the NVIDIA driver.
+
+    Attributes:
+        seq: the kernel log's sequence number of the record.
+        boot_usec: when it was logged, microseconds since boot (CLOCK_MONOTONIC).
+        pci_bus_id: the GPU in NVML's form, ``00000000:3B:00.0``.
+        xid: the Xid code.
+        pid: the process the driver named, None where it named none (or ``<unknown>``).
+        comm: that process's name as it chose it, escaped for a terminal; None where
+            there is none.
+        text: the rest of the line (the driver's description), escaped for a terminal.
+    """
+
+    seq: int
+    boot_usec: int
+    pci_bus_id: str
+    xid: int
+    pid: int | None
+    comm: str | None
+    text: str
+
+
+def _unescaped(text: str) -> str:
+    """``text`` with the kernel's ``\\xNN`` escapes turned back into the bytes they stand
+    for, then escaped for a terminal: one form whether the line came from the device
+    (escaped by the kernel) or from a file written by hand (raw)."""
+    raw = _KERNEL_ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), text.encode("utf-8", "surrogateescape"))
+    return for_terminal(raw.decode("utf-8", "replace"))
+
+
+def normalise_pci_bus_id(domain: str, bus: str, device: str, function: str | None = None) -> str:
+    """NVML's form of a PCI address: 8 hex digits of domain, upper case, function 0 by
+    default (``0000:3b:00`` -> ``00000000:3B:00.0``)."""
+    return f"{int(domain, 16):08X}:{bus.upper()}:{device.upper()}.{function or '0'}"
+
+
+def parse_xid(message: str, seq: int = 0, boot_usec: int = 0) -> XidRecord | None:
+    """The Xid of one kernel log message, or None when it is no Xid line of NVIDIA's.
+
+    Args:
+        message: the record's message (after the ``;``), as the kernel hands it out.
+        seq, boot_usec: the record's sequence number and time, kept in the result.
+    """
+    match = _XID.match(message.rstrip("\n"))
+    if match is None:
+        return None
+    rest = match.group("rest") or ""
+    pid: int | None = None
+    comm: str | None = None
+    process = _PROCESS.match(rest)
+    if process is not None:
+        raw_pid = process.group("pid").strip()
+        pid = int(raw_pid) if raw_pid.isdigit() else None
+        raw_comm = process.group("comm")
+        comm = None if raw_comm in _UNKNOWN else _unescaped(raw_comm)
+        rest = process.group("text") or ""
+    return XidRecord(seq=seq, boot_usec=boot_usec,
+                     pci_bus_id=normalise_pci_bus_id(match.group("domain"), match.group("bus"),
+                                                     match.group("device"), match.group("function")),
+                     xid=int(match.group("xid")), pid=pid, comm=comm, text=_unescaped(rest))
+
+
+def _open_error(path: str, exc: OSError) -> KernelLogUnavailable:
+    if exc.errno in (errno.EPERM, errno.EACCES):
+        why = "permission denied (it needs CAP_SYSLOG, or kernel.dmesg_restrict=0)"
+    elif exc.errno == errno.ENOENT:
+        why = "no such file"
+        if path == DEV_KMSG:
+            why += " (in a container, mount the host's /dev/kmsg)"
+    else:
+        why = os.strerror(exc.errno or 0) or str(exc)
+    return KernelLogUnavailable(f"cannot read the kernel log {path}: {why}")
+
+
+class KernelLog:
+    """Xid records from ``/dev/kmsg`` (or a character device like it) or a file of records.
+
+    Args:
+        path: a character device speaking kmsg's protocol, or a regular file holding
+            records in its format, one per line (read from its start, then followed).
+        from_start: for a device, read the records still buffered first; by default
+            only those logged after opening.
+
+    Raises:
+        KernelLogUnavailable: it cannot be opened for reading (the message says why).
+    """
+
+    def __init__(self, path: str = DEV_KMSG, from_start: bool = False):
+        self.path = path
+        try:
+            self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            raise _open_error(path, exc) from None
+        mode = os.fstat(self._fd).st_mode
+        if stat.S_ISCHR(mode):
+            self._device = True
+            if not from_start:
+                os.lseek(self._fd, 0, os.SEEK_END)
+        elif stat.S_ISREG(mode):
+            self._device = False
+        else:
+            os.close(self._fd)
+            raise KernelLogUnavailable(f"cannot read the kernel log {path}: neither a character device nor a file")
+        self._closed = False
+        self._pending = b""  # a file's last line, until its newline is written
+        self._offset = 0  # how far a file was read
+        self._last_seq: int | None = None
+        self._counts = dict.fromkeys(OUTCOMES, 0)
+        self._error_logged = False
+
+    def counts(self) -> dict[str, int]:
+        """Records by outcome since opening: ``read`` (every record), ``xid`` (Xid lines
+        among them), ``overwritten`` (records the kernel dropped before they were read),
+        ``malformed`` (a header that is not kmsg's), ``truncated`` (no ``;``: cut short)."""
+        return dict(self._counts)
+
+    def poll(self) -> list[XidRecord]:
+        """The Xid records logged since the last poll (never blocks)."""
+        if self._closed:
+            return []
+        raws = self._read_device() if self._device else self._read_file()
+        records = []
+        for raw in raws:
+            record = self._record(raw)
+            if record is not None:
+                records.append(record)
+        return records
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            os.close(self._fd)
+
+    def __enter__(self) -> KernelLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- reading ---------------------------------------------------------------------
+
+    def _read_device(self) -> list[bytes]:
+        raws: list[bytes] = []
+        while len(raws) < MAX_RECORDS_PER_POLL:
+            try:
+                raw = os.read(self._fd, READ_SIZE)
+            except BlockingIOError:
+                break  # EAGAIN: nothing more for now
+            except BrokenPipeError:
+                continue  # EPIPE: records were overwritten; the gap shows in the next seq
+            except OSError as exc:
+                self._read_failed(exc)
+                break
+            if not raw:
+                break
+            raws.append(raw)
+        return raws
+
+    def _read_file(self) -> list[bytes]:
+        try:
+            if os.fstat(self._fd).st_size < self._offset:  # rewritten from scratch
+                self._offset, self._pending, self._last_seq = 0, b"", None
+                os.lseek(self._fd, 0, os.SEEK_SET)
+            chunks: list[bytes] = []
+            size = 0
+            while size < READ_SIZE * 64:  # bounded like a device's poll; the rest comes next time
+                chunk = os.read(self._fd, READ_SIZE * 4)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            self._offset += size
+        except OSError as exc:
+            self._read_failed(exc)
+            return []
+        lines = (self._pending + b"".join(chunks)).split(b"\n")
+        self._pending = lines.pop()  # "" after a final newline, else a line still being written
+        # Continuation lines (" KEY=value") belong to the record before them.
+        return [line for line in lines if line.strip() and not line.startswith(b" ")]
+
+    def _read_failed(self, exc: OSError) -> None:
+        if not self._error_logged:
+            self._error_logged = True
+            log.warning("reading the kernel log %s failed: %s", self.path, os.strerror(exc.errno or 0) or exc)
+
+    def _record(self, raw: bytes) -> XidRecord | None:
+        """The Xid of one raw record (header, message, continuation lines), counted."""
+        self._counts["read"] += 1
+        text = raw.decode("utf-8", "replace")
+        header, sep, rest = text.partition(";")
+        if not sep:
+            self._counts["truncated"] += 1
+            return None
+        fields = header.split(",")
+        try:
+            if len(fields) < 4:
+                raise ValueError(header)
+            int(fields[0])
+            seq, boot_usec = int(fields[1]), int(fields[2])
+        except ValueError:
+            self._counts["malformed"] += 1
+            return None
+        if self._last_seq is not None and seq > self._last_seq + 1:
+            self._counts["overwritten"] += seq - self._last_seq - 1
+        self._last_seq = seq
+        record = parse_xid(rest.split("\n", 1)[0], seq, boot_usec)
+        if record is not None:
+            self._counts["xid"] += 1
+        return record
+
+
+def open_kernel_log(spec: str, from_start: bool = False) -> KernelLog | None:
+    """The kernel log ``--kernel-log`` names: ``auto``, ``off`` or a path.
+
+    ``auto`` is ``/dev/kmsg`` where it can be read, else None (the reason logged at
+    info: the Xids still come from NVML, without the process); ``off`` is None; a path
+    is a device or a file (`KernelLog`).
+
+    Raises:
+        KernelLogUnavailable: a path that cannot be read (the message says why).
+    """
+    if spec == "off":
+        return None
+    if spec == "auto":
+        try:
+            return KernelLog(DEV_KMSG, from_start=from_start)
+        except KernelLogUnavailable as exc:
+            log.info("%s; Xid events come from NVML only, without the process that raised them", exc)
+            return None
+    return KernelLog(spec, from_start=from_start)

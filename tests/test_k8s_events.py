@@ -1,0 +1,205 @@
+"""Kubernetes Events on pods, posted to a real HTTP server on loopback (the fake API
+server the attribution tests use): the schema, aggregation, refusals, a slow server,
+the per-pod rate limit."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
+kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate checks posted Events")
+
+from cgroup_helpers import kubeconfig  # noqa: E402
+from kubernetes_apiserver import FakeApiServer  # noqa: E402
+from waiting import PATIENCE, wait_until  # noqa: E402
+
+from exporter.incidents.events import EventSink, PodEvent, default_api_factory  # noqa: E402
+
+NODE = "gpu-node-7"
+UID = "6f1c2a4e-0000-4000-8000-000000000001"
+FAULT = PodEvent("ml", "trainer-0", UID, "GPUFaultAffected",
+                 "GPU 3 (GPU-1b84..., node gpu-node-7) raised Xid 79 (fell off the bus; action: reboot node) "
+                 "while this container held it")
+KUBERNETES_VERSIONS = ("1.25", kubernetes_validate.latest_version())
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def sinks():
+    made: list[EventSink] = []
+    yield made
+    for sink in made:
+        sink.close(timeout=5.0)
+
+
+def _sink(sinks: list[EventSink], server: FakeApiServer, tmp_path: Path, **kw) -> EventSink:
+    sink = EventSink(functools.partial(default_api_factory, kubeconfig(tmp_path, server)), NODE, **kw)
+    sinks.append(sink)
+    return sink
+
+
+def _settled(sink: EventSink, outcome: str, n: int) -> dict[str, int]:
+    return wait_until(lambda: sink.counts()[outcome] >= n and sink.counts(), what=f"{n} event(s) {outcome}")
+
+
+def test_a_posted_event_validates_against_the_kubernetes_schema(apiserver, tmp_path, sinks) -> None:
+    sink = _sink(sinks, apiserver, tmp_path)
+    sink.submit(FAULT)
+    _settled(sink, "posted", 1)
+    ((key, event),) = apiserver.core_events.items()
+    assert key == ("ml", event["metadata"]["name"])
+    assert re.fullmatch(r"trainer-0\.[0-9a-f]+", event["metadata"]["name"])
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(event, version, strict=True)
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "name": "trainer-0", "namespace": "ml",
+                                       "uid": UID}
+    assert (event["type"], event["reason"], event["message"]) == ("Warning", FAULT.reason, FAULT.message)
+    assert event["source"] == {"component": "l9gpu", "host": NODE}
+    assert (event["reportingComponent"], event["reportingInstance"]) == ("l9gpu", NODE)
+    assert event["count"] == 1 and event["firstTimestamp"] == event["lastTimestamp"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(Z|\+00:00)", event["firstTimestamp"])  # RFC 3339, UTC
+    assert sink.counts() == {"posted": 1, "aggregated": 0, "rate_limited": 0, "queue_full": 0, "forbidden": 0,
+                             "throttled": 0, "failed": 0}
+
+
+def test_repeats_patch_one_event_as_the_kubelet_aggregates(apiserver, tmp_path, sinks) -> None:
+    sink = _sink(sinks, apiserver, tmp_path)
+    for _ in range(3):
+        sink.submit(FAULT)
+    counts = _settled(sink, "aggregated", 2)
+    assert (counts["posted"], counts["aggregated"]) == (1, 2)
+    ((_, event),) = apiserver.core_events.items()
+    assert event["count"] == 3
+    assert datetime.fromisoformat(event["lastTimestamp"]) >= datetime.fromisoformat(event["firstTimestamp"])
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(event, version, strict=True)
+    methods = [(m, ct) for m, _, ct in apiserver.event_requests]
+    assert methods[0][0] == "POST"
+    assert methods[1:] == [("PATCH", "application/strategic-merge-patch+json")] * 2
+    # Another message on the same pod is another Event.
+    sink.submit(PodEvent("ml", "trainer-0", UID, "GPUFaultAffected", "another fault"))
+    _settled(sink, "posted", 2)
+    assert len(apiserver.core_events) == 2
+
+
+def test_a_repeat_after_ten_minutes_is_a_new_event(apiserver, tmp_path, sinks) -> None:
+    clock = FakeClock()
+    sink = _sink(sinks, apiserver, tmp_path, clock=clock, burst=10)
+    sink.submit(FAULT)
+    _settled(sink, "posted", 1)
+    clock.now += 601
+    sink.submit(FAULT)
+    _settled(sink, "posted", 2)
+    assert sorted(e["count"] for e in apiserver.core_events.values()) == [1, 1]
+
+
+def test_a_403_is_counted_forbidden_and_logged_once(apiserver, tmp_path, sinks, caplog) -> None:
+    apiserver.refuse_events(403)
+    sink = _sink(sinks, apiserver, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="exporter.incidents.events"):
+        sink.submit(FAULT)
+        sink.submit(PodEvent("ml", "trainer-0", UID, "GPUFaultCaused", "second"))
+        counts = _settled(sink, "forbidden", 2)
+    assert counts["posted"] == 0 and counts["failed"] == 0
+    lines = [r for r in caplog.records if r.name == "exporter.incidents.events"]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    message = lines[0].getMessage()
+    assert "403" in message and "create and patch on events" in message and "\n" not in message
+    assert lines[0].exc_info is None
+    assert apiserver.core_events == {}
+
+
+def test_a_429_is_counted_throttled_and_posting_resumes(apiserver, tmp_path, sinks, caplog) -> None:
+    apiserver.refuse_events(429)
+    sink = _sink(sinks, apiserver, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="exporter.incidents.events"):
+        sink.submit(FAULT)
+        _settled(sink, "throttled", 1)
+    assert "429" in caplog.text and "Traceback" not in caplog.text
+    apiserver.refuse_events(None)
+    sink.submit(FAULT)
+    counts = _settled(sink, "posted", 1)
+    assert counts["throttled"] == 1 and len(apiserver.core_events) == 1
+
+
+def test_a_slow_server_does_not_delay_submit(apiserver, tmp_path, sinks) -> None:
+    gate = threading.Event()
+    safety = threading.Timer(PATIENCE, gate.set)  # a submit that blocks fails below instead of hanging
+    safety.start()
+    apiserver.hold_events(gate)
+    try:
+        sink = _sink(sinks, apiserver, tmp_path, queue_size=4)
+        sink.submit(PodEvent("ml", "pod-0", "uid-0", "GPUFaultAffected", "first"))
+        wait_until(lambda: apiserver.event_requests, what="the first request held by the server")
+        for i in range(1, 7):  # 4 fit the queue, 2 do not
+            sink.submit(PodEvent("ml", f"pod-{i}", f"uid-{i}", "GPUFaultAffected", f"event {i}"))
+        assert not gate.is_set(), "submit() waited on the API server"
+        assert sink.counts()["queue_full"] == 2
+        assert len(apiserver.event_requests) == 1 and sink.counts()["posted"] == 0
+        assert sink.close(timeout=0.2) is False  # a request still held: close does not hang
+    finally:
+        gate.set()
+        safety.cancel()
+    counts = _settled(sink, "posted", 5)
+    assert counts["queue_full"] == 2 and len(apiserver.core_events) == 5
+    assert sink.close(timeout=PATIENCE) is True
+
+
+def test_the_per_pod_rate_limit_drops_past_the_burst(apiserver, tmp_path, sinks) -> None:
+    clock = FakeClock()
+    sink = _sink(sinks, apiserver, tmp_path, clock=clock, burst=5, per_minute=1.0)
+    for i in range(7):
+        sink.submit(PodEvent("ml", "trainer-0", UID, "GPUFaultCaused", f"fault {i}"))
+    sink.submit(PodEvent("ml", "other-0", "uid-other", "GPUFaultCaused", "another pod has its own bucket"))
+    counts = wait_until(lambda: sum(sink.counts().values()) >= 8 and sink.counts(), what="8 events handled")
+    assert (counts["posted"], counts["rate_limited"]) == (6, 2)
+    clock.now += 60  # one more token a minute
+    sink.submit(PodEvent("ml", "trainer-0", UID, "GPUFaultCaused", "a minute later"))
+    sink.submit(PodEvent("ml", "trainer-0", UID, "GPUFaultCaused", "too soon again"))
+    counts = wait_until(lambda: sum(sink.counts().values()) >= 10 and sink.counts(), what="10 events handled")
+    assert (counts["posted"], counts["rate_limited"]) == (7, 3)
+
+
+def test_an_unreachable_server_counts_failed(apiserver, tmp_path, sinks, caplog) -> None:
+    sink = _sink(sinks, apiserver, tmp_path, request_timeout=(2.0, 2.0))
+    apiserver.stop()
+    with caplog.at_level(logging.WARNING, logger="exporter.incidents.events"):
+        sink.submit(FAULT)
+        sink.submit(FAULT)
+        _settled(sink, "failed", 2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "exporter.incidents.events"]
+    assert len(lines) == 1 and "did not take them" in lines[0]
+
+
+def test_no_client_configuration_is_counted_failed_with_the_reason(sinks, caplog, monkeypatch) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    sink = EventSink(default_api_factory, NODE)
+    sinks.append(sink)
+    with caplog.at_level(logging.WARNING, logger="exporter.incidents.events"):
+        sink.submit(FAULT)
+        _settled(sink, "failed", 1)
+    assert "not in a cluster" in caplog.text and "Traceback" not in caplog.text
+
+
+def test_close_returns_and_later_submits_are_ignored(apiserver, tmp_path) -> None:
+    sink = EventSink(functools.partial(default_api_factory, kubeconfig(tmp_path, apiserver)), NODE)
+    sink.submit(FAULT)
+    assert sink.close(timeout=PATIENCE) is True
+    assert sink.counts()["posted"] == 1  # what was queued was posted first
+    sink.submit(FAULT)
+    assert sum(sink.counts().values()) == 1
