@@ -94,12 +94,13 @@ def fmt(values: list[float]) -> str:
 
 def bench_cycle(path: Path, passes: int) -> list[float]:
     """Wall time of warm passes on the simulated node (reads cost nothing there)."""
-    from exporter.cli import _collector, _open, build_parser
+    from exporter.cli import build_parser
     from exporter.devices import close_backends
+    from exporter.wiring import build_collector, open_sources
 
     args = build_parser().parse_args(["snapshot", "--backend", "simulated", "--scenario", str(path)])
-    backends, attributor = _open(args)
-    collector, _ = _collector(args, backends, attributor)
+    backends, attributor = open_sources(args)
+    collector, _ = build_collector(args, backends, attributor)
     collector.collect_once()  # warm the attribution cache
     gc.collect()
     gc.freeze()  # as `l9gpu serve` does after start-up
@@ -120,15 +121,15 @@ def bench_render(path: Path, renders: int = 50) -> dict[str, list[float]]:
     registry (families built from the snapshot, then encoded)."""
     from prometheus_client.exposition import choose_encoder
 
-    from exporter import cli
+    from exporter import cli, wiring
     from exporter.encode import Encoder
 
     args = cli.build_parser().parse_args(["serve", "--backend", "simulated", "--scenario", str(path)])
     from exporter.devices import close_backends
-    backends, attributor = cli._open(args)
-    collector, extra = cli._collector(args, backends, attributor)
+    backends, attributor = wiring.open_sources(args)
+    collector, extra = wiring.build_collector(args, backends, attributor)
     collector.collect_once()
-    registry = cli.build_registry(lambda: collector.snapshot, cli._enabled(args), extra)
+    registry = wiring.build_registry(lambda: collector.snapshot, wiring.enabled_families(args), extra)
     library, _ = choose_encoder(PROMETHEUS["Accept"])
     encoder = Encoder(library)
     results: dict[str, list[float]] = {"prometheus_client": [], "l9gpu": []}
@@ -150,16 +151,17 @@ def bench_nvml_pass(path: Path, h200_costs: bool, passes: int) -> tuple[list[flo
     import fake_nvml_agent
 
     from exporter.attribution import procfs
-    from exporter.cli import _collector, _open, build_parser
+    from exporter.cli import build_parser
     from exporter.devices import close_backends
+    from exporter.wiring import build_collector, open_sources
 
     saved = sys.modules.get("pynvml")
     plain_init = procfs.ProcCache.__init__
     fake_nvml_agent.install(str(path), h200_costs)
     try:
         args = build_parser().parse_args(["snapshot", "--backend", "nvml", "--kubernetes", "off"])
-        backends, attributor = _open(args)
-        collector, _ = _collector(args, backends, attributor)
+        backends, attributor = open_sources(args)
+        collector, _ = build_collector(args, backends, attributor)
         collector.collect_once()
         gc.collect()
         walls, cpus = [], []

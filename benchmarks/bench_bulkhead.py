@@ -65,14 +65,15 @@ def bench_pass(path: Path, passes: int, rounds: int) -> dict[str, list[float]]:
     import fake_nvml_agent
 
     from exporter.attribution import procfs
-    from exporter.cli import _collector, _open, build_parser
+    from exporter.cli import build_parser
     from exporter.devices import close_backends
+    from exporter.wiring import build_collector, open_sources
 
     plain_init = procfs.ProcCache.__init__
     fake_nvml_agent.install(str(path), False)
     args = build_parser().parse_args(["snapshot", "--backend", "nvml", "--kubernetes", "off"])
-    backends, attributor = _open(args)
-    collector, _ = _collector(args, backends, attributor)
+    backends, attributor = open_sources(args)
+    collector, _ = build_collector(args, backends, attributor)
     collector.collect_once()
     gc.collect()
     out: dict[str, list[float]] = {"bulkhead": [], "inline": []}

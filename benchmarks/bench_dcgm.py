@@ -28,14 +28,15 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def snapshot_of(scenario: str | None):  # type: ignore[no-untyped-def]
-    from exporter.cli import _collector, _open, build_parser
+    from exporter.cli import build_parser
     from exporter.devices import close_backends
+    from exporter.wiring import build_collector, open_sources
 
     argv = ["snapshot", "--backend", "simulated"] + (["--scenario", scenario] if scenario else [])
     args = build_parser().parse_args(argv)
-    backends, attributor = _open(args)
+    backends, attributor = open_sources(args)
     try:
-        collector, extra = _collector(args, backends, attributor)
+        collector, extra = build_collector(args, backends, attributor)
         collector.collect_once()
         time.sleep(0.05)
         return collector.collect_once(), extra
@@ -45,10 +46,11 @@ def snapshot_of(scenario: str | None):  # type: ignore[no-untyped-def]
 
 
 def registry_for(schema: str, snapshot, extra):  # type: ignore[no-untyped-def]
-    from exporter.cli import _dcgm_selection, _enabled, build_parser, build_registry
+    from exporter.cli import build_parser
+    from exporter.wiring import build_registry, enabled_families, select_dcgm_fields
 
     args = build_parser().parse_args(["serve", "--metric-schema", schema])
-    return build_registry(lambda: snapshot, _enabled(args), extra, _dcgm_selection(args))
+    return build_registry(lambda: snapshot, enabled_families(args), extra, select_dcgm_fields(args))
 
 
 def measure(registry, renders: int) -> tuple[list[float], int]:  # type: ignore[no-untyped-def]

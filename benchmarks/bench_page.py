@@ -29,14 +29,15 @@ GZIP = {"Accept-Encoding": "gzip"}
 
 
 def bench_render(path: Path, renders: int) -> tuple[dict[str, list[float]], int, int, int]:
-    from exporter.cli import _collector, _open, build_parser
+    from exporter.cli import build_parser
     from exporter.devices import close_backends
     from exporter.snapshot_json import document_json, snapshot_document
     from exporter.web.page import render_page
+    from exporter.wiring import build_collector, open_sources
 
     args = build_parser().parse_args(["snapshot", "--backend", "simulated", "--scenario", str(path)])
-    backends, attributor = _open(args)
-    collector, names = _collector(args, backends, attributor)
+    backends, attributor = open_sources(args)
+    collector, names = build_collector(args, backends, attributor)
     collector.collect_once()
     snap = collector.collect_once()
     attributor.close()

@@ -42,11 +42,11 @@ from bridge import config as bconfig
 from bridge.convert import StartTimes, attributes, to_metrics_data, unit_for
 from bridge.push import ExportCounter, OtlpPusher
 from exporter import catalogue as cat
-from exporter.cli import build_registry
 from exporter.collector import Collector
 from exporter.devices.simulated import SimulatedBackend
 from exporter.labels import device_label_values, label_schema
 from exporter.model import DeviceSample, Snapshot, Workload, WorkloadUsage
+from exporter.wiring import build_registry
 
 SCOPE = InstrumentationScope("l9gpu", "test")
 RESOURCE = Resource({"service.name": "l9gpu"})

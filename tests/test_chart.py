@@ -148,7 +148,8 @@ def _first_shell_block(markdown: Path) -> str:
 
 def serve_args(release: Release) -> Any:
     """The container's arguments as `l9gpu serve` parses them (the image's entrypoint is l9gpu)."""
-    from exporter.cli import UsageError, build_parser
+    from exporter.cli import build_parser
+    from exporter.errors import UsageError
 
     args = release.container["args"]
     assert args[0] == "serve", args
@@ -351,10 +352,10 @@ def test_read_timeout_reaches_the_agent():
     ("l9gpu", "hostname", None),  # no DCGM schema: the flag is not passed (the agent would refuse it)
 ])
 def test_the_dcgm_node_label_reaches_the_agent(schema, label, served):
-    from exporter.cli import _dcgm_selection
+    from exporter.wiring import select_dcgm_fields
 
     args = serve_args(render(_sets(f"metricSchema={schema}", f"dcgmHostnameLabel={label}")))
-    selection = _dcgm_selection(args)  # what `l9gpu serve` makes of the flags: no usage error
+    selection = select_dcgm_fields(args)  # what `l9gpu serve` makes of the flags: no usage error
     assert (selection.hostname_label if selection else None) == served
 
 

@@ -206,7 +206,7 @@ from exporter.web.descriptors import descriptors_in_use
 from exporter.web.limits import ConnectionLimits
 from exporter.web.logs import install_accept_error_log
 from exporter.web.site import GuardedSite
-from exporter.cli import setup_logging
+from exporter.logs import setup_logging
 
 setup_logging("info", "text")
 seconds, interval = float(sys.argv[1]), float(sys.argv[2])

@@ -420,13 +420,14 @@ SAME_WORKLOAD_VALUES = {
 
 @pytest.fixture(scope="module")
 def simulated_snapshot() -> Snapshot:
-    from exporter.cli import _collector, _open, build_parser
+    from exporter.cli import build_parser
     from exporter.devices import close_backends
+    from exporter.wiring import build_collector, open_sources
 
     args = build_parser().parse_args(["snapshot", "--backend", "simulated"])
-    backends, attributor = _open(args)
+    backends, attributor = open_sources(args)
     try:
-        collector, _ = _collector(args, backends, attributor)
+        collector, _ = build_collector(args, backends, attributor)
         collector.collect_once()
         time.sleep(0.05)  # GPM values need two samples some time apart
         return collector.collect_once()

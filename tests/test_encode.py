@@ -20,7 +20,8 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.samples import Exemplar, Sample
 
-from exporter import cli
+from exporter import cli, wiring
+from exporter.devices import close_backends
 from exporter.encode import Encoder, for_openmetrics
 
 ACCEPT = [
@@ -57,16 +58,16 @@ def _demo_families() -> list[Metric]:
     args = cli.build_parser().parse_args(
         ["serve", "--backend", "simulated", "--metric-schema", "l9gpu,dcgm", "--process-metrics",
          "--pod-label", "team", "--pod-label", "app.kubernetes.io/name"])
-    backends, attributor = cli._open(args)
+    backends, attributor = wiring.open_sources(args)
     try:
-        collector, extra = cli._collector(args, backends, attributor)
+        collector, extra = wiring.build_collector(args, backends, attributor)
         collector.collect_once()
-        registry = cli.build_registry(lambda: collector.snapshot, cli._enabled(args), extra,
-                                      cli._dcgm_selection(args))
+        registry = wiring.build_registry(lambda: collector.snapshot, wiring.enabled_families(args), extra,
+                                      wiring.select_dcgm_fields(args))
         return list(registry.collect())
     finally:
         attributor.close()
-        cli.close_backends(backends)
+        close_backends(backends)
 
 
 def _odd_families() -> list[Metric]:

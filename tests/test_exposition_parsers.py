@@ -24,7 +24,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from test_encode import ACCEPT
 
-from exporter import cli, dcgm
+from exporter import cli, dcgm, wiring
 from exporter.devices import close_backends
 from exporter.web.exposition import Exposition
 
@@ -44,16 +44,16 @@ def _registry(schema: str, counters: Path):  # type: ignore[no-untyped-def]
     if "dcgm" in schema:
         argv += ["--collectors", str(counters)]
     args = cli.build_parser().parse_args(argv)
-    backends, attributor = cli._open(args)
+    backends, attributor = wiring.open_sources(args)
     try:
-        collector, extra = cli._collector(args, backends, attributor)
+        collector, extra = wiring.build_collector(args, backends, attributor)
         collector.collect_once()
         snapshot = collector.collect_once()  # GPM needs two passes
     finally:
         attributor.close()
         close_backends(backends)
-    selection = cli._dcgm_selection(args)
-    registry = cli.build_registry(lambda: snapshot, cli._enabled(args), extra, selection)
+    selection = wiring.select_dcgm_fields(args)
+    registry = wiring.build_registry(lambda: snapshot, wiring.enabled_families(args), extra, selection)
     return Exposition(registry, lambda: snapshot, prefer_text=selection is not None)
 
 

@@ -306,10 +306,10 @@ def test_snapshot_shows_gpm_activity_and_why_a_gpu_has_none(monkeypatch, capsys)
 
     from fake_pynvml import install
 
-    from exporter import cli
+    from exporter import cli, snapshot_cmd
 
     fake = install(monkeypatch, FakeNvml(gpus=[FakeGpu(), FakeGpu(name="NVIDIA A100-SXM4-80GB")]))
-    monkeypatch.setattr(cli, "SNAPSHOT_GPM_WINDOW", 0.05)
+    monkeypatch.setattr(snapshot_cmd, "SNAPSHOT_GPM_WINDOW", 0.05)
     assert cli.main(["snapshot", "--backend", "nvml", "--kubernetes", "off"]) == 0
     out = capsys.readouterr().out.splitlines()
     gpu0 = out.index([line for line in out if line.startswith("0 ")][0])

@@ -23,12 +23,13 @@ from exporter import catalogue as cat
 from exporter.attribution.kubernetes import PodIndex, pod_meta
 from exporter.attribution.resolver import ProcAttributor
 from exporter.attribution.simulated import scenario_pods, write_proc_tree
-from exporter.cli import _collector, build_parser, build_registry
+from exporter.cli import build_parser
 from exporter.collector import Collector
 from exporter.devices.nvml import NvmlBackend
 from exporter.labels import label_schema
 from exporter.web.app import make_app
 from exporter.web.exposition import Exposition
+from exporter.wiring import build_collector, build_registry
 
 GiB = 2**30
 UTIL_CALL = "nvmlDeviceGetProcessesUtilizationInfo"
@@ -239,7 +240,7 @@ def test_the_flags_that_export_per_process_series_keep_the_read(flags):
     fake = FakeNvml([FakeGpu(processes=[FakeProcess(pid=9)])])
     backend = NvmlBackend(nvml=fake, gpm=False)
     backend.open()
-    collector, _ = _collector(args, [backend], None)
+    collector, _ = build_collector(args, [backend], None)
     assert collector.process_metrics
     collector.collect_once()
     assert len(fake.called(UTIL_CALL)) == 1

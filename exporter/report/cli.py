@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from exporter.inference import cli as inference_cli
+from exporter.inference.cli import load_engines_or_fail
+from exporter.outputs import CommandFailed, check_output, write_output
 from exporter.report.progress import Progress, progress_for
 
 COMMANDS = ("report", "prices", "inference-rules")
@@ -79,24 +81,8 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
     prices.add_argument("file", metavar="FILE", help="prices file (YAML)")
     prices.add_argument("--output", "-o", metavar="FILE", help="write the rules here instead of standard output")
 
-    rules = sub.add_parser("inference-rules",
-                           help="write the recording rules and alerts that join inference engines' tokens with "
-                                "GPU time",
-                           description="Write the Prometheus rules for tokens per second, GPU-seconds, kWh and cost "
-                                       "per million tokens per workload and served model, KV-cache saturation and "
-                                       "idle replicas, for the built-in engines and those of --engines "
-                                       "(alerts/l9gpu-inference.rules.yaml is the built-in engines' file; see "
-                                       "docs/INFERENCE.md).")
-    rules.add_argument("--engines", metavar="FILE",
-                       help="engines to add to, or override in, the built-in mapping (YAML)")
-    rules.add_argument("--output", "-o", metavar="FILE", help="write the rules here instead of standard output")
+    rules = inference_cli.add_parser(sub)
     return [report, prices, rules]
-
-
-class _Fail(Exception):
-    def __init__(self, message: str, status: int = 2):
-        super().__init__(message)
-        self.status = status
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,67 +91,22 @@ def run(args: argparse.Namespace) -> int:
         if args.command == "prices":
             return _prices(args)
         if args.command == "inference-rules":
-            return _inference_rules(args)
+            return inference_cli.run(args)
         return _report(args)
-    except _Fail as exc:
+    except CommandFailed as exc:
         print(f"l9gpu {args.command}: {exc}", file=sys.stderr)
         return exc.status
-
-
-def _write(path: str | None, text: str) -> None:
-    if not path or path == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise _Fail(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
-def _check_output(path: str | None) -> None:
-    if not path or path == "-":
-        return
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise _Fail(f"--output {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise _Fail(f"--output {path}: cannot write in {parent}")
 
 
 def _prices(args: argparse.Namespace) -> int:
     from exporter.report.prices import PricesError, load_prices, recording_rules
 
-    _check_output(args.output)
+    check_output(args.output)
     try:
         prices = load_prices(args.file)
     except PricesError as exc:
-        raise _Fail(str(exc)) from None
-    _write(args.output, recording_rules(prices))
-    return 0
-
-
-def _engines(path: str | None) -> Any:
-    from exporter.inference.engines import EnginesError, load_engines
-
-    try:
-        return load_engines(path)
-    except EnginesError as exc:
-        raise _Fail(str(exc)) from None
-
-
-def _inference_rules(args: argparse.Namespace) -> int:
-    from exporter.inference.rules import rules_text
-
-    _check_output(args.output)
-    engines = _engines(args.engines)
-    source = "the built-in engines"
-    if args.engines:  # into a comment line of the rule file: no line breaks or control characters
-        source += " and " + "".join(c if c.isprintable() else "?" for c in args.engines)
-    _write(args.output, rules_text(engines, source))
+        raise CommandFailed(str(exc)) from None
+    write_output(args.output, recording_rules(prices))
     return 0
 
 
@@ -177,11 +118,11 @@ def _report(args: argparse.Namespace) -> int:
 
     for flag, value in (("--prometheus", args.prometheus), ("--from", args.start)):
         if not value:  # required, from the command line or L9GPU_PROMETHEUS / L9GPU_FROM
-            raise _Fail(f"{flag} is required")
+            raise CommandFailed(f"{flag} is required")
     if not BY.match(args.by):
-        raise _Fail(f"--by {args.by!r}: use namespace, model, label_<key>, slurm_account or slurm_user")
+        raise CommandFailed(f"--by {args.by!r}: use namespace, model, label_<key>, slurm_account or slurm_user")
     if args.top < 0:
-        raise _Fail("--top must be 0 or more")
+        raise CommandFailed("--top must be 0 or more")
     fmt = args.format
     if fmt is None:
         suffix = Path(args.output).suffix.lower().lstrip(".") if args.output else ""
@@ -190,30 +131,30 @@ def _report(args: argparse.Namespace) -> int:
         try:
             import jinja2  # noqa: F401
         except ImportError:
-            raise _Fail("the HTML report needs jinja2: pip install 'l9gpu[report]'") from None
-    _check_output(args.output)
+            raise CommandFailed("the HTML report needs jinja2: pip install 'l9gpu[report]'") from None
+    check_output(args.output)
     now = time.time()
     try:
         start, end = parse_period(args.start, args.end, now)
         timeout = parse_prometheus_duration(args.timeout)
         step = parse_prometheus_duration(args.step) if args.step else None
     except ValueError as exc:
-        raise _Fail(str(exc)) from None
+        raise CommandFailed(str(exc)) from None
     try:
         max_response_bytes = parse_size(args.max_response_bytes)
     except ValueError as exc:
-        raise _Fail(f"--max-response-bytes: {exc}") from None
+        raise CommandFailed(f"--max-response-bytes: {exc}") from None
     start_ms, end_ms = int(start) * 1000, int(end) * 1000
     if end_ms <= start_ms:
-        raise _Fail("the period is shorter than a second")
+        raise CommandFailed("the period is shorter than a second")
     step_s = int(step) if step else compute.choose_step((end_ms - start_ms) / 1000)
     if step_s < 60:
-        raise _Fail("--step must be at least 1m")
+        raise CommandFailed("--step must be at least 1m")
     if (end_ms - start_ms) / (step_s * 1000) > 11000:
-        raise _Fail(f"--step {args.step}: over 11,000 steps in the period (Prometheus' limit per series); "
+        raise CommandFailed(f"--step {args.step}: over 11,000 steps in the period (Prometheus' limit per series); "
                     "use a longer step")
     # an --engines file is checked whatever --by; only --by model reads the engines' counters
-    engines = _engines(args.engines) if args.by == summary.MODEL_BY or args.engines else ()
+    engines = load_engines_or_fail(args.engines) if args.by == summary.MODEL_BY or args.engines else ()
     if args.by != summary.MODEL_BY:
         engines = ()
     prices = None
@@ -221,7 +162,7 @@ def _report(args: argparse.Namespace) -> int:
         try:
             prices = load_prices(args.prices)
         except PricesError as exc:
-            raise _Fail(str(exc)) from None
+            raise CommandFailed(str(exc)) from None
     try:
         config = config_from_args(
             args.prometheus, bearer_token=args.bearer_token, bearer_token_file=args.bearer_token_file,
@@ -230,7 +171,7 @@ def _report(args: argparse.Namespace) -> int:
             insecure_skip_verify=args.insecure_skip_verify, timeout=timeout, headers=args.header,
             max_response_bytes=max_response_bytes)
     except ValueError as exc:
-        raise _Fail(str(exc)) from None
+        raise CommandFailed(str(exc)) from None
 
     progress = progress_for(sys.stderr, args.quiet)
     try:
@@ -239,7 +180,7 @@ def _report(args: argparse.Namespace) -> int:
         text = output.FORMATS[fmt](report)
     finally:
         progress.close()
-    _write(args.output, text)
+    write_output(args.output, text)
     return 0
 
 
@@ -278,7 +219,7 @@ def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, p
     try:
         fetched = asyncio.run(go())
     except PrometheusError as exc:
-        raise _Fail(str(exc), status=1) from None
+        raise CommandFailed(str(exc), status=1) from None
     progress.phase("summarising")
     grid, series, stats = fetched.grid, fetched.series, fetched.stats
     if args.by == summary.MODEL_BY:
@@ -299,7 +240,7 @@ def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, p
         report = summary.summarize(series, grid, args.by, prices, top=args.top, source=source,
                                    devices=fetched.devices, tokens=fetched.tokens, idle=fetched.idle)
     except PricesError as exc:
-        raise _Fail(str(exc)) from None
+        raise CommandFailed(str(exc)) from None
     if fetched.unjoined:
         report["notes"].append(f"{fetched.unjoined} inference engine series have no pod label, so their tokens join "
                                "no workload and are left out; scrape the engines' pods so that Prometheus adds "

@@ -1,0 +1,163 @@
+"""``l9gpu snapshot``: one pass of the node, as a table or JSON, for the on-call engineer."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, Mapping
+
+from exporter.devices import joined_name
+from exporter.devices.nvml.gpm import WARMING_UP
+from exporter.escape import for_terminal
+from exporter.snapshot_json import describe_owner, document_json, snapshot_document
+from exporter.wiring import CLOSE_TIMEOUT, build_collector, close_backends_within, gpm_status, open_sources_within
+
+# `l9gpu snapshot` measures GPM activity over this long (two samples this far apart).
+SNAPSHOT_GPM_WINDOW = 1.0
+# `l9gpu snapshot` waits this long (seconds) for the API server's pod list, for names (at
+# most half its --timeout, so that a hung API server leaves time to read the GPUs).
+SNAPSHOT_POD_LIST_WAIT = 10.0
+
+
+def snapshot(args: argparse.Namespace) -> int:
+    """Collect once and print the node's GPUs and their processes' owners.
+
+    Where a GPU has GPM, its activity needs two samples: a second pass follows the
+    first after `SNAPSHOT_GPM_WINDOW` seconds, and the second pass is printed.
+    """
+    if args.gpm_interval is not None:
+        args.gpm_interval = 0.0  # sample on each of the (at most two) passes
+    backends, attributor = open_sources_within(args, args.timeout,
+                                        wait_for_pods=min(SNAPSHOT_POD_LIST_WAIT, args.timeout / 2))
+    timed: list[Any] = []
+    passes: list[tuple[str, dict[str, Any]]] = []
+    collector = None
+    try:
+        collector, extra_names = build_collector(args, backends, attributor)
+        if args.timings:
+            timed = [b for b in backends if b.enable_timings()]
+        snap = collector.collect_once()
+        gpm_warming = any(status == WARMING_UP for status in gpm_status(backends).values())
+        if args.timings:
+            # The first pass also reads what is read once or on a slow schedule; a steady
+            # pass, one interval later (at most a second), is what every pass costs.
+            passes.append(("first pass", call_timings(timed)))
+        if args.timings or gpm_warming:
+            time.sleep(max(min(args.interval, 1.0) if args.timings else 0.0,
+                           SNAPSHOT_GPM_WINDOW if gpm_warming else 0.0))
+            snap = collector.collect_once()
+        if args.timings:
+            passes.append(("steady pass", call_timings(timed)))
+        statuses = gpm_status(backends)
+    finally:
+        if collector is not None:
+            collector.stop()
+        attributor.close()
+        close_backends_within(backends, min(args.timeout, CLOSE_TIMEOUT))
+    if args.json:
+        doc = snapshot_document(snap, extra_names, statuses)
+        if args.timings:
+            doc["timings"] = {name: {call: {"calls": c, "wall_seconds": w, "cpu_seconds": cpu, "max_wall_seconds": m}
+                                     for call, (c, w, cpu, m) in calls.items()} for name, calls in passes}
+        sys.stdout.write(document_json(doc))
+    else:
+        print(format_table(snap, statuses))
+        for call in snap.stuck:  # a stuck GPU is in the table, down; this lists the other parts
+            if not call.devices:
+                print(f"{call.what}: stuck in {call.call} for {call.seconds:.1f} s")
+        if args.timings:
+            print()
+            print(format_timings(passes) if timed else
+                  f"no per-call timings for the {joined_name(backends)} backend (NVIDIA's nvml backend has them)")
+            if any(name.startswith("nvmlGpm") for _, calls in passes for name in calls):
+                print("(nvmlGpm* calls: this snapshot samples GPM on both passes; `l9gpu serve` samples a GPU "
+                      "every --gpm-interval)")
+    return 0
+
+
+def call_timings(backends: list[Any]) -> dict[str, Any]:
+    calls: dict[str, Any] = {}
+    for part in backends:
+        calls.update(part.timings(reset=True))
+    return calls
+
+
+def format_timings(passes: list[tuple[str, dict[str, Any]]]) -> str:
+    """What each vendor library call cost in each timed pass, costliest first."""
+    lines = []
+    for title, calls in passes:
+        wall = sum(t[1] for t in calls.values()) * 1e3
+        cpu = sum(t[2] for t in calls.values()) * 1e3
+        lines.append(f"{title}: {sum(t[0] for t in calls.values())} calls, {wall:.2f} ms wall, {cpu:.2f} ms CPU")
+        lines.append(f"  {'CALL':<46}{'CALLS':>6}{'WALL ms':>10}{'CPU ms':>9}{'PER CALL ms':>13}{'MAX ms':>9}")
+        for name, (count, w, c, slowest) in sorted(calls.items(), key=lambda kv: -kv[1][1]):
+            lines.append(f"  {name:<46}{count:>6}{w * 1e3:>10.3f}{c * 1e3:>9.3f}{w * 1e3 / max(count, 1):>13.3f}"
+                         f"{slowest * 1e3:>9.3f}")
+    return "\n".join(lines)
+
+
+def _gpm_line(device: Any, status: str | None) -> str | None:
+    """One line of GPM activity for the table, or why there is none."""
+    gpm = device.gpm
+    if gpm:
+        parts = [f"{label} {gpm[key] * 100:.0f}%" for label, key in (
+            ("graphics", "graphics_active"), ("sm", "sm_active"), ("occupancy", "sm_occupancy"),
+            ("tensor", "tensor_active"), ("dram", "dram_active")) if key in gpm]
+        return "       gpm: " + "  ".join(parts)
+    if status and status.startswith("unsupported: "):
+        return f"       gpm: not available ({status[len('unsupported: '):]})"
+    return None
+
+
+def _owner(row: Any) -> str:
+    return describe_owner(row.workload)
+
+
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.1f}"
+
+
+def _allocations_by_device(snap: Any) -> dict[str, list[Any]]:
+    by_device: dict[str, list[Any]] = {}
+    for row in getattr(snap, "allocations", ()):
+        by_device.setdefault(row.device_key, []).append(row)
+    return by_device
+
+
+def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None) -> str:
+    """A plain-text table: one line per GPU, then its GPM activity (or why it has none) and
+    one indented line per process and allocation.
+
+    Process names, pod, namespace and container names and Slurm fields are chosen by the
+    node's users, and device names and errors come from the driver: every line is passed
+    through `escape.for_terminal`, so a control character is printed as ``\\x1b`` and the
+    like, never sent to the operator's terminal.
+    """
+    lines = [f"node {snap.node}",
+             f"{'GPU':<4} {'MODEL':<28} {'UTIL':>5} {'MEMORY GiB':>14} {'POWER W':>8}  PROCESSES"]
+    by_device: dict[str, list[Any]] = {}
+    for row in snap.processes:
+        by_device.setdefault(row.device_key, []).append(row)
+    allocations = _allocations_by_device(snap)
+    for d in snap.devices:
+        gpu = f"{d.index}" + (f"/{d.gpu_instance}" if d.gpu_instance else "")
+        if not d.up:
+            lines.append(f"{gpu:<4} {d.model[:28]:<28} DOWN: {d.error}")
+            continue
+        util = "-" if d.utilization is None else f"{d.utilization * 100:.0f}%"
+        mem = f"{_gib(d.memory_used_bytes)}/{_gib(d.memory_total_bytes)}"
+        power = "-" if d.power_watts is None else f"{d.power_watts:.0f}"
+        rows = by_device.get(d.key, [])
+        lines.append(f"{gpu:<4} {d.model[:28]:<28} {util:>5} {mem:>14} {power:>8}  {len(rows)}")
+        gpm_line = _gpm_line(d, (gpm or {}).get((d.index, d.gpu_instance)))
+        if gpm_line:
+            lines.append(gpm_line)
+        for row in rows:
+            sm = "-" if row.sm_utilization is None else f"{row.sm_utilization * 100:.0f}%"
+            lines.append(f"       pid {row.pid:<8} {row.comm[:16]:<16} {_gib(row.used_memory_bytes):>6} GiB  "
+                         f"sm {sm:>4}  {_owner(row)}")
+        for alloc in allocations.get(d.key, []):
+            lines.append(f"       allocated to {_owner(alloc)} ({alloc.resource_name} {alloc.device_id})")
+    return "\n".join(for_terminal(line) for line in lines)
+
