@@ -127,6 +127,13 @@ def rules_text(engines: Sequence[Engine], source: str = "the built-in engines") 
         expr = _union(engines, field, aggregation, inner)
         if expr:
             _rule(lines, PM + name, expr, comment)
+    _gpu_and_cost_rules(lines)
+    _alerts(lines, engines)
+    return "\n".join(lines) + "\n"
+
+
+def _gpu_and_cost_rules(lines: list[str]) -> None:
+    """The GPU time, energy and cost of the inference workloads, per model and per million tokens."""
     inference_pods = f"and on (namespace, pod) {P}l9gpu_inference_tokens:rate{WINDOW}"
     for family, name, comment in (
             ("container_gpu_allocation_seconds_total", "container_gpu_allocation_seconds",
@@ -184,6 +191,11 @@ def rules_text(engines: Sequence[Engine], source: str = "the built-in engines") 
     for name, numerator, scale in per_million:
         _rule(lines, f"{M}{name}:rate{WINDOW}",
               f"{scale} {M}{numerator}:rate{WINDOW}\n  / ({M}tokens:rate{WINDOW} > 0)")
+
+
+def _alerts(lines: list[str], engines: Sequence[Engine]) -> None:
+    """The ``l9gpu-inference-alerts`` group: idle replicas, and KV-cache saturation where the
+    engines report both usage and preemptions."""
     lines += ["", "  - name: l9gpu-inference-alerts", "    rules:"]
     _alert(lines, "GPUInferenceReplicaIdle",
            f"{P}container_gpu_allocation_seconds:rate{WINDOW} > 0\n"
@@ -206,4 +218,3 @@ def rules_text(engines: Sequence[Engine], source: str = "the built-in engines") 
                "The KV cache of {{ $labels.model_name }} in {{ $labels.namespace }}/{{ $labels.pod }} is "
                "{{ $value | humanizePercentage }} full and requests are being preempted. Add replicas (or "
                "lower max_num_seqs / max model length) before requests time out.")
-    return "\n".join(lines) + "\n"
