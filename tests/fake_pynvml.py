@@ -123,6 +123,8 @@ NVML_VALUE_TYPE_UNSIGNED_INT = 1
 NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+NVML_FI_DEV_ECC_SBE_VOL_TOTAL = 3
+NVML_FI_DEV_ECC_DBE_VOL_TOTAL = 4
 NVML_VALUE_TYPE_SIGNED_INT = 5
 NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
 NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
@@ -211,19 +213,19 @@ H200_COSTS: Mapping[str, CallCost] = {
     "nvmlGpmMetricsGet": CallCost(1.0 * _MS, 1.0 * _MS),  # 11 metrics
     # Health reads: plain driver queries (estimates until a lent H200 records them,
     # benchmarks/gpu_check.py --health).
-    "nvmlDeviceGetRemappedRows": CallCost(0.05 * _MS, 0.05 * _MS),
-    "nvmlDeviceGetRowRemapperHistogram": CallCost(0.05 * _MS, 0.05 * _MS),
+    "nvmlDeviceGetRemappedRows": CallCost(0.03 * _MS, 0.03 * _MS),
+    "nvmlDeviceGetRowRemapperHistogram": CallCost(0.03 * _MS, 0.03 * _MS),
     "nvmlDeviceGetRetiredPages_v2": CallCost(0.05 * _MS, 0.05 * _MS),
-    "nvmlDeviceGetRetiredPagesPendingStatus": CallCost(0.03 * _MS, 0.03 * _MS),
-    "nvmlDeviceGetSramEccErrorStatus": CallCost(0.05 * _MS, 0.05 * _MS),
-    "nvmlDeviceGetCurrPcieLinkGeneration": CallCost(0.03 * _MS, 0.03 * _MS),
-    "nvmlDeviceGetCurrPcieLinkWidth": CallCost(0.03 * _MS, 0.03 * _MS),
-    "nvmlDeviceGetMaxPcieLinkGeneration": CallCost(0.03 * _MS, 0.03 * _MS),
-    "nvmlDeviceGetMaxPcieLinkWidth": CallCost(0.03 * _MS, 0.03 * _MS),
-    "nvmlDeviceGetPcieReplayCounter": CallCost(0.04 * _MS, 0.04 * _MS),
-    "nvmlDeviceGetNvLinkState": CallCost(0.03 * _MS, 0.03 * _MS),
-    "nvmlDeviceGetNvLinkErrorCounter": CallCost(0.03 * _MS, 0.03 * _MS),
-    "nvmlDeviceGetViolationStatus": CallCost(0.04 * _MS, 0.04 * _MS),
+    "nvmlDeviceGetRetiredPagesPendingStatus": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetSramEccErrorStatus": CallCost(0.03 * _MS, 0.03 * _MS),
+    "nvmlDeviceGetCurrPcieLinkGeneration": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetCurrPcieLinkWidth": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetMaxPcieLinkGeneration": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetMaxPcieLinkWidth": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetPcieReplayCounter": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetNvLinkState": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetNvLinkErrorCounter": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetViolationStatus": CallCost(0.02 * _MS, 0.02 * _MS),
     "nvmlDeviceGetPersistenceMode": CallCost(0.02 * _MS, 0.02 * _MS),
     "nvmlDeviceGetGpuFabricInfoV": CallCost(0.07 * _MS, 0.07 * _MS),
     "nvmlDeviceGetGpuFabricInfo": CallCost(0.07 * _MS, 0.07 * _MS),
@@ -237,7 +239,6 @@ FIELD_COSTS: Mapping[int, float] = {
     191: 4.0 * _MS,  # NVML_FI_DEV_ENERGY (newer drivers)
     NVML_FI_DEV_PCIE_COUNT_TX_BYTES: 0.23 * _MS,
     NVML_FI_DEV_PCIE_COUNT_RX_BYTES: 0.23 * _MS,
-    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0.02 * _MS,
 }
 FREE = CallCost(0.0, 0.0)
 
@@ -1130,6 +1131,12 @@ class FakeNvml(_FakeGpmFunctions):
                 value.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
                 value.value.ullVal = (gpu.pcie_tx_bytes if field_id == NVML_FI_DEV_PCIE_COUNT_TX_BYTES
                                       else gpu.pcie_rx_bytes)
+                value.nvmlReturn = NVML_SUCCESS
+            elif field_id in (NVML_FI_DEV_ECC_SBE_VOL_TOTAL, NVML_FI_DEV_ECC_DBE_VOL_TOTAL) and (
+                    "nvmlDeviceGetTotalEccErrors" not in gpu.unsupported):
+                value.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                value.value.ullVal = (gpu.ecc_volatile_corrected if field_id == NVML_FI_DEV_ECC_SBE_VOL_TOTAL
+                                      else gpu.ecc_volatile_uncorrected)
                 value.nvmlReturn = NVML_SUCCESS
             elif field_id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and gpu.recovery_action is not None:
                 value.value.uiVal = gpu.recovery_action

@@ -34,7 +34,7 @@ from exporter.devices.nvml.common import ECC_PERIOD, ENERGY_COUNTER_PERIOD, PCIE
 from exporter.devices.nvml.energy import EnergyEstimate, EnergyMixin
 from exporter.devices.nvml.events import XidMixin
 from exporter.devices.nvml.gpm import DEFAULT_INTERVAL_SECONDS, GpmReader
-from exporter.devices.nvml.health import HealthMixin, recovery_action_field
+from exporter.devices.nvml.health import HealthMixin, health_fields
 from exporter.devices.nvml.libnvml import (
     CALL_PREFIXES,
     NA,
@@ -417,8 +417,7 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         throttle = self._guard(nvml, lambda: nvml.first(THROTTLE_FUNCTIONS, handle))
         power_watts = scaled(self._opt(nvml, "nvmlDeviceGetPowerUsage", handle), 1e-3)
         health_due = self._health.due(index, self._count, now)
-        recovery = recovery_action_field(nvml) if health_due else None
-        fields = self._field_values(nvml, index, handle, now, recovery)
+        fields = self._field_values(nvml, index, handle, now, health_fields(nvml) if health_due else ())
 
         values: dict[str, Any] = {
             "utilization": ratio(getattr(utilization, "gpu", None)) if utilization is not NA else None,
@@ -460,8 +459,7 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
             pci_bus_id=static["pci_bus_id"],
             serial=static["serial"],
             processes=processes,
-            health=self._read_health(nvml, index, handle, bool(mig_enabled),
-                                     fields.get(recovery, NA) if recovery is not None else NA)
+            health=self._read_health(nvml, index, handle, bool(mig_enabled), fields, values["ecc_errors"])
             if health_due else None,
             **values,
         )
@@ -475,11 +473,11 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         return samples
 
     def _field_values(self, nvml: Nvml, index: int, handle: Any, now: float,
-                      extra: int | None = None) -> dict[int, float]:
+                      extra: tuple[int, ...] = ()) -> dict[int, float]:
         """Memory temperature every pass and the PCIe byte counters every `PCIE_PERIOD`,
         in one field-values call (the counters cost far more than the temperature,
         docs/PERFORMANCE.md); between counter reads the last counter values are served.
-        ``extra``: one more field asked in the same call (the health read's recovery action).
+        ``extra``: more fields asked in the same call (a health read's, `health.health_fields`).
 
         A field the device answers NOT_SUPPORTED for is not asked again.
         """
@@ -490,8 +488,7 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         if self._due(index, "pcie", now, PCIE_PERIOD):
             candidates += pcie
             last_pcie = {}
-        if extra is not None:
-            candidates += (extra,)
+        candidates += extra
         wanted = [field for field in candidates if field not in skip]
         if not wanted:
             return dict(last_pcie)

@@ -4,12 +4,13 @@ What is asked (nvidia-ml-py names) and how it lands in `HealthSignals`:
 
 * ``nvmlDeviceGetRemappedRows`` -> `RowRemap` correctable / uncorrectable / pending /
   failure; ``nvmlDeviceGetRowRemapperHistogram`` -> ``banks_no_spare`` (its ``none``
-  bucket: banks with no spare row left);
+  bucket: banks with no spare row left; asked only once a row was remapped, 0 before);
 * pre-Ampere, only where remapped rows are NOT_SUPPORTED on a GPU not in MIG mode:
   ``nvmlDeviceGetRetiredPages_v2`` per cause -> `RetiredPages` single / double bit (page
   counts), ``nvmlDeviceGetRetiredPagesPendingStatus`` -> pending;
-* ``nvmlDeviceGetTotalEccErrors`` corrected / uncorrected x volatile / aggregate, and
-  ``nvmlDeviceGetSramEccErrorStatus`` (newer bindings) -> `Ecc`;
+* ECC -> `Ecc`: the volatile totals from the field values ``NVML_FI_DEV_ECC_SBE/DBE_VOL_TOTAL``
+  (in the pass's one field-values call), the aggregate ones from the pass's own
+  ``nvmlDeviceGetTotalEccErrors`` reads, and ``nvmlDeviceGetSramEccErrorStatus`` (newer bindings);
 * ``nvmlDeviceGetCurr/MaxPcieLinkGeneration/Width`` (the maximum read once: it does not
   change) and ``nvmlDeviceGetPcieReplayCounter`` -> `Pcie`;
 * per NVLink, from link 0 up to the first that answers NOT_SUPPORTED or INVALID_ARGUMENT
@@ -89,8 +90,11 @@ class HealthMixin(NvmlState):
     _fabric_unsupported: set[tuple[int, str]]
     _energy: dict[int, EnergyEstimate]
 
-    def _read_health(self, nvml: Nvml, index: int, handle: Any, mig_enabled: bool,
-                     recovery_action: Any) -> HealthSignals:
+    def _read_health(self, nvml: Nvml, index: int, handle: Any, mig_enabled: bool, fields: dict[int, float],
+                     aggregate_ecc: Any) -> HealthSignals:
+        """One GPU's health read. ``fields``: the pass's field values, which carry the
+        recovery action and the volatile ECC totals (`health_fields`); ``aggregate_ecc``:
+        the aggregate ECC totals the pass read on its own schedule."""
         row_remap = self._row_remap(nvml, handle)
         retired = None
         if row_remap is None and not mig_enabled:
@@ -99,11 +103,11 @@ class HealthMixin(NvmlState):
         return HealthSignals(
             row_remap=row_remap,
             retired_pages=retired,
-            ecc=self._health_ecc(nvml, handle),
+            ecc=self._health_ecc(nvml, handle, fields, aggregate_ecc),
             pcie=self._pcie(nvml, index, handle),
             nvlinks=self._nvlink_health(nvml, index, handle),
             violations=self._violations(nvml, handle),
-            recovery_action=_count(recovery_action),
+            recovery_action=_count(fields.get(recovery_action_field(nvml) or -1)),
             persistence_mode=_flag(self._opt(nvml, "nvmlDeviceGetPersistenceMode", handle)),
             fabric=self._fabric(nvml, index, handle),
             boot_id=self._boot_id,
@@ -118,8 +122,12 @@ class HealthMixin(NvmlState):
             corrected, uncorrected, pending, failure = tuple(rows)[:4]
         except (TypeError, ValueError):
             return None
-        histogram = self._opt(nvml, "nvmlDeviceGetRowRemapperHistogram", handle)
-        banks = _count(getattr(histogram, "none", None)) if histogram is not NA else None
+        banks: int | None = 0
+        if _count(corrected) != 0 or _count(uncorrected) != 0:
+            # Only a bank that spent its spare rows is in the "none" bucket: without a
+            # remapped row there is none, and the histogram is not asked.
+            histogram = self._opt(nvml, "nvmlDeviceGetRowRemapperHistogram", handle)
+            banks = _count(getattr(histogram, "none", None)) if histogram is not NA else None
         return RowRemap(correctable=_count(corrected), uncorrectable=_count(uncorrected), pending=_flag(pending),
                         failure=_flag(failure), banks_no_spare=banks)
 
@@ -134,21 +142,15 @@ class HealthMixin(NvmlState):
             return None
         return RetiredPages(single_bit=counts[0], double_bit=counts[1], pending=pending)
 
-    def _health_ecc(self, nvml: Nvml, handle: Any) -> Ecc | None:
-        values: dict[str, int | None] = {}
-        for counter, counter_type in (("volatile", nvml.const("NVML_VOLATILE_ECC", 0)),
-                                      ("aggregate", nvml.const("NVML_AGGREGATE_ECC"))):
-            for kind, error_type in (("corrected", nvml.const("NVML_MEMORY_ERROR_TYPE_CORRECTED")),
-                                     ("uncorrected", nvml.const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED"))):
-                values[f"{counter}_{kind}"] = _count(
-                    self._opt(nvml, "nvmlDeviceGetTotalEccErrors", handle, error_type, counter_type))
+    def _health_ecc(self, nvml: Nvml, handle: Any, fields: dict[int, float], aggregate: Any) -> Ecc | None:
+        aggregate = aggregate if isinstance(aggregate, dict) or hasattr(aggregate, "get") else {}
         sram = self._opt(nvml, "nvmlDeviceGetSramEccErrorStatus", handle)
-        threshold = _flag(getattr(sram, "bThresholdExceeded", None)) if sram is not NA else None
-        if all(v is None for v in values.values()) and threshold is None:
-            return None
-        return Ecc(volatile_corrected=values["volatile_corrected"], volatile_uncorrected=values["volatile_uncorrected"],
-                   aggregate_corrected=values["aggregate_corrected"],
-                   aggregate_uncorrected=values["aggregate_uncorrected"], sram_threshold_exceeded=threshold)
+        ecc = Ecc(volatile_corrected=_count(fields.get(nvml.const("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", 3))),
+                  volatile_uncorrected=_count(fields.get(nvml.const("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", 4))),
+                  aggregate_corrected=_count(aggregate.get("corrected")),
+                  aggregate_uncorrected=_count(aggregate.get("uncorrected")),
+                  sram_threshold_exceeded=_flag(getattr(sram, "bThresholdExceeded", None)) if sram is not NA else None)
+        return None if ecc == Ecc() else ecc
 
     def _pcie(self, nvml: Nvml, index: int, handle: Any) -> Pcie | None:
         maximum = self._pcie_max.get(index)
@@ -237,10 +239,19 @@ class HealthMixin(NvmlState):
                       status_ok=None if status is None else status == 0, degraded=degraded)
 
 
+def health_fields(nvml: Nvml) -> tuple[int, ...]:
+    """The field values a health read adds to the pass's one field-values call: the
+    volatile ECC totals (single-bit = corrected, double-bit = uncorrected) and the
+    recovery action where the binding has it."""
+    fields = (nvml.const("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", 3), nvml.const("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", 4))
+    recovery = recovery_action_field(nvml)
+    return fields if recovery is None else (*fields, recovery)
+
+
 def recovery_action_field(nvml: Nvml) -> int | None:
     """The recovery-action field id, None where the binding lacks the constant (never asked)."""
     value = getattr(nvml.module, RECOVERY_ACTION_FIELD, None)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-__all__ = ["NVLINK_MAX_LINKS", "HealthMixin", "recovery_action_field"]
+__all__ = ["NVLINK_MAX_LINKS", "HealthMixin", "health_fields", "recovery_action_field"]
