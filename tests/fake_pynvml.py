@@ -130,7 +130,7 @@ NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
 NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
 NVML_FEATURE_DISABLED = 0
 NVML_FEATURE_ENABLED = 1
-NVML_NVLINK_MAX_LINKS = 18
+NVML_NVLINK_MAX_LINKS = 36
 NVML_NVLINK_ERROR_DL_REPLAY = 0
 NVML_NVLINK_ERROR_DL_RECOVERY = 1
 NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
@@ -145,7 +145,8 @@ NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
 NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
 NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
 NVML_GPU_FABRIC_STATE_COMPLETED = 3
-nvmlGpuFabricInfo_v2 = 0x02000000 | 44
+nvmlGpuFabricInfo_v2 = 0x02000024
+nvmlEccSramErrorStatus_v1 = 0x01000068
 NVML_DEVICE_MIG_ENABLE = 1
 nvmlMemory_v2 = 0x02000028
 
@@ -465,7 +466,7 @@ class c_nvmlFieldValue_t(_Struct):
     _fields_ = ("fieldId", "scopeId", "timestamp", "latencyUsec", "valueType", "nvmlReturn", "value")
 
 
-class c_nvmlRowRemapperHistogramValues_t(_Struct):
+class c_nvmlRowRemapperHistogramValues(_Struct):
     _fields_ = ("max", "high", "partial", "low", "none")
 
 
@@ -1199,11 +1200,11 @@ class FakeNvml(_FakeGpmFunctions):
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return gpu.remapped_rows
 
-    def nvmlDeviceGetRowRemapperHistogram(self, handle: Any) -> c_nvmlRowRemapperHistogramValues_t:
+    def nvmlDeviceGetRowRemapperHistogram(self, handle: Any) -> c_nvmlRowRemapperHistogramValues:
         gpu, mig = self._device("nvmlDeviceGetRowRemapperHistogram", handle)
         if gpu.remapped_rows is None or mig is not None or gpu.mig_enabled:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return c_nvmlRowRemapperHistogramValues_t(**gpu.remap_histogram)
+        return c_nvmlRowRemapperHistogramValues(**gpu.remap_histogram)
 
     def nvmlDeviceGetRetiredPages_v2(self, handle: Any, sourceFilter: int) -> list[tuple[int, int]]:
         """pynvml's: [(page address, timestamp)] for one cause."""
@@ -1218,11 +1219,13 @@ class FakeNvml(_FakeGpmFunctions):
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return gpu.retired_pending
 
-    def nvmlDeviceGetSramEccErrorStatus(self, handle: Any) -> c_nvmlEccSramErrorStatus_v1_t:
-        gpu, _ = self._device("nvmlDeviceGetSramEccErrorStatus", handle)
+    def nvmlDeviceGetSramEccErrorStatus(self, handle: Any, status: Any) -> int:
+        """Fills the caller's c_nvmlEccSramErrorStatus_v1_t, as pynvml's does."""
+        gpu, _ = self._device("nvmlDeviceGetSramEccErrorStatus", handle, status)
         if gpu.sram_threshold_exceeded is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return c_nvmlEccSramErrorStatus_v1_t(version=1, bThresholdExceeded=gpu.sram_threshold_exceeded)
+        status.bThresholdExceeded = gpu.sram_threshold_exceeded
+        return NVML_SUCCESS
 
     def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int:
         return self._device("nvmlDeviceGetCurrPcieLinkGeneration", handle)[0].pcie_generation

@@ -143,7 +143,6 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         self._boot_id: str | None = None
         self._nvlinks: dict[int, int] = {}
         self._pcie_max: dict[int, tuple[int | None, int | None]] = {}
-        self._fabric_unsupported: set[tuple[int, str]] = set()
 
     # ---- lifecycle --------------------------------------------------------------
 

@@ -87,7 +87,6 @@ class HealthMixin(NvmlState):
     _nvlinks: dict[int, int]  # GPU -> how many NVLinks answer (0: none)
     _pcie_max: dict[int, tuple[int | None, int | None]]
     _boot_id: str | None
-    _fabric_unsupported: set[tuple[int, str]]
     _energy: dict[int, EnergyEstimate]
 
     def _read_health(self, nvml: Nvml, index: int, handle: Any, mig_enabled: bool, fields: dict[int, float],
@@ -144,7 +143,8 @@ class HealthMixin(NvmlState):
 
     def _health_ecc(self, nvml: Nvml, handle: Any, fields: dict[int, float], aggregate: Any) -> Ecc | None:
         aggregate = aggregate if isinstance(aggregate, dict) or hasattr(aggregate, "get") else {}
-        sram = self._opt(nvml, "nvmlDeviceGetSramEccErrorStatus", handle)
+        sram = self._struct_call(nvml, handle, "nvmlDeviceGetSramEccErrorStatus", "c_nvmlEccSramErrorStatus_v1_t",
+                                 "nvmlEccSramErrorStatus_v1")
         ecc = Ecc(volatile_corrected=_count(fields.get(nvml.const("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", 3))),
                   volatile_uncorrected=_count(fields.get(nvml.const("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", 4))),
                   aggregate_corrected=_count(aggregate.get("corrected")),
@@ -182,7 +182,7 @@ class HealthMixin(NvmlState):
     def _nvlink_health(self, nvml: Nvml, index: int, handle: Any) -> tuple[NvLink, ...]:
         known = self._nvlinks.get(index)
         links: list[NvLink] = []
-        for link in range(NVLINK_MAX_LINKS if known is None else known):
+        for link in range(nvml.const("NVML_NVLINK_MAX_LINKS", NVLINK_MAX_LINKS) if known is None else known):
             state = self._nvlink_state(nvml, handle, link)
             if state is None and known is None:
                 break
@@ -204,24 +204,35 @@ class HealthMixin(NvmlState):
             return None
         return Violations(**seconds)
 
+    def _struct_call(self, nvml: Nvml, handle: Any, name: str, struct_name: str, version_name: str) -> Any:
+        """A call that fills a versioned struct the caller passes (pynvml's signature):
+        the struct, or `NA` where the binding lacks either or the GPU cannot tell."""
+        struct_type = getattr(nvml.module, struct_name, None)
+        if struct_type is None or not nvml.has(name) or nvml.unsupported(name, handle):
+            return NA
+        info = struct_type()
+        version = getattr(nvml.module, version_name, None) if version_name else None
+        if isinstance(version, int):
+            info.version = version
+        argument = ctypes.byref(info) if isinstance(info, ctypes.Structure) else info
+        try:
+            answer = self._opt(nvml, name, handle, argument)
+        except TypeError:  # a binding with another signature
+            answer = NA
+        if answer is NA:
+            nvml.remember_unsupported(name, handle)
+            return NA
+        return info
+
     def _fabric(self, nvml: Nvml, index: int, handle: Any) -> Fabric | None:
         """Fabric state and health; a GPU whose driver cannot tell (NOT_SUPPORTED: no
         NVSwitch, or an H100 without fabric health) is not asked again."""
-        module = nvml.module
         for name, struct_name, version_name in (
                 ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t", "nvmlGpuFabricInfo_v2"),
                 ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t", "")):
-            struct_type = getattr(module, struct_name, None)
-            if struct_type is None or (index, name) in self._fabric_unsupported or not nvml.has(name):
-                continue
-            info = struct_type()
-            version = getattr(module, version_name, None) if version_name else None
-            if isinstance(version, int):
-                info.version = version
-            argument = ctypes.byref(info) if isinstance(info, ctypes.Structure) else info
-            if self._opt(nvml, name, handle, argument) is not NA:
+            info = self._struct_call(nvml, handle, name, struct_name, version_name)
+            if info is not NA:
                 return self._fabric_of(info)
-            self._fabric_unsupported.add((index, name))
         return None
 
     @staticmethod
