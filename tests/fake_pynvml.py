@@ -122,6 +122,31 @@ NVML_VALUE_TYPE_DOUBLE = 0
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
 NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 NVML_DEVICE_MIG_DISABLE = 0
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+NVML_FI_DEV_ECC_SBE_VOL_TOTAL = 3
+NVML_FI_DEV_ECC_DBE_VOL_TOTAL = 4
+NVML_VALUE_TYPE_SIGNED_INT = 5
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
+NVML_NVLINK_MAX_LINKS = 36
+NVML_NVLINK_ERROR_DL_REPLAY = 0
+NVML_NVLINK_ERROR_DL_RECOVERY = 1
+NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
+NVML_NVLINK_ERROR_DL_CRC_DATA = 3
+NVML_PERF_POLICY_POWER = 0
+NVML_PERF_POLICY_THERMAL = 1
+NVML_PERF_POLICY_SYNC_BOOST = 2
+NVML_PERF_POLICY_BOARD_LIMIT = 3
+NVML_PERF_POLICY_LOW_UTILIZATION = 4
+NVML_PERF_POLICY_RELIABILITY = 5
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
+NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
+nvmlGpuFabricInfo_v2 = 0x02000024
+nvmlEccSramErrorStatus_v1 = 0x01000068
 NVML_DEVICE_MIG_ENABLE = 1
 nvmlMemory_v2 = 0x02000028
 
@@ -187,6 +212,24 @@ H200_COSTS: Mapping[str, CallCost] = {
     "nvmlGpmSampleGet": CallCost(0.1 * _MS, 0.1 * _MS),
     "nvmlGpmMigSampleGet": CallCost(0.1 * _MS, 0.1 * _MS),
     "nvmlGpmMetricsGet": CallCost(1.0 * _MS, 1.0 * _MS),  # 11 metrics
+    # Health reads: plain driver queries (estimates until a lent H200 records them,
+    # benchmarks/gpu_check.py --health).
+    "nvmlDeviceGetRemappedRows": CallCost(0.03 * _MS, 0.03 * _MS),
+    "nvmlDeviceGetRowRemapperHistogram": CallCost(0.03 * _MS, 0.03 * _MS),
+    "nvmlDeviceGetRetiredPages_v2": CallCost(0.05 * _MS, 0.05 * _MS),
+    "nvmlDeviceGetRetiredPagesPendingStatus": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetSramEccErrorStatus": CallCost(0.03 * _MS, 0.03 * _MS),
+    "nvmlDeviceGetCurrPcieLinkGeneration": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetCurrPcieLinkWidth": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetMaxPcieLinkGeneration": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetMaxPcieLinkWidth": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetPcieReplayCounter": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetNvLinkState": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetNvLinkErrorCounter": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetViolationStatus": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetPersistenceMode": CallCost(0.02 * _MS, 0.02 * _MS),
+    "nvmlDeviceGetGpuFabricInfoV": CallCost(0.07 * _MS, 0.07 * _MS),
+    "nvmlDeviceGetGpuFabricInfo": CallCost(0.07 * _MS, 0.07 * _MS),
 }
 # Power, utilisation, memory, temperature, clocks, throttle reasons, ECC: 0.003-0.07 ms.
 DEFAULT_COST = CallCost(0.02 * _MS, 0.02 * _MS)
@@ -423,6 +466,53 @@ class c_nvmlFieldValue_t(_Struct):
     _fields_ = ("fieldId", "scopeId", "timestamp", "latencyUsec", "valueType", "nvmlReturn", "value")
 
 
+class c_nvmlRowRemapperHistogramValues(_Struct):
+    _fields_ = ("max", "high", "partial", "low", "none")
+
+
+class c_nvmlViolationTime_t(_Struct):
+    _fields_ = ("referenceTime", "violationTime")
+
+
+class c_nvmlEccSramErrorStatus_v1_t(_Struct):
+    _fields_ = ("version", "aggregateUncParity", "aggregateUncSecDed", "aggregateCor", "volatileUncParity",
+                "volatileUncSecDed", "volatileCor", "aggregateUncBucketL2", "aggregateUncBucketSm",
+                "aggregateUncBucketPcie", "aggregateUncBucketMcu", "aggregateUncBucketOther", "bThresholdExceeded")
+
+
+c_nvmlEccSramErrorStatus_t = c_nvmlEccSramErrorStatus_v1_t
+
+
+class c_nvmlGpuFabricInfoV_t(_Struct):
+    _fields_ = ("version", "clusterUuid", "status", "cliqueId", "state", "healthMask")
+
+
+class c_nvmlGpuFabricInfo_t(_Struct):
+    _fields_ = ("clusterUuid", "status", "cliqueId", "state")
+
+
+@dataclass
+class FakeNvLink:
+    """One NVLink: up, and its data-link error counters (lifetime)."""
+
+    up: bool = True
+    replay: int = 0
+    recovery: int = 0
+    crc_flit: int = 0
+    crc_data: int = 0
+
+
+@dataclass
+class FakeFabric:
+    """``nvmlDeviceGetGpuFabricInfoV``'s answer: state (NVML_GPU_FABRIC_STATE_*), status
+    (an nvmlReturn_t), health mask (0: all fields NOT_SUPPORTED)."""
+
+    state: int = NVML_GPU_FABRIC_STATE_COMPLETED
+    status: int = NVML_SUCCESS
+    health_mask: int = 0
+    health: bool = True  # False: an older driver/GPU with the unversioned call only (no healthMask)
+
+
 class c_nvmlEventSet_t:
     """An event set handle; holds the devices registered on it."""
 
@@ -521,6 +611,27 @@ class FakeGpu:
     unsupported: set[str] = field(default_factory=set)
     errors: dict[str, int] = field(default_factory=dict)
     gpm: FakeGpm = field(default_factory=lambda: FakeGpm())  # see the GPM section below
+    # ---- health (see FakeNvml's health calls) ----
+    # (correctable, uncorrectable, pending, failure); None: NOT_SUPPORTED (pre-Ampere)
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)
+    remap_histogram: dict[str, int] = field(
+        default_factory=lambda: {"max": 640, "high": 0, "partial": 0, "low": 0, "none": 0})
+    # cause -> retired page count; None: NOT_SUPPORTED (Ampere and newer)
+    retired_pages: dict[int, int] | None = None
+    retired_pending: int = NVML_FEATURE_DISABLED
+    ecc_volatile_corrected: int = 0
+    ecc_volatile_uncorrected: int = 0
+    sram_threshold_exceeded: int | None = 0  # None: NOT_SUPPORTED
+    pcie_generation: int = 5
+    pcie_generation_max: int = 5
+    pcie_width: int = 16
+    pcie_width_max: int = 16
+    pcie_replays: int = 0
+    nvlinks: list[FakeNvLink] = field(default_factory=list)  # none: link 0 answers NOT_SUPPORTED
+    violation_ns: dict[int, int] = field(default_factory=dict)  # NVML_PERF_POLICY_* -> ns
+    recovery_action: int | None = 0  # None: the driver lacks the field (NOT_SUPPORTED in the entry)
+    persistence_mode: int = NVML_FEATURE_ENABLED
+    fabric: FakeFabric | None = None  # None: NOT_SUPPORTED (no NVSwitch)
 
     @property
     def mig_enabled(self) -> bool:
@@ -1022,6 +1133,15 @@ class FakeNvml(_FakeGpmFunctions):
                 value.value.ullVal = (gpu.pcie_tx_bytes if field_id == NVML_FI_DEV_PCIE_COUNT_TX_BYTES
                                       else gpu.pcie_rx_bytes)
                 value.nvmlReturn = NVML_SUCCESS
+            elif field_id in (NVML_FI_DEV_ECC_SBE_VOL_TOTAL, NVML_FI_DEV_ECC_DBE_VOL_TOTAL) and (
+                    "nvmlDeviceGetTotalEccErrors" not in gpu.unsupported):
+                value.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                value.value.ullVal = (gpu.ecc_volatile_corrected if field_id == NVML_FI_DEV_ECC_SBE_VOL_TOTAL
+                                      else gpu.ecc_volatile_uncorrected)
+                value.nvmlReturn = NVML_SUCCESS
+            elif field_id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and gpu.recovery_action is not None:
+                value.value.uiVal = gpu.recovery_action
+                value.nvmlReturn = NVML_SUCCESS
             else:
                 value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
             out.append(value)
@@ -1057,6 +1177,9 @@ class FakeNvml(_FakeGpmFunctions):
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int:
         gpu, _ = self._device("nvmlDeviceGetTotalEccErrors", handle, error_type, counter_type)
+        if counter_type == NVML_VOLATILE_ECC:
+            return (gpu.ecc_volatile_corrected if error_type == NVML_MEMORY_ERROR_TYPE_CORRECTED
+                    else gpu.ecc_volatile_uncorrected)
         return gpu.ecc_corrected if error_type == NVML_MEMORY_ERROR_TYPE_CORRECTED else gpu.ecc_uncorrected
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
@@ -1066,6 +1189,102 @@ class FakeNvml(_FakeGpmFunctions):
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
         gpu, _ = self._device("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
         return gpu.clock_reasons
+
+    # ---- health -------------------------------------------------------------------------
+
+    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
+        """pynvml's: (corrRows, uncRows, isPending, failureOccurred); NOT_SUPPORTED before
+        Ampere and in MIG mode."""
+        gpu, mig = self._device("nvmlDeviceGetRemappedRows", handle)
+        if gpu.remapped_rows is None or mig is not None or gpu.mig_enabled:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu.remapped_rows
+
+    def nvmlDeviceGetRowRemapperHistogram(self, handle: Any) -> c_nvmlRowRemapperHistogramValues:
+        gpu, mig = self._device("nvmlDeviceGetRowRemapperHistogram", handle)
+        if gpu.remapped_rows is None or mig is not None or gpu.mig_enabled:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return c_nvmlRowRemapperHistogramValues(**gpu.remap_histogram)
+
+    def nvmlDeviceGetRetiredPages_v2(self, handle: Any, sourceFilter: int) -> list[tuple[int, int]]:
+        """pynvml's: [(page address, timestamp)] for one cause."""
+        gpu, _ = self._device("nvmlDeviceGetRetiredPages_v2", handle, sourceFilter)
+        if gpu.retired_pages is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return [(0x1000 * (i + 1), 1_700_000_000 + i) for i in range(gpu.retired_pages.get(sourceFilter, 0))]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int:
+        gpu, _ = self._device("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        if gpu.retired_pages is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu.retired_pending
+
+    def nvmlDeviceGetSramEccErrorStatus(self, handle: Any, status: Any) -> int:
+        """Fills the caller's c_nvmlEccSramErrorStatus_v1_t, as pynvml's does."""
+        gpu, _ = self._device("nvmlDeviceGetSramEccErrorStatus", handle, status)
+        if gpu.sram_threshold_exceeded is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        status.bThresholdExceeded = gpu.sram_threshold_exceeded
+        return NVML_SUCCESS
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int:
+        return self._device("nvmlDeviceGetCurrPcieLinkGeneration", handle)[0].pcie_generation
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int:
+        return self._device("nvmlDeviceGetCurrPcieLinkWidth", handle)[0].pcie_width
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int:
+        return self._device("nvmlDeviceGetMaxPcieLinkGeneration", handle)[0].pcie_generation_max
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:
+        return self._device("nvmlDeviceGetMaxPcieLinkWidth", handle)[0].pcie_width_max
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
+        return self._device("nvmlDeviceGetPcieReplayCounter", handle)[0].pcie_replays
+
+    def _nvlink(self, name: str, handle: Any, link: int, *args: Any) -> FakeNvLink:
+        gpu, mig = self._device(name, handle, link, *args)
+        if not gpu.nvlinks or mig is not None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # a PCIe GPU
+        if not 0 <= link < len(gpu.nvlinks):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # past the GPU's last link
+        return gpu.nvlinks[link]
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        return NVML_FEATURE_ENABLED if self._nvlink("nvmlDeviceGetNvLinkState", handle, link).up else 0
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
+        nvlink = self._nvlink("nvmlDeviceGetNvLinkErrorCounter", handle, link, counter)
+        members = ("replay", "recovery", "crc_flit", "crc_data")
+        if not 0 <= counter < len(members):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return int(getattr(nvlink, members[counter]))
+
+    def nvmlDeviceGetViolationStatus(self, handle: Any, perfPolicyType: int) -> c_nvmlViolationTime_t:
+        gpu, _ = self._device("nvmlDeviceGetViolationStatus", handle, perfPolicyType)
+        if not 0 <= perfPolicyType <= NVML_PERF_POLICY_RELIABILITY:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return c_nvmlViolationTime_t(referenceTime=1_700_000_000_000_000,
+                                     violationTime=gpu.violation_ns.get(perfPolicyType, 0))
+
+    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
+        return self._device("nvmlDeviceGetPersistenceMode", handle)[0].persistence_mode
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, gpuFabricInfo: Any) -> int:
+        """Fills the caller's c_nvmlGpuFabricInfoV_t, as pynvml's does."""
+        gpu, _ = self._device("nvmlDeviceGetGpuFabricInfoV", handle, gpuFabricInfo)
+        if gpu.fabric is None or not gpu.fabric.health:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        gpuFabricInfo.state, gpuFabricInfo.status = gpu.fabric.state, gpu.fabric.status
+        gpuFabricInfo.healthMask = gpu.fabric.health_mask
+        return NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Any, gpuFabricInfo: Any) -> int:
+        gpu, _ = self._device("nvmlDeviceGetGpuFabricInfo", handle, gpuFabricInfo)
+        if gpu.fabric is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        gpuFabricInfo.state, gpuFabricInfo.status = gpu.fabric.state, gpu.fabric.status
+        return NVML_SUCCESS
 
     # ---- processes --------------------------------------------------------------------
 
@@ -1217,7 +1436,7 @@ def function_names() -> list[str]:
 
 __all__ = [
     "DEFAULT_COST", "FREE", "H200_COSTS", "Block", "CallCost", "charge",
-    "FakeGpm", "FakeGpu", "FakeHandle", "FakeMig", "FakeNvml", "FakeProcess", "FakeUtilSample", "NVMLError",
+    "FakeFabric", "FakeGpm", "FakeGpu", "FakeNvLink", "FakeHandle", "FakeMig", "FakeNvml", "FakeProcess", "FakeUtilSample", "NVMLError",
     "function_names", "install",
 ]
 

@@ -40,6 +40,7 @@ from typing import Any
 
 from exporter.bulkhead import Read, check_abandoned
 from exporter.devices.base import Backend, BackendUnavailable
+from exporter.devices.health_schedule import DEFAULT_HEALTH_INTERVAL, HealthSchedule, health_interval_from
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
 from exporter.shares import READ_ALL, PassPlan
 
@@ -153,7 +154,14 @@ class AmdBackend(Backend):
     name = "amd"
     call_prefixes = _CALL_PREFIXES
 
-    def __init__(self, amdsmi: Any = None):
+    @classmethod
+    def options_from(cls, args: Any) -> dict[str, Any]:
+        """``--health-interval`` (declared once for every backend)."""
+        return {"health_interval": health_interval_from(args)}
+
+    def __init__(self, amdsmi: Any = None, health_interval: float | None = DEFAULT_HEALTH_INTERVAL):
+        # Health reads (ECC per block, bad pages, PCIe, XGMI) are not made yet: the interval is kept.
+        self._health = HealthSchedule(health_interval)
         self._lib = amdsmi
         self._handles: list[Any] = []
         self._static: dict[int, dict[str, str]] = {}

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.devices.base import SOURCE_FLAGS, Backend, BackendUnavailable
+from exporter.devices.health_schedule import DEFAULT_HEALTH_INTERVAL, HealthSchedule, health_interval_from
 from exporter.model import DeviceSample, ProcessSample
 from exporter.parsing import argtype, parse_positive_duration
 
@@ -244,9 +245,12 @@ class GaudiBackend(Backend):
         """``--hl-smi``, ``--hl-smi-timeout`` and attribution's ``--proc-root`` (where the
         host's /proc is, for the scan of who holds a device)."""
         options = {"hl_smi": args.hl_smi, "hl_smi_timeout": args.hl_smi_timeout, "proc_root": args.proc_root}
-        return {k: v for k, v in options.items() if v is not None}
+        return {**{k: v for k, v in options.items() if v is not None}, "health_interval": health_interval_from(args)}
 
-    def __init__(self, hl_smi: str = "hl-smi", hl_smi_timeout: float = 5.0, proc_root: str = "/proc"):
+    def __init__(self, hl_smi: str = "hl-smi", hl_smi_timeout: float = 5.0, proc_root: str = "/proc",
+                 health_interval: float | None = DEFAULT_HEALTH_INTERVAL):
+        # Health reads (a second, slow hl-smi query) are not made yet: the interval is kept.
+        self._health = HealthSchedule(health_interval)
         self.hl_smi = hl_smi
         self.hl_smi_timeout = float(hl_smi_timeout)
         # The collector's deadline on a pass of this backend: hl-smi has its own timeout

@@ -22,10 +22,19 @@ from typing import Any
 
 from exporter.bulkhead import Read
 from exporter.devices.base import SAMPLING_FLAGS, Backend, BackendUnavailable
+from exporter.devices.health_schedule import (
+    BOOT_ID_PATH,
+    DEFAULT_HEALTH_INTERVAL,
+    HealthSchedule,
+    add_health_interval_argument,
+    health_interval_from,
+    read_boot_id,
+)
 from exporter.devices.nvml.common import ECC_PERIOD, ENERGY_COUNTER_PERIOD, PCIE_PERIOD, SLOW_PERIOD
 from exporter.devices.nvml.energy import EnergyEstimate, EnergyMixin
 from exporter.devices.nvml.events import XidMixin
 from exporter.devices.nvml.gpm import DEFAULT_INTERVAL_SECONDS, GpmReader
+from exporter.devices.nvml.health import HealthMixin, health_fields
 from exporter.devices.nvml.libnvml import (
     CALL_PREFIXES,
     NA,
@@ -46,6 +55,7 @@ from exporter.devices.nvml.libnvml import (
     text,
 )
 from exporter.devices.nvml.mig import MigMixin
+from exporter.health.signals import HealthSignals
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
 from exporter.parsing import argtype, parse_duration_or_seconds
 from exporter.shares import READ_ALL, PassPlan
@@ -60,7 +70,7 @@ def parse_gpm_interval(text: str) -> float | None:
     return parse_duration_or_seconds(text)
 
 
-class NvmlBackend(MigMixin, XidMixin, EnergyMixin, Backend):
+class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
     """NVIDIA GPUs (and MIG instances) through NVML.
 
     Args:
@@ -70,6 +80,8 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, Backend):
             integrated in between); 0 reads it every pass.
         gpm: read GPM metrics (SM, tensor-core, DRAM activity) where the GPU has them.
         gpm_interval: seconds between two GPM samples of a device (see `gpm`).
+        health_interval: seconds between two health reads of a GPU (`health`); None: never.
+        boot_id_path: where the node's boot id is read (once, at `open`).
     """
 
     name = "nvml"
@@ -84,16 +96,19 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, Backend):
                                help="NVIDIA Hopper and newer: time between two GPM samples of a GPU, over which SM, "
                                     "tensor-core and DRAM activity are averaged; 0 samples every pass, off turns GPM "
                                     "off (default: 5s)")
+            add_health_interval_argument(group)  # every backend's: declared once, here
 
     @classmethod
     def options_from(cls, args: Any) -> dict[str, Any]:
-        """``--gpm-interval``: off turns GPM off."""
+        """``--gpm-interval`` (off turns GPM off) and ``--health-interval``."""
+        health = {"health_interval": health_interval_from(args)}
         if args.gpm_interval is None:
-            return {"gpm": False}
-        return {"gpm": True, "gpm_interval": args.gpm_interval}
+            return {"gpm": False, **health}
+        return {"gpm": True, "gpm_interval": args.gpm_interval, **health}
 
     def __init__(self, nvml: Any = None, energy_counter_period: float = ENERGY_COUNTER_PERIOD,
-                 gpm: bool = True, gpm_interval: float = DEFAULT_INTERVAL_SECONDS):
+                 gpm: bool = True, gpm_interval: float = DEFAULT_INTERVAL_SECONDS,
+                 health_interval: float | None = DEFAULT_HEALTH_INTERVAL, boot_id_path: str = BOOT_ID_PATH):
         self._module = nvml
         self._energy_period = energy_counter_period
         self._gpm_enabled = gpm
@@ -123,6 +138,11 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, Backend):
         # their part reads (the others' are left to `process_share_reads`).
         self._plan = READ_ALL
         self._pass_now = 0.0  # the time of the pass `reads` was last asked for
+        self._health = HealthSchedule(health_interval)
+        self._boot_id_path = boot_id_path
+        self._boot_id: str | None = None
+        self._nvlinks: dict[int, int] = {}
+        self._pcie_max: dict[int, tuple[int | None, int | None]] = {}
 
     # ---- lifecycle --------------------------------------------------------------
 
@@ -152,6 +172,7 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, Backend):
         except OSError as exc:
             raise BackendUnavailable(f"cannot load the NVIDIA management library: {exc}") from exc
         self._initialized = True
+        self._boot_id = read_boot_id(self._boot_id_path)
         if self._gpm_enabled:
             self._gpm = GpmReader(nvml, self._gpm_interval, NA)
         try:
@@ -325,7 +346,12 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, Backend):
         self._forget_gpu(index)
         self._handles.pop(index, None)  # get a fresh handle next pass
         log.debug("GPU %d not readable: %s", index, down)
-        return [self._down_sample(index, str(down))]
+        sample = self._down_sample(index, str(down))
+        if down.reason in ("gpu_lost", "reset_required"):
+            sample = replace(sample, health=HealthSignals(gpu_lost=down.reason == "gpu_lost",
+                                                          reset_required=down.reason == "reset_required",
+                                                          boot_id=self._boot_id))
+        return [sample]
 
     def _forget_gpu(self, index: int) -> None:
         """Drop what is carried from pass to pass for a GPU (after it was down or stuck)."""
@@ -389,7 +415,8 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, Backend):
 
         throttle = self._guard(nvml, lambda: nvml.first(THROTTLE_FUNCTIONS, handle))
         power_watts = scaled(self._opt(nvml, "nvmlDeviceGetPowerUsage", handle), 1e-3)
-        fields = self._field_values(nvml, index, handle, now)
+        health_due = self._health.due(index, self._count, now)
+        fields = self._field_values(nvml, index, handle, now, health_fields(nvml) if health_due else ())
 
         values: dict[str, Any] = {
             "utilization": ratio(getattr(utilization, "gpu", None)) if utilization is not NA else None,
@@ -431,6 +458,8 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, Backend):
             pci_bus_id=static["pci_bus_id"],
             serial=static["serial"],
             processes=processes,
+            health=self._read_health(nvml, index, handle, bool(mig_enabled), fields, values["ecc_errors"])
+            if health_due else None,
             **values,
         )
         samples = [parent]
@@ -442,10 +471,12 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, Backend):
             samples = [replace(parent, capacity=free), *instances]
         return samples
 
-    def _field_values(self, nvml: Nvml, index: int, handle: Any, now: float) -> dict[int, float]:
+    def _field_values(self, nvml: Nvml, index: int, handle: Any, now: float,
+                      extra: tuple[int, ...] = ()) -> dict[int, float]:
         """Memory temperature every pass and the PCIe byte counters every `PCIE_PERIOD`,
         in one field-values call (the counters cost far more than the temperature,
         docs/PERFORMANCE.md); between counter reads the last counter values are served.
+        ``extra``: more fields asked in the same call (a health read's, `health.health_fields`).
 
         A field the device answers NOT_SUPPORTED for is not asked again.
         """
@@ -456,6 +487,7 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, Backend):
         if self._due(index, "pcie", now, PCIE_PERIOD):
             candidates += pcie
             last_pcie = {}
+        candidates += extra
         wanted = [field for field in candidates if field not in skip]
         if not wanted:
             return dict(last_pcie)
