@@ -63,6 +63,10 @@ def snapshot(args: argparse.Namespace) -> int:
         sys.stdout.write(document_json(doc))
     else:
         print(format_table(snap, statuses))
+        attention = format_attention(snapshot_document(snap, extra_names, statuses))
+        if attention:
+            print()
+            print(attention)
         for call in snap.stuck:  # a stuck GPU is in the table, down; this lists the other parts
             if not call.devices:
                 print(f"{call.what}: stuck in {call.call} for {call.seconds:.1f} s")
@@ -135,7 +139,8 @@ def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None) ->
     like, never sent to the operator's terminal.
     """
     lines = [f"node {snap.node}",
-             f"{'GPU':<4} {'MODEL':<28} {'UTIL':>5} {'MEMORY GiB':>14} {'POWER W':>8}  PROCESSES"]
+             f"{'GPU':<4} {'MODEL':<28} {'UTIL':>5} {'MEMORY GiB':>14} {'POWER W':>8}  PROCESSES",
+             f"       {'PID':<12} {'COMMAND':<16} {'MEMORY':>10}  {'SM':>7}  OWNER"]
     by_device: dict[str, list[Any]] = {}
     for row in snap.processes:
         by_device.setdefault(row.device_key, []).append(row)
@@ -161,3 +166,41 @@ def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None) ->
             lines.append(f"       allocated to {_owner(alloc)} ({alloc.resource_name} {alloc.device_id})")
     return "\n".join(for_terminal(line) for line in lines)
 
+
+
+# GPM: SM this busy with no tensor-core work is worth a look (FP32 where TF32/BF16 would do).
+BUSY_SM = 0.5
+
+
+def format_attention(doc: Mapping[str, Any]) -> str:
+    """What needs a look, as on the page: GPUs down, memory held at 0% SM, GPUs allocated
+    but unused, and GPUs busy without tensor-core work (where GPM has a sample).
+
+    A snapshot is one or two passes: memory held at 0% SM is what this pass saw (the page
+    calls it a zombie after three passes, the ``GPUZombieWorkload`` alert after an hour).
+    """
+    items: list[str] = []
+    for gpu in doc.get("gpus", ()):
+        name = _gpu_name(gpu)
+        if not gpu.get("up", True):
+            items.append(f"{name} is down: {gpu.get('error') or 'not readable'}")
+            continue
+        for w in gpu.get("workloads") or ():
+            if w.get("zombie"):
+                items.append(f"idle holder: {w.get('owner', '')} holds {_gib(w.get('memory_used_bytes'))} GiB on "
+                             f"{name} at 0% SM in this pass")
+            if w.get("allocated_unused"):
+                items.append(f"allocated, unused: {w.get('owner', '')} has {name} allocated and runs nothing on it")
+        gpm = gpu.get("gpm") or {}
+        sm, tensor = gpm.get("sm_active"), gpm.get("tensor_active")
+        if sm is not None and tensor is not None and sm >= BUSY_SM and tensor == 0:
+            items.append(f"busy without tensor cores: {name} SM active {sm * 100:.0f}%, tensor 0% "
+                         "(FP32 where TF32 or BF16 would do?)")
+    if not items:
+        return ""
+    return "\n".join(for_terminal(line) for line in ["needs a look:", *(f"  {item}" for item in items)])
+
+
+def _gpu_name(gpu: Mapping[str, Any]) -> str:
+    name = f"GPU {gpu.get('index', '?')}"
+    return f"{name} MIG {gpu['gpu_instance']}" if gpu.get("gpu_instance") else name

@@ -181,3 +181,40 @@ def test_strict_json_is_the_plain_encoding_when_every_value_is_finite():
     assert document_json(doc, pretty=False) == json.dumps(doc, separators=(",", ":")) + "\n"
     assert strict_json({"x": float("nan"), "y": (float("inf"), -float("inf"), 1.0)}) == \
         '{"x": null, "y": [null, null, 1.0]}'
+
+
+def test_the_simulated_node_table_has_a_process_header_and_calls_out_what_needs_a_look():
+    from agent import run_cli
+
+    result = run_cli(["snapshot", "--backend", "simulated"])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[2].split() == ["PID", "COMMAND", "MEMORY", "SM", "OWNER"]
+    look = lines[lines.index("needs a look:") + 1:]
+    assert ("  allocated, unused: ml-research/idle-reservation-0/trainer has GPU 7 allocated and runs nothing on it"
+            in look)
+    assert any(line.startswith("  idle holder: data-science/jupyter-alice-0/notebook holds 70.0 GiB on GPU 6 "
+                               "at 0% SM") for line in look)
+    # the healthy, busy GPUs are not called out
+    assert not any("GPU 0" in line for line in look)
+
+
+def test_attention_names_down_gpus_and_sm_busy_without_tensor_cores():
+    from exporter.snapshot_cmd import format_attention
+
+    doc = {"gpus": [
+        {"index": 0, "up": False, "error": "GPU is lost", "workloads": []},
+        {"index": 1, "up": True, "gpm": {"sm_active": 0.8, "tensor_active": 0.0}, "workloads": []},
+        {"index": 2, "up": True, "gpm": {"sm_active": 0.8, "tensor_active": 0.4}, "workloads": []},
+        {"index": 3, "up": True, "gpm": {"sm_active": 0.2, "tensor_active": 0.0}, "workloads": []},
+        {"index": 4, "up": True, "gpu_instance": "1", "workloads": [
+            {"owner": "ns/pod/\x1b[2Jc", "zombie": True, "memory_used_bytes": 2 * 2**30}]},
+    ]}
+    text = format_attention(doc)
+    assert text.splitlines() == [
+        "needs a look:",
+        "  GPU 0 is down: GPU is lost",
+        "  busy without tensor cores: GPU 1 SM active 80%, tensor 0% (FP32 where TF32 or BF16 would do?)",
+        "  idle holder: ns/pod/\\x1b[2Jc holds 2.0 GiB on GPU 4 MIG 1 at 0% SM in this pass",
+    ]
+    assert format_attention({"gpus": [{"index": 0, "up": True, "workloads": []}]}) == ""
