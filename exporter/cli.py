@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "Prometheus exporter-toolkit's format (as node_exporter's --web.config.file); re-read "
                           "when it changes. /healthz and /readyz need no credentials (see docs/SECURITY.md)")
     _add_connection_args(web)
+    from exporter import incidents
+
+    incidents.add_arguments(serve.add_argument_group("incidents"))
     _add_schema_args(serve)
     _add_bridge_args(serve)
     snap = sub.add_parser("snapshot", help="collect once and print a table (or JSON) for an on-call engineer")

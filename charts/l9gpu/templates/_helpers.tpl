@@ -77,13 +77,27 @@ HTTPS when the web config turns TLS on (the kubelet does not verify the certific
 The container's securityContext from values, plus the capabilities a backend needs: the
 Gaudi backend finds its processes by reading every /proc/<pid>/fd/* link, which needs
 CAP_SYS_PTRACE (another process's fd links) and CAP_DAC_READ_SEARCH (the fd directories of
-other users' processes). NVIDIA and AMD need neither.
+other users' processes). NVIDIA and AMD need neither. The kernel log needs CAP_SYSLOG
+(kernel.dmesg_restrict=1) and, with kernelLog.privileged, a privileged container: the
+runtime's device cgroup refuses a mounted /dev/kmsg to any other (the API server refuses
+privileged with allowPrivilegeEscalation false, so that goes too).
 */}}
 {{- define "l9gpu.securityContext" -}}
 {{- $context := deepCopy (.Values.securityContext | default dict) -}}
+{{- $needed := list -}}
 {{- if has "gaudi" (splitList "," .Values.backend) -}}
+{{- $needed = concat $needed (list "SYS_PTRACE" "DAC_READ_SEARCH") -}}
+{{- end -}}
+{{- if .Values.kernelLog.enabled -}}
+{{- $needed = append $needed "SYSLOG" -}}
+{{- if .Values.kernelLog.privileged -}}
+{{- $_ := set $context "privileged" true -}}
+{{- $_ := set $context "allowPrivilegeEscalation" true -}}
+{{- end -}}
+{{- end -}}
+{{- if $needed -}}
 {{- $capabilities := get $context "capabilities" | default dict -}}
-{{- $add := concat (get $capabilities "add" | default list) (list "SYS_PTRACE" "DAC_READ_SEARCH") | uniq -}}
+{{- $add := concat (get $capabilities "add" | default list) $needed | uniq -}}
 {{- $_ := set $capabilities "add" $add -}}
 {{- $_ := set $context "capabilities" $capabilities -}}
 {{- end -}}
