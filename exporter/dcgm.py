@@ -48,8 +48,8 @@ from prometheus_client.samples import Sample
 
 from exporter.dcgm_health import HEALTH_FIELDS, HealthGetter
 from exporter.devices.nvml import THROTTLE_REASONS
-from exporter.health import HealthSignals
 from exporter.encode import BareCounterName
+from exporter.health import HealthSignals
 from exporter.model import DeviceSample, Snapshot, WorkloadUsage
 
 log = logging.getLogger(__name__)

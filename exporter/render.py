@@ -65,8 +65,8 @@ def families(
             family = _device_family(spec, snapshot, dev_labels)
         elif spec.scope == cat.HEALTH:
             family = _family(spec, spec.labels)
-            for labels, value in health_rows(spec.name, snapshot, dev_labels):
-                family.add_metric(labels, value)
+            for labels, row_value in health_rows(spec.name, snapshot, dev_labels):
+                family.add_metric(labels, row_value)
         elif spec.scope == cat.WORKLOAD:
             family = _family(spec, spec.labels + extra_labels)
             for usage in snapshot.workloads:

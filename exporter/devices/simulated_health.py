@@ -62,6 +62,10 @@ def _whole(where: str, value: Any, low: int = 0, high: int = 2**63) -> int:
     return value
 
 
+def _ranged(low: int, high: int) -> Callable[[str, Any], int]:
+    return lambda where, value: _whole(where, value, low, high)
+
+
 def _flag(where: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise HealthScenarioError(f"{where}: expected true or false, got {value!r}")
@@ -117,10 +121,9 @@ def parse_health(where: str, doc: Any, gpu_indexes: Callable[[str, Any], list[in
             raise HealthScenarioError(f"{at}.{unknown[0]}: unknown field (use {', '.join(_KNOWN)})")
         row = _section(f"{at}.row_remap", entry.get("row_remap"),
                        {**dict.fromkeys(_ROW_FLAGS, _flag), **dict.fromkeys(_ROW_COUNTS, _whole)})
-        pcie = _section(f"{at}.pcie", entry.get("pcie"), {
-            k: (lambda w, v, r=r: _whole(w, v, *r)) for k, r in _PCIE_RANGES.items()})
+        pcie = _section(f"{at}.pcie", entry.get("pcie"), {k: _ranged(*r) for k, r in _PCIE_RANGES.items()})
         nvlink = _section(f"{at}.nvlink", entry.get("nvlink"), {
-            "links": lambda w, v: _whole(w, v, 1, 18), "down": _links, **dict.fromkeys(_NVLINK_COUNTS, _whole)})
+            "links": _ranged(1, 18), "down": _links, **dict.fromkeys(_NVLINK_COUNTS, _whole)})
         action = entry.get("recovery_action")
         specs.append(HealthSpec(
             tuple(gpu_indexes(at, entry.get("gpus", []))),
@@ -138,8 +141,10 @@ def simulated_signals(index: int, t: float, busy: float, power_capped_seconds: f
 
     A healthy link runs gen 5 x16 while busy and trains down to gen 1 at idle (full width).
     """
-    row = {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False, "banks_no_spare": 0}
-    pcie = {"generation": 5 if busy > 0 else 1, "generation_max": 5, "width": 16, "width_max": 16, "replays": 0}
+    row: dict[str, Any] = {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False,
+                           "banks_no_spare": 0}
+    pcie: dict[str, Any] = {"generation": 5 if busy > 0 else 1, "generation_max": 5, "width": 16, "width_max": 16,
+                            "replays": 0}
     nvlink: dict[str, Any] = {}
     action, lost = 0, False
     for spec in specs:

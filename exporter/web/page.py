@@ -290,7 +290,8 @@ def render_main(doc: Mapping[str, Any] | None, interval: float = 1.0) -> str:
         return ('<main data-seq="0" data-ts="0"><p class="none">waiting for the first collection pass'
                 '</p></main>')
     gpus = doc.get("gpus") or []
-    cards = "".join(_gpu_card(g, interval) for g in sorted(gpus, key=health_rank)) or '<p class="none">no GPUs found on this node</p>'
+    cards = ("".join(_gpu_card(g, interval) for g in sorted(gpus, key=health_rank))
+             or '<p class="none">no GPUs found on this node</p>')
     return (f'<main data-seq="{_e(doc.get("seq", 0))}" data-ts="{_e(doc.get("timestamp", 0))}">'
             f'{_attention(gpus, interval, doc.get("stuck") or ())}{_summary(gpus)}<div class="grid">{cards}</div>'
             '</main>')
