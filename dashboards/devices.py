@@ -1,4 +1,4 @@
-"""The devices dashboard (l9gpu-devices.json): per-GPU utilisation, memory, power, energy,
+"""The devices dashboard (l9gpu-devices.json): per-GPU health verdict and signals, utilisation, memory, power, energy,
 temperature, clocks, PCIe, errors and throttling, and the health of the l9gpu agents.
 
 Each row is one function that adds its title and panels to the board; ROWS lists them in the
@@ -166,6 +166,41 @@ def _errors(b: Board) -> None:
                      "docs/HEALTH.md).", steps=[("green", None), ("red", 30)]), 24, 7)
 
 
+def _gpu_health(b: Board) -> None:
+    b.row("Health")
+    b.add(stat("GPUs not healthy", [target(f'count(gpu_health{{{DEV},state!="healthy"}} == 1) or vector(0)',
+                                           instant=True)], "none",
+               "GPUs whose verdict is degraded or unhealthy (docs/HEALTH.md).",
+               steps=[("green", None), ("orange", 1)]), 4, 7)
+    b.add(table("Verdict per GPU", [
+        target(f'gpu_health{{{DEV}}} == 1', instant=True, table=True),
+        target(f'gpu_health_action{{{DEV}}} == 1', instant=True, table=True, ref="B")],
+        "Each GPU's state (healthy, degraded, unhealthy) and what to do about it (GPUUnhealthy).",
+        hide=["Value #A", "Value #B"], sort="state"), 10, 7)
+    b.add(table("Active reasons", [target(f'gpu_health_reason{{{DEV}}} == 1', instant=True, table=True)],
+                "Why a GPU is not healthy: one row per active reason (row_remap_pending, pcie_downgraded, "
+                "nvlink_errors, xid_<code>, ...).", hide=["Value"]), 10, 7)
+    b.add(timeseries("PCIe link width vs max", [
+        target(f"gpu_pcie_link_width{{{DEV}}}", LEG),
+        target(f"gpu_pcie_link_width_max{{{DEV}}}", LEG + " max", ref="B")], "none",
+        "Lanes now and at most: a width below max that lasts is a downgrade (GPUPCIeLinkDowngraded)."), 8, 7)
+    b.add(timeseries("PCIe link generation vs max", [
+        target(f"gpu_pcie_link_generation{{{DEV}}}", LEG),
+        target(f"gpu_pcie_link_generation_max{{{DEV}}}", LEG + " max", ref="B")], "none",
+        "Links train down at idle to save power: below max counts only while the GPU is busy."), 8, 7)
+    b.add(timeseries("Row remaps pending", [target(f"gpu_row_remap_pending{{{DEV}}}", LEG)], "none",
+                     "1 while a memory row waits for a GPU reset (GPURowRemapPending).", maximum=1), 8, 7)
+    b.add(timeseries("NVLink errors (rate)", [
+        target(f"sum by (node, gpu, type) (rate(gpu_nvlink_errors_total{{{DEV}}}[$__rate_interval]))",
+               LEG + " {{type}}")], "none", "Replay, recovery and CRC errors per second (GPUNVLinkErrors).",
+        draw=BARS), 12, 7)
+    b.add(timeseries("Clock violation time (rate)", [
+        target(f"sum by (node, gpu, reason) (rate(gpu_violation_seconds_total{{{DEV}}}[$__rate_interval]))",
+               LEG + " {{reason}}")], "percentunit",
+        "Fraction of time the clocks were held down, by policy (power, thermal, board limit, ...).", stack=True),
+        12, 7)
+
+
 def _agent_health(b: Board) -> None:
     b.row("Agent health")
     b.add(timeseries("Collector success", [
@@ -202,8 +237,8 @@ def _agent_health(b: Board) -> None:
         draw=BARS), 24, 6)
 
 
-ROWS = [_overview, _utilisation_and_memory, _activity, _power_and_temperature, _clocks_and_pcie, _errors,
-        _agent_health]
+ROWS = [_overview, _gpu_health, _utilisation_and_memory, _activity, _power_and_temperature, _clocks_and_pcie,
+        _errors, _agent_health]
 
 
 def devices() -> model.Dashboard:

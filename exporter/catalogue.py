@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass
 from typing import Iterable
 
+from exporter.catalogue_health import HEALTH_FAMILIES, HEALTH_VENDOR_NOTES
+
 # The label names and their order come from the label schema (exporter/labels.py).
 from exporter.labels import DEVICE_LABELS, OWNER_LABELS, PROCESS_LABELS, WORKLOAD_ID_LABELS, WORKLOAD_LABELS
 
@@ -44,6 +46,9 @@ LABEL_ATTRIBUTES: dict[str, str] = {
     "type": "gpu.ecc.type",
     "xid": "gpu.xid",
     "reason": "gpu.throttle.reason",
+    "state": "gpu.health.state",
+    "action": "gpu.health.action",
+    "link": "gpu.nvlink.link",
     "result": "l9gpu.result",
     "backend": "l9gpu.backend",
     "version": "service.version",
@@ -71,6 +76,7 @@ DEVICE = "device"
 WORKLOAD = "workload"
 WORKLOAD_GPM = "workload_gpm"  # a device's GPM values, labelled with its only workload
 UNATTRIBUTED = "unattributed"
+HEALTH = "health"  # the verdict and the last health read's signals (exporter.render_health)
 PROCESS = "process"
 SELF = "self"
 
@@ -202,6 +208,14 @@ def _gpm_specs() -> tuple[MetricSpec, ...]:
     )
     return device + workload
 
+
+def _health_specs() -> tuple[MetricSpec, ...]:
+    return tuple(MetricSpec(name, kind, unit, text, D + extra, HEALTH, "", (dcgm, factor),
+                            vendors_note="" if name.startswith(("gpu_health", "gpu_unhealthy"))
+                            else "absent where the GPU or its driver does not report it")
+                 for name, kind, unit, extra, text, dcgm, factor in HEALTH_FAMILIES)
+
+
 METRICS: tuple[MetricSpec, ...] = (
     # ---- device -------------------------------------------------------------------
     MetricSpec("gpu_info", INFO, "", "Facts about a GPU; value is always 1.",
@@ -264,6 +278,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("gpu_clock_throttle_active", GAUGE, "", "1 while the named reason is holding the clocks down, else 0.",
                D + ("reason",), DEVICE, "throttle_reasons", ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 1.0),
                vendors_note="NVIDIA only"),
+    # ---- device: health verdict and signals (docs/HEALTH.md) -------------------------
+    *_health_specs(),
     # ---- device and workload: GPM activity (Hopper and newer) ----------------------
     *_gpm_specs(),
     # ---- workload -----------------------------------------------------------------
@@ -430,6 +446,7 @@ VENDOR_NOTES: dict[str, tuple[str, str, str]] = {
     "gpu_process_utilization_ratio": ("NVML per-process SM samples", "GFX engine time over the interval", "—"),
     **{f"gpu_{name}": (f"GPM `{key}`, Hopper and newer; per MIG instance in MIG mode", "—", "—")
        for key, name, _, _ in GPM_FAMILIES},
+    **HEALTH_VENDOR_NOTES,
 }
 
 # docs/METRICS.md: what the GPM families are, where they exist and how they are read.
@@ -487,7 +504,8 @@ def markdown() -> str:
         "",
     ]
     sections = [
-        (DEVICE, "Device"), (WORKLOAD, "Workload"),
+        (DEVICE, "Device"), (HEALTH, "Health (per GPU; a MIG instance has its parent's; see docs/HEALTH.md)"),
+        (WORKLOAD, "Workload"),
         (WORKLOAD_GPM, "Workload: GPM activity on a GPU or MIG instance used by one workload"),
         (UNATTRIBUTED, "Unattributed (per GPU)"),
         (PROCESS, "Per process (opt-in: `--process-metrics`)"), (SELF, "Agent self-metrics"),
@@ -498,9 +516,9 @@ def markdown() -> str:
         for spec in METRICS:
             if spec.scope != scope:
                 continue
-            base = {DEVICE: D, WORKLOAD: W, WORKLOAD_GPM: W, PROCESS: PROCESS_LABELS}.get(scope, ())
+            base = {DEVICE: D, HEALTH: D, WORKLOAD: W, WORKLOAD_GPM: W, PROCESS: PROCESS_LABELS}.get(scope, ())
             extra = spec.labels[len(base):] if base and spec.labels[: len(base)] == base else spec.labels
-            labels = {DEVICE: "device", WORKLOAD: "workload", WORKLOAD_GPM: "workload",
+            labels = {DEVICE: "device", HEALTH: "device", WORKLOAD: "workload", WORKLOAD_GPM: "workload",
                       PROCESS: "workload"}.get(scope, "")
             label_text = ", ".join(filter(None, [f"*{labels}*" if labels else ""] + [f"`{x}`" for x in extra]))
             dcgm = f"`{spec.dcgm[0]}`{_fmt_scale(spec.dcgm[1])}" if spec.dcgm[0] else ""

@@ -29,6 +29,7 @@ from exporter.attribution import Attributor, NullAttributor
 from exporter.bulkhead import DEFAULT_READ_TIMEOUT, Bulkhead, Failed, Read, Stuck
 from exporter.derive import DeriveState, step
 from exporter.devices.base import Backend
+from exporter.health_stage import HealthStageState, health_step
 from exporter.labels import Labeller, default_labeller
 from exporter.model import (
     UNKNOWN,
@@ -98,6 +99,7 @@ class Collector:
         self._wall = wall
         self.on_snapshot = on_snapshot
         self._state = DeriveState()
+        self._health = HealthStageState()
         self._snapshot: Snapshot | None = None
         self.read_timeout = read_timeout
         self._bulkhead = Bulkhead(read_timeout)
@@ -156,6 +158,9 @@ class Collector:
 
         self._state, derived = step(self._state, now, self.node, devices, owners, self._labeller, self._grace,
                                     allocations=allocations)
+        self._health, health = health_step(self._health, now, devices, {k for s in stuck for k in s.devices})
+        for line in health.problems:
+            log.warning("GPU health: %s", line)
         rows = tuple(
             ProcessRow(d.key, p.pid, self.attributor.comm(p.pid), owners.get(p.pid, UNKNOWN),
                        p.used_memory_bytes, p.sm_utilization)
@@ -183,6 +188,10 @@ class Collector:
             backend_errors=frozen_mapping(backend_errors),
             info=frozen_mapping(info),
             stuck=stuck,
+            health=frozen_mapping(health.verdicts),
+            health_transitions=frozen_mapping(health.transitions),
+            device_unhealthy_seconds=frozen_mapping(health.unhealthy_seconds),
+            health_signals=frozen_mapping(health.signals),
         )
         self._snapshot = snapshot  # the atomic swap readers rely on
         self._published_at = self._progress_clock()

@@ -46,8 +46,10 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 from prometheus_client.samples import Sample
 
+from exporter.dcgm_health import HEALTH_FIELDS, HealthGetter
 from exporter.devices.nvml import THROTTLE_REASONS
 from exporter.encode import BareCounterName
+from exporter.health import HealthSignals
 from exporter.model import DeviceSample, Snapshot, WorkloadUsage
 
 log = logging.getLogger(__name__)
@@ -152,10 +154,12 @@ def parse_schemas(text: str) -> tuple[str, ...]:
 class _Device:
     """One device as one render sees it: the sample plus what the snapshot adds."""
 
-    __slots__ = ("sample", "energy_joules", "last_xid", "sm_share_total")
+    __slots__ = ("sample", "energy_joules", "last_xid", "sm_share_total", "health")
 
-    def __init__(self, sample: DeviceSample, energy_joules: float | None, last_xid: int | None):
+    def __init__(self, sample: DeviceSample, energy_joules: float | None, last_xid: int | None,
+                 health: HealthSignals | None = None):
         self.sample = sample
+        self.health = health  # the GPU's last health read (`Snapshot.health_signals`)
         # the agent's monotonic energy counter (gpu_energy_joules_total), joules
         self.energy_joules = energy_joules
         self.last_xid = last_xid
@@ -238,6 +242,13 @@ def _throttle_mask(device: _Device) -> Value:
     if not reasons:
         return None
     return sum(_THROTTLE_BITS.get(name, 0) for name, active in reasons.items() if active)
+
+
+def _health(get: HealthGetter) -> DeviceGetter:
+    def value(device: _Device) -> Value:
+        return None if device.health is None else get(device.health)
+
+    return value
 
 
 def _text(attribute: str) -> DeviceGetter:
@@ -332,6 +343,7 @@ FIELDS: tuple[DcgmField, ...] = (
                 "the device's value × its processes' SM share ÷ all processes' SM share"
                 if key == "graphics_active" else "")
       for name, key, unit in _GPM_FIELDS),
+    *(DcgmField(name, kind, unit, text, _health(get)) for name, kind, unit, text, get in HEALTH_FIELDS),
     DcgmField("DCGM_FI_DRIVER_VERSION", "label", "", "`gpu_info{driver_version}`", _text("driver_version")),
     DcgmField("DCGM_FI_DEV_SERIAL", "label", "", "`gpu_info{serial}`", _text("serial")),
 )
@@ -343,28 +355,14 @@ BY_NAME: dict[str, DcgmField] = {f.name: f for f in FIELDS}
 NOT_PROVIDED: dict[str, str] = {
     "DCGM_FI_DEV_ENC_UTIL": "encoder utilisation is not read",
     "DCGM_FI_DEV_DEC_UTIL": "decoder utilisation is not read",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "PCIe replay counts are not read",
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "no cumulative NVLink counter (rates: DCGM_FI_PROF_NVLINK_TX/RX_BYTES)",
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "vGPU licensing is not read",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "row remapping is not read",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "row remapping is not read",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "row remapping is not read",
     "DCGM_FI_DEV_FB_RESERVED": "reserved framebuffer is not read",
     "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "NVML's volatile ECC counts are not read (aggregate: *_AGG_TOTAL)",
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "NVML's volatile ECC counts are not read (aggregate: *_AGG_TOTAL)",
     "DCGM_FI_DEV_RETIRED_SBE": "retired pages are not read",
     "DCGM_FI_DEV_RETIRED_DBE": "retired pages are not read",
     "DCGM_FI_DEV_RETIRED_PENDING": "retired pages are not read",
-    "DCGM_FI_DEV_POWER_VIOLATION": "violation times are not read",
-    "DCGM_FI_DEV_THERMAL_VIOLATION": "violation times are not read",
-    "DCGM_FI_DEV_SYNC_BOOST_VIOLATION": "violation times are not read",
-    "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION": "violation times are not read",
-    "DCGM_FI_DEV_LOW_UTIL_VIOLATION": "violation times are not read",
-    "DCGM_FI_DEV_RELIABILITY_VIOLATION": "violation times are not read",
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "NVLink error counters are not read",
-    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": "NVLink error counters are not read",
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": "NVLink error counters are not read",
-    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": "NVLink error counters are not read",
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_L0": "per-link NVLink counters are not read",
     "DCGM_FI_NVML_VERSION": "the NVML version is not read",
     "DCGM_FI_DEV_BRAND": "the brand is not read",
@@ -584,7 +582,8 @@ class DcgmRenderer:
         devices: list[tuple[_Device, dict[str, str]]] = []
         for sample in samples:
             last_xid = self._last_xid(snapshot, sample) if self._wants_xid and not sample.gpu_instance else None
-            device = _Device(sample, snapshot.device_energy_joules.get(sample.key), last_xid)
+            device = _Device(sample, snapshot.device_energy_joules.get(sample.key), last_xid,
+                             snapshot.health_signals.get(sample.key))
             devices.append((device, self._device_labels(snapshot.node, sample, parents.get(sample.index, sample.uuid))))
         workloads = self._workloads(snapshot, {d.sample.key: labels for d, labels in devices})
         out: list[Metric] = []

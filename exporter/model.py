@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Mapping, TypeVar
 
 from exporter.health.signals import HealthSignals
+from exporter.health.verdict import Verdict
 
 _EMPTY: Mapping[str, object] = MappingProxyType({})
 _T = TypeVar("_T")
@@ -375,6 +376,14 @@ class Snapshot:
         info: free-form self facts (e.g. "host_pids_visible": 1.0).
         stuck: calls into vendor libraries that have not returned within their deadline
             (their devices are in ``devices``, down).
+        health: per device key, its health verdict (`exporter.health.Verdict`; a MIG
+            instance's is its parent GPU's), from `exporter.health_stage`.
+        health_transitions: per device key, how often its verdict's state changed since
+            the agent started (``gpu_health_transitions_total``).
+        device_unhealthy_seconds: per device key, capacity-seconds during which its
+            verdict was ``unhealthy`` (``gpu_unhealthy_seconds_total``).
+        health_signals: per physical GPU key that is up, its last health read (the raw
+            signal series; between reads the last one stands).
     """
 
     seq: int
@@ -391,3 +400,7 @@ class Snapshot:
     backend_errors: Mapping[tuple[str, str], int] = field(default_factory=frozen_mapping)
     info: Mapping[str, float] = field(default_factory=frozen_mapping)
     stuck: tuple[StuckCall, ...] = ()
+    health: Mapping[str, Verdict] = field(default_factory=frozen_mapping)
+    health_transitions: Mapping[str, int] = field(default_factory=frozen_mapping)
+    device_unhealthy_seconds: Mapping[str, float] = field(default_factory=frozen_mapping)
+    health_signals: Mapping[str, HealthSignals] = field(default_factory=frozen_mapping)

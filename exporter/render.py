@@ -18,6 +18,7 @@ from exporter import __version__
 from exporter import catalogue as cat
 from exporter.labels import device_label_values, workload_id_values
 from exporter.model import DeviceSample, Snapshot, WorkloadUsage
+from exporter.render_health import health_rows
 
 Family = Union[GaugeMetricFamily, CounterMetricFamily]
 
@@ -62,6 +63,10 @@ def families(
             family = _stuck_family(spec, snapshot, dev_labels, now)
         elif spec.scope == cat.DEVICE:
             family = _device_family(spec, snapshot, dev_labels)
+        elif spec.scope == cat.HEALTH:
+            family = _family(spec, spec.labels)
+            for labels, row_value in health_rows(spec.name, snapshot, dev_labels):
+                family.add_metric(labels, row_value)
         elif spec.scope == cat.WORKLOAD:
             family = _family(spec, spec.labels + extra_labels)
             for usage in snapshot.workloads:

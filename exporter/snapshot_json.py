@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from exporter.escape import strict_json
+from exporter.health import Verdict
 from exporter.labels import POD_LABEL_PREFIX, workload_id_values, workload_label_map
 from exporter.model import Snapshot, StuckCall, Workload, WorkloadUsage
 
@@ -111,6 +112,7 @@ def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = (),
             "power_limit_watts": d.power_limit_watts,
             "temperature_celsius": d.temperature_celsius,
             "gpm": dict(d.gpm), "gpm_status": (gpm_status or {}).get((d.index, d.gpu_instance), ""),
+            "health": health_entry(snap.health.get(d.key)),
             "processes": [{
                 "pid": r.pid, "comm": r.comm, "memory_used_bytes": r.used_memory_bytes,
                 "sm_utilization_ratio": r.sm_utilization, "owner": describe_owner(r.workload),
@@ -133,6 +135,14 @@ def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = (),
         })
     return {"schema_version": SCHEMA_VERSION, "node": snap.node, "timestamp": snap.timestamp, "seq": snap.seq,
             "gpus": gpus, "stuck": [_stuck_entry(call, index_of) for call in snap.stuck]}
+
+
+def health_entry(verdict: Verdict | None) -> dict[str, Any] | None:
+    """A device's ``health`` object: its verdict's state, action and reasons (None before one)."""
+    if verdict is None:
+        return None
+    return {"state": verdict.state, "action": verdict.action,
+            "reasons": [{"reason": r.reason, "action": r.action, "text": r.text} for r in verdict.reasons]}
 
 
 def _stuck_entry(call: StuckCall, index_of: Mapping[str, int]) -> dict[str, Any]:

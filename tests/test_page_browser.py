@@ -99,9 +99,14 @@ def test_dom_holds_every_pod_and_flags_the_zombie(agent, tmp_path):
     assert "zombie" in text and "70.0 GiB" in text and " 0% " in f" {text} "
     unused = [(s, t) for s, a, t in dom.rows if a.get("data-flag") == "allocated-unused"]
     assert len(unused) == 1 and unused[0][0] == "gpu-7" and "idle-reservation-0" in unused[0][1]
-    assert [t.split(":")[0] for t in dom.attention] == ["zombie", "allocated, unused"]
-    assert "jupyter-alice-0" in dom.attention[0] and "GPU 6" in dom.attention[0] and "70.0 GiB" in dom.attention[0]
-    assert "idle-reservation-0" in dom.attention[1] and "GPU 7" in dom.attention[1]
+    # the demo's two degraded GPUs come first (docs/HEALTH.md), then the workloads' flags
+    assert [t.split(":")[0] for t in dom.attention] == [
+        "GPU 3 is degraded (pcie_downgraded)", "GPU 4 is degraded (row_remap_pending)", "zombie",
+        "allocated, unused"]
+    assert "inspect hardware" in dom.attention[0] and "reset gpu" in dom.attention[1]
+    assert "jupyter-alice-0" in dom.attention[2] and "GPU 6" in dom.attention[2] and "70.0 GiB" in dom.attention[2]
+    assert "idle-reservation-0" in dom.attention[3] and "GPU 7" in dom.attention[3]
+    assert "degraded · reset gpu" in dom.gpus["gpu-4"] and "healthy" in dom.gpus["gpu-0"]
     assert "NVIDIA H100 80GB HBM3" in dom.gpus["gpu-0"] and "/ 80.0 GiB" in dom.gpus["gpu-0"]
     assert "power" in dom.gpus["gpu-0"] and "°C" in dom.gpus["gpu-0"]
 

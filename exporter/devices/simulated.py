@@ -48,6 +48,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from exporter.devices.base import SOURCE_FLAGS, Backend, BackendUnavailable
+from exporter.devices.simulated_health import HealthScenarioError, HealthSpec, parse_health, simulated_signals
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
 from exporter.parsing import parse_positive_duration
 
@@ -107,6 +108,8 @@ class Scenario:
     allocations: tuple[AllocationSpec, ...] = ()
     # GPU index -> time-slicing replicas the device plugin advertises for it
     replicas: Mapping[int, int] = field(default_factory=frozen_mapping)
+    # what the GPUs' health reads say where it is not a healthy H100's (simulated_health)
+    health: tuple[HealthSpec, ...] = ()
 
 
 def _number(where: str, value: Any, minimum: float = 0.0) -> float:
@@ -236,8 +239,13 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         if isinstance(count_doc, bool) or not isinstance(count_doc, int) or count_doc < 2:
             raise ScenarioError(f"{where}.replicas: expected a whole number of replicas >= 2, got {count_doc!r}")
         replicas = dict.fromkeys(_gpu_indexes(where, slicing.get("gpus", []), count), count_doc)
+    try:
+        health = parse_health(f"{source}: health", data.get("health"),
+                              lambda where, value: _gpu_indexes(where, value, count))
+    except HealthScenarioError as exc:
+        raise ScenarioError(str(exc)) from None
     return Scenario(str(data.get("node", "")), gpus, tuple(processes), tuple(allocations),
-                    frozen_mapping(replicas))
+                    frozen_mapping(replicas), health)
 
 
 def load_scenario(path: str | Path | None = None) -> Scenario:
@@ -283,6 +291,7 @@ class SimulatedBackend(Backend):
         self._energy: dict[int, float] = {}
         self._pcie_bytes: dict[int, list[float]] = {}
         self._on_gpu: dict[int, list[ProcessSpec]] = {}
+        self._capped: dict[int, float] = {}  # seconds at the power limit (violation time)
 
     def open(self) -> None:
         try:
@@ -329,6 +338,8 @@ class SimulatedBackend(Backend):
             counters = self._pcie_bytes[gpu.index]
             counters[0] += pcie_tx * dt
             counters[1] += pcie_rx * dt
+            if power >= gpu.limit_watts:
+                self._capped[gpu.index] = self._capped.get(gpu.index, 0.0) + dt
             samples.append(
                 DeviceSample(
                     index=gpu.index,
@@ -365,6 +376,8 @@ class SimulatedBackend(Backend):
                                       memory_utilization=0.6 * s)
                         for p, m, s in zip(procs, memories, shares)
                     ),
+                    health=simulated_signals(gpu.index, t, busy, self._capped.get(gpu.index, 0.0),
+                                             self.scenario.health),
                 )
             )
         return samples

@@ -46,6 +46,7 @@ COUNTERS: dict[str, tuple[str, float]] = {
 DEVICE_COUNTERS: dict[str, tuple[str, float]] = {
     "capacity": ("gpu_capacity_seconds_total", 1 / 3600),            # GPU-hours that existed
     "unallocated": ("gpu_unallocated_seconds_total", 1 / 3600),      # GPU-hours nobody held
+    "unhealthy": ("gpu_unhealthy_seconds_total", 1 / 3600),          # GPU-hours of unhealthy verdicts
 }
 SCALE: dict[str, float] = {key: scale for key, (_, scale) in {**COUNTERS, **DEVICE_COUNTERS}.items()}
 STEPS_S = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)

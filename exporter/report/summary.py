@@ -45,7 +45,7 @@ MODEL_FIGURES = ("prompt_tokens", "generated_tokens", "cost_per_million_tokens",
                  "idle_gpu_hours")
 MODEL_BY = "model"
 CAPACITY_FIGURES = ("gpu_hours_capacity", "gpu_hours_unallocated", "capacity_cost", "unallocated_cost",
-                    "price_overrides_cost")
+                    "price_overrides_cost", "gpu_hours_unhealthy")
 NONE_GROUP = "(none)"
 UNALLOCATED_GROUP = "(unallocated)"
 # Labels that belong to a workload, not to its GPU: without them a workload series' labels
@@ -110,6 +110,18 @@ def gpu_labels(labels: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in labels.items() if k not in WORKLOAD_KEYS and not k.startswith("label_")}
 
 
+def unhealthy_by_model(devices: Sequence[SeriesTotals]) -> dict[str, float]:
+    """GPU-hours during which GPUs' verdicts were unhealthy, per GPU model (``model`` label):
+    the capacity a team claims back from its cloud provider (docs/CHARGEBACK.md)."""
+    out: dict[str, float] = {}
+    for d in devices:
+        hours = d.total("unhealthy")
+        if hours:
+            model = d.labels.get("model", "")
+            out[model] = out.get(model, 0.0) + hours
+    return {model: round(hours, DIGITS) + 0.0 for model, hours in sorted(out.items())}
+
+
 def _capacity(series: Sequence[SeriesTotals], devices: Sequence[SeriesTotals], prices: Prices | None
               ) -> tuple[dict[str, float | None], list[float] | None]:
     """The reconciliation totals, and the unallocated figure per step (cost with prices)."""
@@ -118,6 +130,7 @@ def _capacity(series: Sequence[SeriesTotals], devices: Sequence[SeriesTotals], p
         return out, None
     out["gpu_hours_capacity"] = sum(d.total("capacity") for d in devices)
     out["gpu_hours_unallocated"] = sum(d.total("unallocated") for d in devices)
+    out["gpu_hours_unhealthy"] = sum(d.total("unhealthy") for d in devices)
     steps: list[float] | None = None
     for d in devices:
         unallocated = d.steps.get("unallocated")
@@ -305,6 +318,7 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
     capacity, unallocated_steps = _capacity(series, devices, prices)
     for key, value in capacity.items():
         totals[key] = None if value is None else round(value, DIGITS) + 0.0
+    totals["gpu_hours_unhealthy_by_model"] = unhealthy_by_model(devices)
     notes = _notes(totals, series, devices)
     return {
         "report": "l9gpu chargeback",

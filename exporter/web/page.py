@@ -163,10 +163,35 @@ def _gpm_facts(gpm: Mapping[str, Any]) -> list[str]:
     return [f"{label} <b>{_percent(gpm[key])}</b>" for key, label in shown if isinstance(gpm.get(key), (int, float))]
 
 
+_HEALTH_ORDER = {"unhealthy": 0, "degraded": 1, "healthy": 2}
+
+
+def health_rank(gpu: Mapping[str, Any]) -> int:
+    """Where a GPU's card goes: unhealthy first, then degraded, then healthy (or unknown)."""
+    health = gpu.get("health") or {}
+    return _HEALTH_ORDER.get(str(health.get("state", "")), 2)
+
+
+def _health_badge(gpu: Mapping[str, Any]) -> tuple[str, str]:
+    """The card's health badge (state and action) and the line of its reasons, "" where healthy."""
+    health = gpu.get("health")
+    if not isinstance(health, Mapping):
+        return "", ""
+    state, action = str(health.get("state", "")), str(health.get("action", "none"))
+    text = state if action == "none" else f"{state} · {action.replace('_', ' ')}"
+    badge = f'<span class="health {_e(state)}" data-action="{_e(action)}">{_e(text)}</span>'
+    reasons = health.get("reasons") or ()
+    why = "".join(f'<li data-reason="{_e(r.get("reason", ""))}"><b>{_e(r.get("reason", ""))}</b>: '
+                  f'{_e(r.get("text", ""))} — {_e(str(r.get("action", "")).replace("_", " "))}</li>'
+                  for r in reasons)
+    return badge, (f'<ul class="health-why">{why}</ul>' if why else "")
+
+
 def _gpu_card(gpu: Mapping[str, Any], interval: float) -> str:
     name = _gpu_name(gpu)
-    head = (f'<h2>{_e(name)} <span class="model">{_e(gpu.get("model", ""))}</span>'
-            f'<span class="state">{"up" if gpu.get("up", True) else "down"}</span></h2>')
+    badge, why = _health_badge(gpu)
+    head = (f'<h2>{_e(name)} <span class="model">{_e(gpu.get("model", ""))}</span>{badge}'
+            f'<span class="state">{"up" if gpu.get("up", True) else "down"}</span></h2>{why}')
     anchor = f'gpu-{_e(gpu.get("index", ""))}' + (f'-{_e(gpu["gpu_instance"])}' if gpu.get("gpu_instance") else "")
     if not gpu.get("up", True):
         return (f'<section class="gpu down" id="{anchor}" data-uuid="{_e(gpu.get("uuid", ""))}">{head}'
@@ -213,6 +238,13 @@ def _attention(gpus: Sequence[Mapping[str, Any]], interval: float,
         name = _gpu_name(gpu)
         if not gpu.get("up", True):
             items.append(("bad", f"<b>{_e(name)}</b> is down: {_e(gpu.get('error') or 'not readable')}"))
+    for gpu in sorted(gpus, key=health_rank):
+        health = gpu.get("health") or {}
+        if health.get("state") in ("unhealthy", "degraded"):
+            reasons = ", ".join(str(r.get("reason", "")) for r in health.get("reasons") or ())
+            items.append(("bad" if health["state"] == "unhealthy" else "warn",
+                          f"<b>{_e(_gpu_name(gpu))}</b> is {_e(health['state'])} ({_e(reasons)}): "
+                          f"{_e(str(health.get('action', 'none')).replace('_', ' '))}"))
     for call in stuck:
         if not call.get("gpus"):  # a stuck GPU is listed above, down
             items.append(("bad", f"<b>{_e(call.get('what', ''))}</b>: stuck in {_e(call.get('call', ''))} for "
@@ -228,7 +260,8 @@ def _attention(gpus: Sequence[Mapping[str, Any]], interval: float,
                 items.append(("warn", f'<b>allocated, unused</b>: {_who(w)} has {_e(_gpu_name(gpu))} allocated '
                                       f'and runs nothing on it (for {duration(w.get("idle_seconds"))})'))
     if not items:
-        items.append(("ok", "nothing needs attention: every GPU is up, no zombies, no unused allocations"))
+        items.append(("ok", "nothing needs attention: every GPU is up and healthy, no zombies, no unused "
+                            "allocations"))
     return '<ul class="attention">' + "".join(f'<li class="{c}">{t}</li>' for c, t in items) + "</ul>"
 
 
@@ -257,7 +290,8 @@ def render_main(doc: Mapping[str, Any] | None, interval: float = 1.0) -> str:
         return ('<main data-seq="0" data-ts="0"><p class="none">waiting for the first collection pass'
                 '</p></main>')
     gpus = doc.get("gpus") or []
-    cards = "".join(_gpu_card(g, interval) for g in gpus) or '<p class="none">no GPUs found on this node</p>'
+    cards = ("".join(_gpu_card(g, interval) for g in sorted(gpus, key=health_rank))
+             or '<p class="none">no GPUs found on this node</p>')
     return (f'<main data-seq="{_e(doc.get("seq", 0))}" data-ts="{_e(doc.get("timestamp", 0))}">'
             f'{_attention(gpus, interval, doc.get("stuck") or ())}{_summary(gpus)}<div class="grid">{cards}</div>'
             '</main>')

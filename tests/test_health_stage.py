@@ -1,0 +1,119 @@
+"""The health stage through the real Collector with the simulated backend: verdict series,
+signal series, clearing, MIG inheritance, the snapshot JSON and the report's unhealthy hours."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from exporter import catalogue as cat
+from exporter.collector import Collector
+from exporter.devices.simulated import ScenarioError, SimulatedBackend, parse_scenario
+from exporter.health import HEALTHY_VERDICT
+from exporter.health_stage import HealthStageState, health_step, new_xids
+from exporter.model import DeviceSample
+from exporter.render import families
+from exporter.snapshot_json import snapshot_document
+
+
+def _collector(tmp_path, doc=None):
+    t = [0.0]
+    path = None
+    if doc is not None:
+        path = tmp_path / "s.yaml"
+        path.write_text(yaml.safe_dump(doc))
+    backend = SimulatedBackend(path, clock=lambda: t[0])
+    backend.open()
+    return Collector([backend], "n1", clock=lambda: t[0], wall=lambda: 1e9 + t[0]), t
+
+
+def _series(snap, name):
+    family = next(f for f in families(snap, cat.enabled_names()) if f.name == name.removesuffix("_total"))
+    return [(dict(s.labels), s.value) for s in family.samples if s.name == name]
+
+
+def _passes(collector, t, n, dt=1.0):
+    snap = None
+    for _ in range(n):
+        t[0] += dt
+        snap = collector.collect_once()
+    return snap
+
+
+def test_the_demo_node_shows_a_pending_remap_and_a_narrow_link(tmp_path):
+    collector, t = _collector(tmp_path)
+    snap = _passes(collector, t, 4)
+    states = {lab["gpu"]: lab["state"] for lab, v in _series(snap, "gpu_health") if v == 1}
+    assert states == {"0": "healthy", "1": "healthy", "2": "healthy", "3": "degraded", "4": "degraded",
+                      "5": "healthy", "6": "healthy", "7": "healthy"}
+    assert len(_series(snap, "gpu_health")) == 8 * 3 and len(_series(snap, "gpu_health_action")) == 8 * 7
+    reasons = sorted((lab["gpu"], lab["reason"], v) for lab, v in _series(snap, "gpu_health_reason"))
+    assert reasons == [("3", "pcie_downgraded", 1.0), ("4", "row_remap_pending", 1.0)]
+    actions = {lab["gpu"]: lab["action"] for lab, v in _series(snap, "gpu_health_action") if v == 1}
+    assert actions["3"] == "inspect_hardware" and actions["4"] == "reset_gpu" and actions["0"] == "none"
+    pending = {lab["gpu"]: v for lab, v in _series(snap, "gpu_row_remap_pending")}
+    assert pending["4"] == 1.0 and pending["0"] == 0.0
+    width = {lab["gpu"]: v for lab, v in _series(snap, "gpu_pcie_link_width")}
+    assert width["3"] == 8.0 and width["2"] == 16.0
+    assert {v for _, v in _series(snap, "gpu_pcie_link_width_max")} == {16.0}
+    rows = {(lab["gpu"], lab["type"]): v for lab, v in _series(snap, "gpu_remapped_rows_total")}
+    assert rows[("4", "uncorrectable")] == 1.0
+    links = _series(snap, "gpu_nvlink_errors_total")
+    assert {lab["gpu"] for lab, _ in links} == {"0", "1"} and len(links) == 2 * 18 * 4
+    assert _series(snap, "gpu_health_transitions_total")[3][1] == 1.0  # GPU 3: healthy -> degraded once
+    doc = snapshot_document(snap)
+    gpu4 = next(g for g in doc["gpus"] if g["index"] == 4)
+    assert gpu4["health"]["state"] == "degraded" and gpu4["health"]["action"] == "reset_gpu"
+    assert gpu4["health"]["reasons"][0]["reason"] == "row_remap_pending" and gpu4["health"]["reasons"][0]["text"]
+    assert doc["schema_version"] == 1
+
+
+def test_a_pending_remap_clears_after_the_reset_and_unhealthy_time_is_counted(tmp_path):
+    doc = {"gpus": {"count": 2}, "processes": [],
+           "health": [{"gpus": [0], "row_remap": {"pending": True}, "until": "5s"},
+                      {"gpus": [1], "row_remap": {"failure": True}, "until": "5s"}]}
+    collector, t = _collector(tmp_path, doc)
+    snap = _passes(collector, t, 3)
+    assert snap.health[snap.devices[0].key].reason_names == ("row_remap_pending",)
+    assert snap.health[snap.devices[1].key].state == "unhealthy"
+    snap = _passes(collector, t, 4)
+    assert all(v.state == "healthy" and v.reasons == () for v in snap.health.values())
+    assert {lab["gpu"]: v for lab, v in _series(snap, "gpu_row_remap_pending")} == {"0": 0.0, "1": 0.0}
+    unhealthy = {lab["gpu"]: v for lab, v in _series(snap, "gpu_unhealthy_seconds_total")}
+    # unhealthy in the passes at t=1..4 (the scenario lifts it at 5 s): the intervals ending at t=2, 3, 4
+    assert unhealthy["0"] == 0.0 and unhealthy["1"] == pytest.approx(3.0)
+    assert snap.health_transitions[snap.devices[1].key] == 1  # unhealthy from the first pass, then healthy
+
+
+def test_mig_instances_inherit_their_parents_verdict_and_down_gpus_get_one():
+    parent = DeviceSample(index=0, uuid="GPU-a", vendor="nvidia", capacity=0.0)
+    mig = DeviceSample(index=0, uuid="MIG-a", vendor="nvidia", gpu_instance="1", capacity=0.5, xid_errors={"79": 1})
+    other = DeviceSample(index=1, uuid="GPU-b", vendor="nvidia", up=False, error="lost", xid_errors={"79": 1})
+    state, got = health_step(HealthStageState(), 1.0, [parent, mig, other])
+    assert got.verdicts["MIG-a"] == got.verdicts["GPU-a"] == HEALTHY_VERDICT
+    assert got.verdicts["GPU-b"].reason_names == ("xid_79",) and got.verdicts["GPU-b"].action == "reboot_node"
+    state, got = health_step(state, 2.0, [parent, mig, other], stuck={"GPU-a"})
+    assert got.verdicts["MIG-a"].reason_names == ("stuck_in_driver_call",)
+    assert got.verdicts["MIG-a"].problems == ()
+    assert got.transitions["MIG-a"] == got.transitions["GPU-a"] == 1
+    # the XID count did not grow: no new XID, the reboot verdict stays until the driver shows a reboot
+    assert got.verdicts["GPU-b"].reason_names == ("xid_79",)
+    assert got.unhealthy_seconds["GPU-b"] == pytest.approx(1.0)
+
+
+def test_new_xids_are_the_growth_of_the_cumulative_counts():
+    assert new_xids({}, {"31": 2, "79": 1}) == [31, 31, 79]
+    assert new_xids({"31": 2}, {"31": 2, "13": 1}) == [13]
+
+
+@pytest.mark.parametrize("entry,message", [
+    ({"gpus": [0], "row_remap": {"pending": "yes"}}, "health[0].row_remap.pending: expected true or false"),
+    ({"gpus": [0], "pcie": {"width": 64}}, "health[0].pcie.width: expected a whole number 1-32"),
+    ({"gpus": [0], "pcie": {"lanes": 8}}, "health[0].pcie.lanes: unknown field"),
+    ({"gpus": [9], "pcie": {"width": 8}}, "health[0].gpus: expected a non-empty list of GPU indexes 0-0"),
+    ({"gpus": [0], "until": "soon"}, "health[0].until:"),
+    ({"gpus": [0], "colour": 1}, "health[0].colour: unknown field"),
+])
+def test_bad_health_entries_name_the_field(entry, message):
+    with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse_scenario({"gpus": {"count": 1}, "processes": [], "health": [entry]}, "s.yaml")
