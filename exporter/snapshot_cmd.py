@@ -139,7 +139,7 @@ def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None) ->
     like, never sent to the operator's terminal.
     """
     lines = [f"node {snap.node}",
-             f"{'GPU':<4} {'MODEL':<28} {'UTIL':>5} {'MEMORY GiB':>14} {'POWER W':>8}  PROCESSES",
+             f"{'GPU':<4} {'MODEL':<28} {'UTIL':>5} {'MEMORY GiB':>14} {'POWER W':>8}  {'HEALTH':<10} PROCESSES",
              f"       {'PID':<12} {'COMMAND':<16} {'MEMORY':>10}  {'SM':>7}  OWNER"]
     by_device: dict[str, list[Any]] = {}
     for row in snap.processes:
@@ -154,7 +154,9 @@ def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None) ->
         mem = f"{_gib(d.memory_used_bytes)}/{_gib(d.memory_total_bytes)}"
         power = "-" if d.power_watts is None else f"{d.power_watts:.0f}"
         rows = by_device.get(d.key, [])
-        lines.append(f"{gpu:<4} {d.model[:28]:<28} {util:>5} {mem:>14} {power:>8}  {len(rows)}")
+        verdict = snap.health.get(d.key)
+        health = verdict.state if verdict is not None else "-"
+        lines.append(f"{gpu:<4} {d.model[:28]:<28} {util:>5} {mem:>14} {power:>8}  {health:<10} {len(rows)}")
         gpm_line = _gpm_line(d, (gpm or {}).get((d.index, d.gpu_instance)))
         if gpm_line:
             lines.append(gpm_line)
@@ -173,7 +175,8 @@ BUSY_SM = 0.5
 
 
 def format_attention(doc: Mapping[str, Any]) -> str:
-    """What needs a look, as on the page: GPUs down, memory held at 0% SM, GPUs allocated
+    """What needs a look, as on the page: GPUs not healthy (their reasons and the action),
+    GPUs down, memory held at 0% SM, GPUs allocated
     but unused, and GPUs busy without tensor-core work (where GPM has a sample).
 
     A snapshot is one or two passes: memory held at 0% SM is what this pass saw (the page
@@ -182,6 +185,11 @@ def format_attention(doc: Mapping[str, Any]) -> str:
     items: list[str] = []
     for gpu in doc.get("gpus", ()):
         name = _gpu_name(gpu)
+        health = gpu.get("health") or {}
+        if health.get("state") not in (None, "healthy"):
+            reasons = "; ".join(r.get("text", r.get("reason", "")) for r in health.get("reasons", ()))
+            items.append(f"{name} is {health['state']} (action: {health.get('action', '').replace('_', ' ')}): "
+                         f"{reasons}")
         if not gpu.get("up", True):
             items.append(f"{name} is down: {gpu.get('error') or 'not readable'}")
             continue

@@ -189,8 +189,12 @@ def test_the_simulated_node_table_has_a_process_header_and_calls_out_what_needs_
     result = run_cli(["snapshot", "--backend", "simulated"])
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
+    assert lines[1].split()[-2:] == ["HEALTH", "PROCESSES"]
     assert lines[2].split() == ["PID", "COMMAND", "MEMORY", "SM", "OWNER"]
+    gpu4 = next(line for line in lines if line.startswith("4 "))
+    assert gpu4.split()[-2:] == ["degraded", "1"]
     look = lines[lines.index("needs a look:") + 1:]
+    assert "  GPU 4 is degraded (action: reset gpu): a memory row waits for a GPU reset to be remapped" in look
     assert ("  allocated, unused: ml-research/idle-reservation-0/trainer has GPU 7 allocated and runs nothing on it"
             in look)
     assert any(line.startswith("  idle holder: data-science/jupyter-alice-0/notebook holds 70.0 GiB on GPU 6 "
