@@ -81,7 +81,8 @@ def main() -> None:
             snapshot, extra = snapshot_of(path)
             print(f"{title}: {len(snapshot.devices)} GPUs, {len(snapshot.workloads)} workload rows, "
                   f"{len(snapshot.processes)} processes")
-            from exporter.dcgm import DcgmRenderer, default_selection
+            from exporter.dcgm import default_selection
+            from exporter.dcgm_render import DcgmRenderer
 
             renderer = DcgmRenderer(default_selection())
             build = []

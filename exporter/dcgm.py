@@ -38,19 +38,13 @@ from __future__ import annotations
 import csv
 import logging
 import re
-import threading
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Sequence, Union
-
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector as PrometheusCollector
-from prometheus_client.samples import Sample
+from typing import Callable, Sequence, Union
 
 from exporter.dcgm_health import HEALTH_FIELDS, HealthGetter
 from exporter.devices.nvml import THROTTLE_REASONS
-from exporter.encode import BareCounterName
 from exporter.health import HealthSignals
-from exporter.model import DeviceSample, Snapshot, WorkloadUsage
+from exporter.model import DeviceSample, WorkloadUsage
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +145,7 @@ def parse_schemas(text: str) -> tuple[str, ...]:
 # ---- the field table ------------------------------------------------------------------
 
 
-class _Device:
+class FieldDevice:
     """One device as one render sees it: the sample plus what the snapshot adds."""
 
     __slots__ = ("sample", "energy_joules", "last_xid", "sm_share_total", "health")
@@ -170,8 +164,8 @@ class _Device:
 
 
 Value = Union[float, int, str, None]
-DeviceGetter = Callable[[_Device], Value]
-WorkloadGetter = Callable[[WorkloadUsage, _Device], Union[float, None]]
+DeviceGetter = Callable[[FieldDevice], Value]
+WorkloadGetter = Callable[[WorkloadUsage, FieldDevice], Union[float, None]]
 
 
 @dataclass(frozen=True)
@@ -199,7 +193,7 @@ class DcgmField:
 
 
 def _scaled(attribute: str, factor: float = 1.0) -> DeviceGetter:
-    def get(device: _Device) -> Value:
+    def get(device: FieldDevice) -> Value:
         value = getattr(device.sample, attribute)
         return None if value is None else value * factor
 
@@ -207,28 +201,28 @@ def _scaled(attribute: str, factor: float = 1.0) -> DeviceGetter:
 
 
 def _gpm(key: str, factor: float = 1.0) -> DeviceGetter:
-    def get(device: _Device) -> Value:
+    def get(device: FieldDevice) -> Value:
         value = device.sample.gpm.get(key)
         return None if value is None else value * factor
 
     return get
 
 
-def _fb_free(device: _Device) -> Value:
+def _fb_free(device: FieldDevice) -> Value:
     total, used = device.sample.memory_total_bytes, device.sample.memory_used_bytes
     return None if total is None or used is None else max(0, total - used) / MIB
 
 
-def _energy_mj(device: _Device) -> Value:
+def _energy_mj(device: FieldDevice) -> Value:
     return None if device.energy_joules is None else device.energy_joules * 1000.0
 
 
-def _xid(device: _Device) -> Value:
+def _xid(device: FieldDevice) -> Value:
     return device.last_xid
 
 
 def _ecc(kind: str) -> DeviceGetter:
-    def get(device: _Device) -> Value:
+    def get(device: FieldDevice) -> Value:
         return device.sample.ecc_errors.get(kind)
 
     return get
@@ -237,7 +231,7 @@ def _ecc(kind: str) -> DeviceGetter:
 _THROTTLE_BITS = dict(THROTTLE_REASONS)
 
 
-def _throttle_mask(device: _Device) -> Value:
+def _throttle_mask(device: FieldDevice) -> Value:
     reasons = device.sample.throttle_reasons
     if not reasons:
         return None
@@ -245,32 +239,32 @@ def _throttle_mask(device: _Device) -> Value:
 
 
 def _health(get: HealthGetter) -> DeviceGetter:
-    def value(device: _Device) -> Value:
+    def value(device: FieldDevice) -> Value:
         return None if device.health is None else get(device.health)
 
     return value
 
 
 def _text(attribute: str) -> DeviceGetter:
-    def get(device: _Device) -> Value:
+    def get(device: FieldDevice) -> Value:
         return getattr(device.sample, attribute) or None
 
     return get
 
 
-def _workload_memory(usage: WorkloadUsage, device: _Device) -> float | None:
+def _workload_memory(usage: WorkloadUsage, device: FieldDevice) -> float | None:
     return None if usage.memory_used_bytes is None else usage.memory_used_bytes / MIB
 
 
-def _workload_util(usage: WorkloadUsage, device: _Device) -> float | None:
+def _workload_util(usage: WorkloadUsage, device: FieldDevice) -> float | None:
     return None if usage.utilization is None else usage.utilization * 100.0
 
 
-def _workload_energy(usage: WorkloadUsage, device: _Device) -> float | None:
+def _workload_energy(usage: WorkloadUsage, device: FieldDevice) -> float | None:
     return None if usage.energy_joules_total is None else usage.energy_joules_total * 1000.0
 
 
-def _workload_graphics(usage: WorkloadUsage, device: _Device) -> float | None:
+def _workload_graphics(usage: WorkloadUsage, device: FieldDevice) -> float | None:
     active = device.sample.gpm.get("graphics_active")
     if active is None or usage.utilization is None:
         return None
@@ -508,152 +502,6 @@ def describe_skipped(selection: Selection, source: str) -> str | None:
         return None
     names = "; ".join(f"{name} ({reason})" for name, reason in selection.skipped)
     return f"{source}: skipping {len(selection.skipped)} field(s) l9gpu cannot provide: {names}"
-
-
-# ---- rendering ----------------------------------------------------------------------------
-
-
-def workload_labels(usage: WorkloadUsage) -> dict[str, str]:
-    """dcgm-exporter's labels for a workload: ``namespace``/``pod``/``container`` for a pod,
-    ``hpc_job`` for a Slurm job; empty when neither is known (a pod known by UID only)."""
-    workload = usage.workload
-    out: dict[str, str] = {}
-    if workload.pod:
-        out["container"] = workload.container
-        out["namespace"] = workload.namespace
-        out["pod"] = workload.pod
-    elif workload.slurm_job_id:
-        out["hpc_job"] = workload.slurm_job_id
-    return {k: v for k, v in out.items() if v}
-
-
-class DcgmRenderer:
-    """Builds the DCGM families from a snapshot.
-
-    It keeps one piece of state across snapshots: per GPU, the XID counts it last saw,
-    to tell which XID came last (``DCGM_FI_DEV_XID_ERRORS``). Rendering the same
-    snapshot again gives the same output. Safe to call from several threads.
-    """
-
-    def __init__(self, selection: Selection):
-        self.selection = selection
-        self._wants_xid = any(f.name == "DCGM_FI_DEV_XID_ERRORS" for f, _, _ in selection.metrics)
-        self._lock = threading.Lock()
-        self._xid: dict[str, tuple[int, Mapping[str, int], int]] = {}  # key -> (seq, counts, last)
-        self._label_cache: dict[tuple[str, ...], dict[str, str]] = {}
-
-    def _last_xid(self, snapshot: Snapshot, device: DeviceSample) -> int:
-        with self._lock:
-            seq, counts, last = self._xid.get(device.key, (-1, {}, 0))
-            if snapshot.seq <= seq:
-                return last
-            grown = [int(code) for code, count in device.xid_errors.items()
-                     if count > counts.get(code, 0) and str(code).isdigit()]
-            if grown:
-                last = max(grown)  # several new codes in one pass: no order is known, take the highest
-            self._xid[device.key] = (snapshot.seq, dict(device.xid_errors), last)
-            return last
-
-    def _device_labels(self, node: str, device: DeviceSample, parent_uuid: str) -> dict[str, str]:
-        extras = tuple(str(f.value(_Device(device, None, None)) or "") for f in self.selection.labels)
-        hostname_label = self.selection.hostname_label
-        key = (node, device.key, str(device.index), parent_uuid, device.model, device.pci_bus_id,
-               device.gpu_instance) + extras
-        labels = self._label_cache.get(key)
-        if labels is None:
-            labels = {"gpu": str(device.index), "UUID": parent_uuid, "pci_bus_id": device.pci_bus_id,
-                      "device": f"nvidia{device.index}", "modelName": device.model}
-            if device.gpu_instance:
-                labels["GPU_I_ID"] = device.gpu_instance
-            if hostname_label != "none":
-                labels[hostname_label] = node
-            for spec, value in zip(self.selection.labels, extras):
-                labels[spec.name] = value
-            labels = {k: v for k, v in labels.items() if v}
-            if len(self._label_cache) > 1024:  # devices come and go rarely; keep it bounded
-                self._label_cache.clear()
-            self._label_cache[key] = labels
-        return labels
-
-    def families(self, snapshot: Snapshot) -> list[Metric]:
-        """Every selected family for ``snapshot`` (NVIDIA devices only)."""
-        samples = [d for d in snapshot.devices if d.up and d.vendor == "nvidia"]
-        parents = {d.index: d.uuid for d in samples if not d.gpu_instance}
-        devices: list[tuple[_Device, dict[str, str]]] = []
-        for sample in samples:
-            last_xid = self._last_xid(snapshot, sample) if self._wants_xid and not sample.gpu_instance else None
-            device = _Device(sample, snapshot.device_energy_joules.get(sample.key), last_xid,
-                             snapshot.health_signals.get(sample.key))
-            devices.append((device, self._device_labels(snapshot.node, sample, parents.get(sample.index, sample.uuid))))
-        workloads = self._workloads(snapshot, {d.sample.key: labels for d, labels in devices})
-        out: list[Metric] = []
-        for spec, kind, help_text in self.selection.metrics:
-            family = Metric(spec.name, help_text, kind)
-            if kind == "counter":
-                family.name = BareCounterName(spec.name)
-            name = spec.name
-            append = family.samples.append
-            for device, labels in devices:
-                value = spec.value(device)
-                if value is not None:
-                    append(Sample(name, labels, float(value)))
-                share = spec.workload
-                if share is None:
-                    continue
-                for usage, wlabels in workloads.get(device.sample.key, ()):
-                    if not usage.present and spec.type != "counter":
-                        continue
-                    part = share(usage, device)
-                    if part is not None:
-                        append(Sample(name, wlabels, part))
-            out.append(family)
-        return out
-
-    @staticmethod
-    def _workloads(snapshot: Snapshot, device_labels: Mapping[str, dict[str, str]]
-                   ) -> dict[str, list[tuple[WorkloadUsage, dict[str, str]]]]:
-        """Per device key, each workload with its series labels (device labels + its own).
-
-        Two workloads with the same labels on one GPU (a pod replaced by one of the same
-        name while the old one's counters are kept for the grace period) would make
-        duplicate series: the present one wins.
-        """
-        by_device: dict[str, dict[tuple[tuple[str, str], ...], tuple[WorkloadUsage, dict[str, str]]]] = {}
-        for usage in snapshot.workloads:
-            base = device_labels.get(usage.device_key)
-            if base is None:
-                continue
-            own = workload_labels(usage)
-            if not own:
-                continue
-            key = tuple(own.items())
-            series = by_device.setdefault(usage.device_key, {})
-            if key in series and series[key][0].present and not usage.present:
-                continue
-            series[key] = (usage, {**base, **own})
-        return {key: list(series.values()) for key, series in by_device.items()}
-
-
-class DcgmSnapshotCollector(PrometheusCollector):
-    """A prometheus_client collector serving the DCGM families of the current snapshot.
-
-    Args:
-        get_snapshot: returns the current snapshot (None before the first pass).
-        selection: the fields to serve (`default_selection` or a counters file's).
-    """
-
-    def __init__(self, get_snapshot: Callable[[], Snapshot | None], selection: Selection | None = None):
-        self._get_snapshot = get_snapshot
-        self.renderer = DcgmRenderer(selection if selection is not None else default_selection())
-
-    def collect(self) -> Iterator[Metric]:
-        snapshot = self._get_snapshot()
-        if snapshot is None:
-            return iter(())
-        return iter(self.renderer.families(snapshot))
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
 
 
 def markdown_table() -> str:

@@ -144,7 +144,7 @@ def build_registry(get_snapshot: Callable[[], Any], enabled: frozenset[str],
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(get_snapshot, enabled, extra_labels))
     if dcgm_selection is not None:
-        from exporter.dcgm import DcgmSnapshotCollector
+        from exporter.dcgm_render import DcgmSnapshotCollector
 
         registry.register(DcgmSnapshotCollector(get_snapshot, dcgm_selection))
     ProcessCollector(registry=registry)

@@ -13,6 +13,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 
 from exporter import catalogue as cat
 from exporter import dcgm
+from exporter.dcgm_render import DcgmRenderer
 from exporter.encode import for_openmetrics
 from exporter.labels import device_label_values, workload_id_values
 from exporter.model import DeviceSample, ProcessSample, Snapshot, Workload, WorkloadUsage, frozen_mapping
@@ -34,8 +35,8 @@ class _Families:
 
 
 def dcgm_text(snapshot: Snapshot, selection: dcgm.Selection | None = None,
-              renderer: dcgm.DcgmRenderer | None = None) -> str:
-    renderer = renderer or dcgm.DcgmRenderer(selection or dcgm.default_selection())
+              renderer: DcgmRenderer | None = None) -> str:
+    renderer = renderer or DcgmRenderer(selection or dcgm.default_selection())
     return generate_latest(_Families(renderer.families(snapshot))).decode()
 
 
@@ -298,7 +299,7 @@ def test_counters_keep_dcgms_names_in_both_exposition_formats():
     device = _device()
     snap = Snapshot(seq=1, node="n", timestamp=0.0, devices=(device,),
                     device_energy_joules=frozen_mapping({device.key: 2.0}))
-    metrics = dcgm.DcgmRenderer(dcgm.default_selection()).families(snap)
+    metrics = DcgmRenderer(dcgm.default_selection()).families(snap)
     text = generate_latest(_Families(metrics)).decode()
     assert "# HELP DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION Total energy consumption since boot (in mJ).\n" in text
     assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\nDCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{" in text
@@ -380,7 +381,7 @@ def test_only_nvidia_devices_get_dcgm_series():
 
 
 def test_xid_errors_holds_the_latest_code():
-    renderer = dcgm.DcgmRenderer(dcgm.default_selection())
+    renderer = DcgmRenderer(dcgm.default_selection())
 
     def last(seq: int, counts: dict[str, int]) -> float:
         snap = Snapshot(seq=seq, node="n", timestamp=0.0, devices=(_device(xid_errors=frozen_mapping(counts)),))
