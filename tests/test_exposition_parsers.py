@@ -122,10 +122,13 @@ def test_series_are_the_same_in_every_format(expositions) -> None:
 
 
 # What promtool says about dcgm-exporter's own output, and so about the DCGM schema: its
-# counters have no _total suffix, and its `modelName` label is camelCase. Anything else
+# counters have no _total suffix, its `modelName` label is camelCase, and its PCIe replay
+# counter is named DCGM_FI_DEV_PCIE_REPLAY_COUNTER. Anything else
 # is a fault.
 _DCGM_LINT = re.compile(r'(?P<name>DCGM_\w+) (counter metrics should have "_total" suffix'
-                        r"|label names should be written in 'snake_case' not 'camelCase')")
+                        r"|label names should be written in 'snake_case' not 'camelCase')"
+                        r"|(?P<counter_name>DCGM_+FI_+DEV_+PCIE_+REPLAY_+COUNTER) metric name should not include type "
+                        r"'counter'")
 
 
 @pytest.mark.parametrize("schema", SCHEMAS)
