@@ -69,3 +69,22 @@ def test_a_time_shared_gpu_bills_its_time_once_as_prometheus_sees_it(prometheus)
     whole = prometheus('sum by (gpu) (container_gpu_allocation_seconds_total{gpu!="6"}) '
                        '/ on (gpu) gpu_capacity_seconds_total')
     assert sorted(float(s["value"][1]) for s in whole) == pytest.approx([1.0] * 7)
+
+
+def test_prometheus_sees_each_gpus_health_verdict_and_its_signals(prometheus):
+    """The simulated node's GPU 4 has a row remap pending (degraded, reset the GPU), GPU 3 a
+    PCIe link at x8 of x16; the others are healthy."""
+    degraded = prometheus('gpu_health{state="degraded"} == 1')
+    assert "4" in {s["metric"]["gpu"] for s in degraded}
+    states = prometheus('sum by (gpu) (gpu_health)')
+    assert {s["metric"]["gpu"]: s["value"][1] for s in states} == {str(g): "1" for g in range(8)}  # one state each
+    action = prometheus('gpu_health_action{gpu="4"} == 1')
+    assert [s["metric"]["action"] for s in action] == ["reset_gpu"]
+    reason = prometheus('gpu_health_reason{gpu="4"}')
+    assert [s["metric"]["reason"] for s in reason] == ["row_remap_pending"]
+    assert prometheus('gpu_row_remap_pending{gpu="4"}')[0]["value"][1] == "1"
+    width = prometheus('gpu_pcie_link_width{gpu="3"}')
+    assert width[0]["value"][1] == "8"
+    assert prometheus('gpu_pcie_link_width_max{gpu="3"}')[0]["value"][1] == "16"
+    # GPU 3's width counts once it lasts three health reads: healthy until then
+    assert prometheus('count(gpu_health{state="healthy"} == 1)')[0]["value"][1] in {"6", "7"}

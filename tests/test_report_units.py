@@ -122,3 +122,23 @@ def test_progress_only_on_a_terminal_not_quiet_and_with_tqdm(monkeypatch):
     silent.note("l9gpu report: note: a note", out)
     silent.close()
     assert out.getvalue() == "l9gpu report: note: a note\n"
+
+
+def test_unhealthy_gpu_hours_per_model_follow_the_bill_outside_its_sum():
+    grid = Grid(0, 7200_000, 3600_000)
+    s = SeriesTotals({"namespace": "a", "pod": "p", "container": "c", "model": "H100"},
+                     {"used": [1800.0, 1800.0], "allocated": [3600.0, 3600.0], "idle": [0.0, 0.0],
+                      "energy": [0.0, 0.0]})
+    sick = SeriesTotals({"gpu": "3", "uuid": "GPU-3", "model": "H100"},
+                        {"capacity": [3600.0, 3600.0], "unallocated": [0.0, 0.0], "unhealthy": [0.0, 1800.0]})
+    well = SeriesTotals({"gpu": "0", "uuid": "GPU-0", "model": "A100"},
+                        {"capacity": [3600.0, 3600.0], "unallocated": [3600.0, 3600.0], "unhealthy": [0.0, 0.0]})
+    report = summarize([s], grid, "namespace", parse_prices({"gpu_hour": 2}), devices=[sick, well])
+    assert report["totals"]["gpu_hours_unhealthy"] == 0.5
+    assert report["totals"]["gpu_hours_unhealthy_by_model"] == {"H100": 0.5}
+    lines = to_csv(report).splitlines()
+    assert [line.split(",")[0] for line in lines[-2:]] == ['"(capacity)"', '"(unhealthy: H100)"']
+    assert lines[-1].split(",")[2] == "0.5"  # gpu_hours_allocated, as the (capacity) line
+    html = to_html(report)
+    assert 'data-group="(unhealthy: H100)"' in html
+    assert 'class="total reconcile" data-group="(capacity)"' in html

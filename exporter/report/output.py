@@ -42,7 +42,9 @@ def reconciliation_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The lines under the groups that make the bill add up: ``(unallocated)`` (GPU time
     nobody held), ``(price overrides)`` (where overrides changed what groups pay) and
     ``(capacity)``, what the GPUs offered and cost in the period. The groups' and the first
-    two lines' allocated GPU-hours and allocated cost sum to the ``(capacity)`` line."""
+    two lines' allocated GPU-hours and allocated cost sum to the ``(capacity)`` line. Then,
+    outside that sum, one ``(unhealthy: MODEL)`` line per GPU model whose GPUs had an
+    unhealthy verdict: the part of the capacity a team claims back from its provider."""
     totals = report.get("totals") or {}
     if totals.get("gpu_hours_capacity") is None:
         return []
@@ -53,6 +55,10 @@ def reconciliation_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                      "allocated_cost": totals["price_overrides_cost"], "total_cost": totals["price_overrides_cost"]})
     rows.append({"group": "(capacity)", "gpu_hours_allocated": totals["gpu_hours_capacity"],
                  "allocated_cost": totals["capacity_cost"], "total_cost": totals["capacity_cost"]})
+    # Outside the sum: of the capacity, what was unhealthy (what to claim back), per GPU model.
+    for model, hours in sorted((totals.get("gpu_hours_unhealthy_by_model") or {}).items()):
+        if hours:
+            rows.append({"group": f"(unhealthy: {model})", "gpu_hours_allocated": hours})
     return rows
 
 
