@@ -78,6 +78,7 @@ WORKLOAD_GPM = "workload_gpm"  # a device's GPM values, labelled with its only w
 UNATTRIBUTED = "unattributed"
 HEALTH = "health"  # the verdict and the last health read's signals (exporter.render_health)
 PROCESS = "process"
+INCIDENT = "incident"  # per workload and GPU, by kind and role (exporter.incidents.watch)
 SELF = "self"
 
 
@@ -352,6 +353,26 @@ METRICS: tuple[MetricSpec, ...] = (
                "file descriptors), and with --web-config client_cert_not_allowed (403), rate_limited (429), "
                "auth_busy (503) and auth_failed (401).",
                ("reason",), SELF),
+    MetricSpec("container_gpu_incidents_total", COUNTER, "",
+               "GPU incidents this workload took part in (docs/INCIDENTS.md), by kind (memory_exhausted, xid, "
+               "gpu_lost, row_remap_failure, nvlink_errors, stuck_in_driver_call) and role: caused (it raised "
+               "the application Xid, or grew most before the GPU filled) or affected (it held the GPU).",
+               W + ("kind", "role"), INCIDENT),
+    MetricSpec("container_gpu_memory_peak_bytes", GAUGE, "bytes",
+               "The most device memory the workload's processes held on this GPU over the last --peak-window "
+               "(default 30s, longer than a scrape interval): a spike between two scrapes.",
+               W, WORKLOAD),
+    MetricSpec("gpu_memory_peak_bytes", GAUGE, "bytes",
+               "The most device memory in use on this GPU over the last --peak-window (default 30s).",
+               D, DEVICE),
+    MetricSpec("l9gpu_kernel_log_records_total", COUNTER, "",
+               "Kernel log records read with --kernel-log, by outcome: read, xid (an NVIDIA Xid line), "
+               "overwritten (lost before they were read), malformed, truncated.",
+               ("outcome",), SELF),
+    MetricSpec("l9gpu_kubernetes_events_total", COUNTER, "",
+               "Kubernetes Events about GPU incidents, by outcome: posted, aggregated (a repeat patched into its "
+               "Event), rate_limited, queue_full, forbidden (403), throttled (429), failed.",
+               ("outcome",), SELF),
     MetricSpec("l9gpu_otlp_exports_total", COUNTER, "",
                "OTLP pushes by result (success, failure); a failed batch is dropped, not retried later. "
                "Present only while OTLP push is on.",
@@ -359,8 +380,14 @@ METRICS: tuple[MetricSpec, ...] = (
 )
 
 # Families a part registers on the registry itself instead of `render` building them from
-# the snapshot (the OTLP bridge counts its own exports, the HTTP listener what it refused).
-REGISTERED_ELSEWHERE: frozenset[str] = frozenset({"l9gpu_otlp_exports_total", "l9gpu_http_rejections_total"})
+# the snapshot (the OTLP bridge counts its own exports, the HTTP listener what it refused,
+# the incident watch its incidents, peaks, kernel log records and Events).
+REGISTERED_ELSEWHERE: frozenset[str] = frozenset({
+    "l9gpu_otlp_exports_total", "l9gpu_http_rejections_total",
+    # the incident watch's (exporter.incidents.watch): it follows the published snapshots
+    "container_gpu_incidents_total", "container_gpu_memory_peak_bytes", "gpu_memory_peak_bytes",
+    "l9gpu_kernel_log_records_total", "l9gpu_kubernetes_events_total",
+})
 
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in METRICS}
 

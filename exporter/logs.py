@@ -17,15 +17,19 @@ from exporter.escape import for_terminal
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line (time, level, logger, message) for log pipelines."""
+    """One JSON object per line (time, level, logger, message; a GPU incident's record under
+    ``incident``) for log pipelines."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
+        entry: dict[str, object] = {
             "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
+        incident = getattr(record, "incident", None)  # a GPU incident's record (exporter.incidents.watch)
+        if isinstance(incident, dict):
+            entry["incident"] = incident
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)

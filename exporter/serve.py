@@ -17,6 +17,7 @@ from exporter.errors import UsageError
 from exporter.wiring import (
     CLOSE_TIMEOUT,
     build_collector,
+    build_incident_watch,
     build_registry,
     close_backends_within,
     connection_limits,
@@ -45,6 +46,7 @@ class _Agent:
     watcher: Any
     bridge: Any
     open_files: Any
+    watch: Any
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -63,6 +65,7 @@ def serve(args: argparse.Namespace) -> int:
         if agent.bridge is not None:
             agent.bridge.stop(timeout=0.4)  # one last push, bounded: shutdown stays within about a second
         agent.attributor.close()
+        agent.watch.close()
         close_backends_within(agent.backends, CLOSE_TIMEOUT)
         if agent.watcher is not None:
             agent.watcher.close()
@@ -72,6 +75,7 @@ def serve(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> _Agent:
     """Open the sources and build the collector, the registry, the bridge and the app."""
     from exporter.counts import REJECTIONS_METRIC, Rejections
+    from exporter.incidents.watch import IncidentFamilies
     from exporter.web.app import make_app
     from exporter.web.descriptors import raise_open_file_limit
     from exporter.web.exposition import Exposition
@@ -90,20 +94,36 @@ def _build(args: argparse.Namespace) -> _Agent:
     registry = build_registry(lambda: collector.snapshot, enabled, extra_names, dcgm_selection)
     if REJECTIONS_METRIC in enabled:
         registry.register(rejections)
+    watch = build_incident_watch(args)
+    registry.register(IncidentFamilies(watch, enabled, extra_names))
     exposition = None
     if not args.no_metrics_endpoint:
         # cached bytes may be served for a pass and its rendering, then they are stale
         # the DCGM schema: text to every scraper that takes it, as dcgm-exporter answers
         exposition = Exposition(registry, lambda: collector.snapshot, max_age=2 * args.interval,
                                 interval=args.interval, prefer_text=dcgm_selection is not None)
-        collector.on_snapshot = exposition.warm
+    collector.on_snapshot = _after_each_pass(watch, exposition)
     bridge = _start_bridge(args, registry, backends)
     pages = SnapshotPages(lambda: collector.snapshot, args.node_name, args.interval, extra_names,
                           gpm_status=lambda: gpm_status(backends))
     app = make_app(exposition, lambda: collector.snapshot, collector.alive, args.node_name,
                    middlewares=[watcher.middleware] if watcher is not None else (), pages=pages,
-                   health=collector.liveness)
-    return _Agent(backends, attributor, collector, app, rejections, watcher, bridge, open_files)
+                   health=collector.liveness, incidents=watch.recent_json)
+    return _Agent(backends, attributor, collector, app, rejections, watcher, bridge, open_files, watch)
+
+
+def _after_each_pass(watch: Any, exposition: Any) -> Any:
+    """The collector's hook: the incident watch follows the pass, then the exposition is
+    rendered (with the watch's counts and peaks of this pass)."""
+    def hook(snapshot: Any) -> None:
+        try:
+            watch.observe(snapshot)
+        except Exception:  # noqa: BLE001 - the incidents part degrades only itself
+            log.exception("following the pass for incidents failed")
+        if exposition is not None:
+            exposition.warm(snapshot)
+
+    return hook
 
 
 def _start_bridge(args: argparse.Namespace, registry: Any, backends: list[Any]) -> Any:

@@ -46,6 +46,17 @@ def idle_holding(memory_used_bytes: int | None, sm_utilization: float | None) ->
     return bool(memory_used_bytes) and sm_utilization == 0.0
 
 
+def workload_json(workload: Workload) -> dict[str, Any]:
+    """Who a workload is, in the keys the snapshot's workload entries use (for incidents)."""
+    return {
+        "kind": workload.kind, "owner": describe_owner(workload),
+        "namespace": workload.namespace, "pod": workload.pod, "container": workload.container,
+        "pod_uid": workload.pod_uid, "owner_kind": workload.owner_kind, "owner_name": workload.owner_name,
+        "slurm_job_id": workload.slurm_job_id, "slurm_step": workload.slurm_step,
+        "slurm_user": workload.slurm_user,
+    }
+
+
 def _workload_entry(usage: WorkloadUsage, pids: list[int], extra_names: Sequence[str]) -> dict[str, Any]:
     workload: Workload = usage.workload
     extras = workload_label_map(usage.labels, extra_names) if extra_names else {}

@@ -206,3 +206,38 @@ def gpm_status(backends: list[Any]) -> dict[tuple[int, str], str]:
         out.update(backend.gpm_status())
     return out
 
+
+
+def build_incident_watch(args: argparse.Namespace) -> Any:
+    """The incident watch ``serve`` runs beside the collector (`exporter.incidents.watch`):
+    the kernel log ``--kernel-log`` names, Kubernetes Events where the API is in use and
+    ``--kubernetes-events on``, the peaks over ``--peak-window``."""
+    from exporter.incidents.engine import IncidentConfig, IncidentTracker
+    from exporter.incidents.kmsg import KernelLogUnavailable, open_kernel_log
+    from exporter.incidents.watch import IncidentWatch
+    from exporter.labels import label_schema
+
+    extra_names, labeller = label_schema(args.pod_label or [])
+    try:
+        kernel_log = open_kernel_log(args.kernel_log)
+    except KernelLogUnavailable as exc:
+        raise UsageError(f"l9gpu: --kernel-log {exc}") from None
+    events = None
+    if args.kubernetes_events == "on" and _kubernetes_in_use(args):
+        from exporter.incidents.events import EventSink, default_api_factory
+
+        events = EventSink(lambda: default_api_factory(args.kubeconfig), args.node_name)
+    config = IncidentConfig(history=args.incident_history, xid_hold=2.0 if kernel_log is not None else 0.0)
+    return IncidentWatch(args.node_name, labeller, extra_names,
+                         tracker=IncidentTracker(args.node_name, config), kernel_log=kernel_log, events=events,
+                         peak_window=args.peak_window)
+
+
+def _kubernetes_in_use(args: argparse.Namespace) -> bool:
+    if args.kubernetes == "off":
+        return False
+    if args.kubernetes == "on" or args.kubeconfig:
+        return True
+    from exporter.attribution.kubernetes import in_cluster
+
+    return bool(in_cluster())

@@ -1,4 +1,5 @@
-"""The HTTP application: /metrics, /healthz, /readyz, the page at / and its JSON.
+"""The HTTP application: /metrics, /healthz, /readyz, the page at / and its JSON, and
+/api/v1/incidents.
 
 The routes only: /metrics bytes are `exporter.web.exposition`'s, the page's
 `exporter.web.page`'s; the web config's checks come in as a middleware
@@ -7,13 +8,15 @@ The routes only: /metrics bytes are `exporter.web.exposition`'s, the page's
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from aiohttp import web
 
 from exporter.model import Snapshot
 from exporter.web.exposition import Exposition
 from exporter.web.page import SnapshotPages
+
+INCIDENTS_PATH = "/api/v1/incidents"
 
 
 def make_app(
@@ -24,6 +27,7 @@ def make_app(
     middlewares: Sequence[Callable[..., object]] = (),
     pages: SnapshotPages | None = None,
     health: Callable[[], tuple[bool, str]] | None = None,
+    incidents: Callable[[], list[dict[str, Any]]] | None = None,
 ) -> web.Application:
     """Build the aiohttp application.
 
@@ -45,6 +49,8 @@ def make_app(
         health: (live, note) for /healthz and /readyz: whether the collector runs and
             finishes passes, and what is degraded meanwhile, in one line
             (`Collector.liveness`).
+        incidents: the incidents the agent remembers, newest first, for
+            ``/api/v1/incidents`` (docs/INCIDENTS.md); None serves none.
     """
 
     async def metrics(request: web.Request) -> web.Response:
@@ -76,10 +82,16 @@ def make_app(
         _, note = liveness()
         return web.Response(text=f"ok: {note}\n" if note else "ok\n")
 
+    async def incident_list(request: web.Request) -> web.Response:
+        items = incidents() if incidents is not None else []
+        return web.json_response({"schema_version": 1, "node": node, "incidents": items,
+                                  "kept": "in memory, the most recent only (--incident-history)"})
+
     app = web.Application(middlewares=list(middlewares))  # type: ignore[arg-type]
     if exposition is not None:
         app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get(INCIDENTS_PATH, incident_list)
     (pages or SnapshotPages(get_snapshot, node)).add_routes(app)
     return app

@@ -1,0 +1,180 @@
+"""The incident watch: follows every published snapshot, on the collector thread.
+
+After each pass (`Collector.on_snapshot`, before the exposition is rendered) it reads what
+the kernel log has new (`exporter.incidents.kmsg`, never blocking), keeps the peak memory
+of the last ``--peak-window`` per GPU and per workload (`exporter.incidents.peaks`), asks
+the incident tracker (`exporter.incidents.engine`) what the pass started, and for each new
+incident counts it per workload and role, logs one structured line, and hands the pods
+their Kubernetes Events (`exporter.incidents.events`, which posts from its own thread).
+`IncidentFamilies` serves what it counted on the registry. Nothing here waits on the
+network or the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector as PrometheusCollector
+
+from exporter import catalogue as cat
+from exporter.incidents.peaks import PeakSeries
+from exporter.labels import Labeller, device_label_values
+from exporter.model import DeviceSample, Snapshot, Workload
+
+log = logging.getLogger("l9gpu.incidents")
+
+ROLES = ("caused", "affected")
+
+
+class IncidentWatch:
+    """What the incidents part keeps between passes.
+
+    Args:
+        node: the node's name (``node`` label, Event source host).
+        labeller: workload label values after the device labels (`labels.label_schema`).
+        extra_names: the names of those extra values (for the incidents' JSON).
+        tracker: the incident tracker (`engine.IncidentTracker`); None keeps peaks only.
+        kernel_log: an open `kmsg.KernelLog`, or None (``--kernel-log off``).
+        events: an `events.EventSink`, or None (no Kubernetes API, or Events off).
+        peak_window: seconds over which the peaks are the maximum (``--peak-window``).
+        clock: monotonic clock (seconds).
+    """
+
+    def __init__(self, node: str, labeller: Labeller, extra_names: Sequence[str] = (), *, tracker: Any = None,
+                 kernel_log: Any = None, events: Any = None, peak_window: float = 30.0,
+                 clock: Callable[[], float] | None = None):
+        import time
+
+        self.node = node
+        self._labeller = labeller
+        self.extra_names = tuple(extra_names)
+        self.tracker = tracker
+        self.kernel_log = kernel_log
+        self.events = events
+        self._clock = clock or time.monotonic
+        self._device_peaks: PeakSeries[str] = PeakSeries(peak_window)
+        self._workload_peaks: PeakSeries[tuple[str, ...]] = PeakSeries(peak_window)
+        self._devices: dict[str, DeviceSample] = {}
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[tuple[str, ...], str, str], int] = {}
+
+    def observe(self, snap: Snapshot) -> None:
+        """Fold one published snapshot in (the collector thread's hook)."""
+        now = self._clock()
+        self._devices = {d.key: d for d in snap.devices}
+        self._device_peaks.observe(now, ((d.key, d.memory_used_bytes) for d in snap.devices
+                                         if d.up and d.memory_used_bytes is not None))
+        self._workload_peaks.observe(now, ((u.labels, u.memory_used_bytes) for u in snap.workloads
+                                           if u.present and u.memory_used_bytes is not None))
+        if self.tracker is None:
+            return
+        records = self.kernel_log.poll() if self.kernel_log is not None else ()
+        owners: dict[int, Workload] = {row.pid: row.workload for row in snap.processes}
+        reasons = {key: set(verdict.reason_names) for key, verdict in snap.health.items()}
+        for incident in self.tracker.observe(now, snap.timestamp, snap.devices, owners, records, reasons):
+            self._record(incident)
+
+    def _record(self, incident: Any) -> None:
+        from exporter.incidents.engine import event_messages, incident_json
+
+        device = next((d for d in self._devices.values()
+                       if d.uuid == incident.uuid and d.gpu_instance == incident.gpu_instance), None)
+        with self._lock:
+            for role, workloads in (("caused", incident.caused_by), ("affected", incident.affected)):
+                for workload in workloads:
+                    if device is None or not workload.attributed:
+                        continue
+                    labels = device_label_values(self.node, device) + self._labeller(workload)
+                    key = (labels, incident.kind, role)
+                    self._counts[key] = self._counts.get(key, 0) + 1
+        doc = incident_json(incident, self.extra_names)
+        log.warning("GPU incident: %s", _summary(doc), extra={"incident": doc})
+        if self.events is not None:
+            from exporter.incidents.events import PodEvent
+
+            for workload, reason, message in event_messages(incident):
+                if workload.pod and workload.namespace:
+                    self.events.submit(PodEvent(workload.namespace, workload.pod, workload.pod_uid, reason, message))
+
+    def recent_json(self) -> list[dict[str, Any]]:
+        """The incidents the agent remembers, newest first (``/api/v1/incidents``)."""
+        if self.tracker is None:
+            return []
+        from exporter.incidents.engine import incident_json
+
+        return [incident_json(incident, self.extra_names) for incident in self.tracker.recent()]
+
+    def incident_counts(self) -> Mapping[tuple[tuple[str, ...], str, str], int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def device_peaks(self) -> Mapping[str, int]:
+        return self._device_peaks.peaks()
+
+    def workload_peaks(self) -> Mapping[tuple[str, ...], int]:
+        return self._workload_peaks.peaks()
+
+    def devices(self) -> Mapping[str, DeviceSample]:
+        return dict(self._devices)
+
+    def close(self) -> None:
+        if self.kernel_log is not None:
+            self.kernel_log.close()
+        if self.events is not None:
+            self.events.close()
+
+
+def _summary(doc: Mapping[str, Any]) -> str:
+    def names(key: str) -> str:
+        return ", ".join(w.get("owner", "") for w in doc.get(key) or ()) or "-"
+
+    xid = f" Xid {doc['xid']}" if doc.get("xid") is not None else ""
+    return (f"{doc.get('kind')}{xid} on GPU {doc.get('gpu')} ({doc.get('uuid')}): caused by {names('caused_by')}; "
+            f"affected {names('affected')}; action {doc.get('action')}; {doc.get('detail', '')}")
+
+
+class IncidentFamilies(PrometheusCollector):
+    """The incident watch's families on the registry (`catalogue.REGISTERED_ELSEWHERE`)."""
+
+    def __init__(self, watch: IncidentWatch, enabled: frozenset[str], extra_labels: tuple[str, ...] = ()):
+        self.watch = watch
+        self.enabled = enabled
+        self.extra_labels = extra_labels
+
+    def collect(self) -> Iterator[Metric]:
+        watch = self.watch
+        if "container_gpu_incidents_total" in self.enabled:
+            spec = cat.get("container_gpu_incidents_total")
+            labels = cat.WORKLOAD_LABELS + self.extra_labels + ("kind", "role")
+            counter = CounterMetricFamily(spec.name, spec.help, labels=labels)
+            for (values, kind, role), count in sorted(watch.incident_counts().items()):
+                counter.add_metric(values + (kind, role), float(count))
+            yield counter
+        devices = watch.devices()
+        if "gpu_memory_peak_bytes" in self.enabled:
+            spec = cat.get("gpu_memory_peak_bytes")
+            gauge = GaugeMetricFamily(spec.name, spec.help, labels=spec.labels, unit="bytes")
+            for key, peak in watch.device_peaks().items():
+                if key in devices:
+                    gauge.add_metric(device_label_values(watch.node, devices[key]), float(peak))
+            yield gauge
+        if "container_gpu_memory_peak_bytes" in self.enabled:
+            spec = cat.get("container_gpu_memory_peak_bytes")
+            gauge = GaugeMetricFamily(spec.name, spec.help, labels=spec.labels + self.extra_labels, unit="bytes")
+            for values, peak in watch.workload_peaks().items():
+                gauge.add_metric(values, float(peak))
+            yield gauge
+        for name, source in (("l9gpu_kernel_log_records_total", watch.kernel_log),
+                             ("l9gpu_kubernetes_events_total", watch.events)):
+            if name in self.enabled and source is not None:
+                spec = cat.get(name)
+                counter = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+                for outcome, count in source.counts().items():
+                    counter.add_metric((outcome,), float(count))
+                yield counter
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())

@@ -1,0 +1,154 @@
+"""Incidents from passes: who filled a GPU, who raised a fault, who was hurt (pure)."""
+
+from __future__ import annotations
+
+from exporter.incidents.engine import IncidentConfig, IncidentTracker, event_messages, incident_json
+from exporter.incidents.kmsg import XidRecord
+from exporter.incidents.peaks import PeakSeries
+from exporter.model import DeviceSample, ProcessSample, Workload
+
+GIB = 2**30
+TOTAL = 80 * GIB
+BUS = "00000000:3B:00.0"
+
+
+def pod(name: str) -> Workload:
+    return Workload(kind="kubernetes", namespace="ml", pod=name, container="main", pod_uid=f"uid-{name}")
+
+
+TRAINER, NOTEBOOK, VLLM = pod("trainer"), pod("notebook"), pod("vllm")
+
+
+def gpu(procs: dict[int, int], index: int = 2, xids: dict[str, int] | None = None, up: bool = True) -> DeviceSample:
+    return DeviceSample(index=index, uuid=f"GPU-{index}", model="H100", pci_bus_id=BUS if index == 2 else "", up=up,
+                        memory_total_bytes=TOTAL, memory_used_bytes=sum(procs.values()) + GIB // 2,
+                        processes=tuple(ProcessSample(pid, mem) for pid, mem in procs.items()),
+                        xid_errors=xids or {})
+
+
+class Node:
+    """Passes one second apart through one tracker."""
+
+    def __init__(self, owners: dict[int, Workload], **config: float) -> None:
+        self.tracker = IncidentTracker("gpu-node-7", IncidentConfig(**config))  # type: ignore[arg-type]
+        self.owners = owners
+        self.now = 1000.0
+
+    def pass_(self, *devices: DeviceSample, records: tuple[XidRecord, ...] = (),
+              reasons: dict[str, set[str]] | None = None) -> list:
+        self.now += 1.0
+        return self.tracker.observe(self.now, 1.7e9 + self.now, devices, self.owners, records, reasons)
+
+
+def test_a_trainer_fills_the_gpu_and_the_notebook_that_exits_is_its_victim():
+    node = Node({1: TRAINER, 2: NOTEBOOK, 3: NOTEBOOK, 4: NOTEBOOK})
+    trainer = 40 * GIB
+    for _ in range(30):  # the trainer grows, the notebook holds steady
+        assert node.pass_(gpu({1: trainer, 2: 10 * GIB, 3: 2 * GIB, 4: 2 * GIB})) == []
+        trainer = min(trainer + GIB, 65 * GIB + GIB // 2)
+    full = gpu({1: trainer, 2: 10 * GIB, 3: 2 * GIB, 4: 2 * GIB})
+    assert TOTAL - full.memory_used_bytes < 2 * GIB  # under max(2%, 1 GiB): full
+    assert node.pass_(full) == []  # full alone is no incident
+    [incident] = node.pass_(gpu({1: trainer, 3: 2 * GIB, 4: 2 * GIB}))  # the notebook's process exits
+    assert incident.kind == "memory_exhausted"
+    assert incident.affected == (NOTEBOOK,)
+    assert incident.caused_by == (TRAINER,) and incident.cause_known
+    # from 40 GiB to the 64 GiB at which the GPU filled (under 2 GiB free), the minute before
+    assert "ml/trainer/main grew 24.0 GiB over the minute before" in incident.detail
+    # more exits in the same episode: still the one incident
+    assert node.pass_(gpu({1: trainer, 4: 2 * GIB})) == []
+    assert node.pass_(gpu({1: trainer})) == []
+    messages = event_messages(incident)
+    assert [(w.pod, reason) for w, reason, _ in messages] == [("trainer", "GPUMemoryExhausted"),
+                                                              ("notebook", "GPUMemoryExhausted")]
+    assert messages[1][2] == ("GPU 2 (GPU-2, node gpu-node-7) ran out of memory (inferred) while this container held "
+                              "it; suspected cause: ml/trainer/main")
+    doc = incident_json(incident)
+    assert doc["kind"] == "memory_exhausted" and doc["xid"] is None and doc["gpu"] == 2
+    assert doc["caused_by"][0]["pod"] == "trainer" and doc["affected"][0]["pod"] == "notebook"
+    assert doc["time_rfc3339"].endswith("Z")
+
+
+def test_a_vllm_pod_keeping_its_gpu_92_percent_full_for_an_hour_raises_nothing():
+    node = Node({1: VLLM})
+    for _ in range(3600):
+        assert node.pass_(gpu({1: int(0.92 * TOTAL)})) == []
+    assert node.tracker.recent() == ()
+
+
+def test_xid_31_from_a_pods_pid_names_it_even_after_the_process_exited():
+    node = Node({1: TRAINER, 2: NOTEBOOK})
+    node.pass_(gpu({1: 10 * GIB, 2: 10 * GIB}))
+    node.pass_(gpu({2: 10 * GIB}))  # the faulting process is gone
+    node.pass_(gpu({2: 10 * GIB}))
+    record = XidRecord(7, 1, BUS, 31, 1, "python3", "Ch 00000008, intr 00000000. MMU Fault")
+    [incident] = node.pass_(gpu({2: 10 * GIB}, xids={"31": 1}), records=(record,))
+    assert incident.kind == "xid" and incident.xid == 31 and incident.action == "restart_app"
+    assert incident.caused_by == (TRAINER,) and incident.affected == (NOTEBOOK,)
+    assert [reason for _, reason, _ in event_messages(incident)] == ["GPUFaultCaused", "GPUFaultAffected"]
+    # NVML counted the same Xid: one incident, the kernel log's
+    assert node.pass_(gpu({2: 10 * GIB}, xids={"31": 1})) == []
+
+
+def test_xid_79_on_a_time_shared_gpu_affects_every_pod_and_names_no_cause():
+    a, b, c = pod("a"), pod("b"), pod("c")
+    node = Node({1: a, 2: b, 3: c})
+    node.pass_(gpu({1: GIB, 2: GIB, 3: GIB}))
+    [incident] = node.pass_(gpu({1: GIB, 2: GIB, 3: GIB}, xids={"79": 1}))
+    assert incident.xid == 79 and incident.action == "reboot_node"
+    assert incident.caused_by == () and not incident.cause_known
+    assert set(incident.affected) == {a, b, c}
+    message = event_messages(incident)[0][2]
+    assert message.startswith("GPU 2 (GPU-2, node gpu-node-7) raised Xid 79 (") and "while this container held it" in message
+
+
+def test_xid_119_naming_nvidia_smi_has_no_cause():
+    node = Node({1: TRAINER})
+    node.pass_(gpu({1: GIB}))
+    record = XidRecord(9, 1, BUS, 119, 4242, "nvidia-smi", "Timeout after 6s of waiting for RPC response")
+    [incident] = node.pass_(gpu({1: GIB}), records=(record,))
+    assert incident.caused_by == () and incident.affected == (TRAINER,)
+    assert "nvidia-smi" in incident.detail and "not a cause" in incident.detail
+
+
+def test_an_nvml_xid_waits_for_the_kernel_log_line_when_one_is_read():
+    node = Node({1: TRAINER}, xid_hold=2.0)
+    node.pass_(gpu({1: GIB}))
+    assert node.pass_(gpu({1: GIB}, xids={"13": 1})) == []  # held: the log may name the process
+    record = XidRecord(3, 1, BUS, 13, 1, "python", "Graphics SM Warp Exception")
+    [incident] = node.pass_(gpu({1: GIB}, xids={"13": 1}), records=(record,))
+    assert incident.caused_by == (TRAINER,)
+    assert node.pass_(gpu({1: GIB}, xids={"13": 1})) == [] and node.pass_(gpu({1: GIB}, xids={"13": 1})) == []
+    # no line comes: reported from NVML after the hold
+    assert node.pass_(gpu({1: GIB}, xids={"13": 2})) == []
+    node.pass_(gpu({1: GIB}, xids={"13": 2}))
+    [late] = node.pass_(gpu({1: GIB}, xids={"13": 2}))
+    assert late.xid == 13 and late.caused_by == () and late.affected == (TRAINER,)
+
+
+def test_a_gpu_lost_reason_affects_whoever_held_it():
+    node = Node({1: TRAINER})
+    node.pass_(gpu({1: GIB}))
+    [incident] = node.pass_(gpu({}, up=False), reasons={"GPU-2": {"gpu_lost"}})
+    assert incident.kind == "gpu_lost" and incident.affected == (TRAINER,)
+    assert node.pass_(gpu({}, up=False), reasons={"GPU-2": {"gpu_lost"}}) == []  # once, when it appears
+
+
+def test_the_history_is_bounded():
+    node = Node({1: TRAINER}, history=3)
+    node.pass_(gpu({1: GIB}))
+    for n in range(1, 6):
+        node.pass_(gpu({1: GIB}, xids={"79": n}))
+    assert [i.time for i in node.tracker.recent()] == sorted((i.time for i in node.tracker.recent()), reverse=True)
+    assert len(node.tracker.recent()) == 3
+
+
+def test_peaks_catch_a_spike_between_two_scrapes_and_forget_it_after_the_window():
+    peaks: PeakSeries[str] = PeakSeries(30.0)
+    for t, used in enumerate([10, 12, 70, 11, 10]):
+        peaks.observe(float(t), [("GPU-2", used)])
+    assert peaks.peaks() == {"GPU-2": 70}
+    peaks.observe(33.0, [("GPU-2", 9)])
+    assert peaks.peaks() == {"GPU-2": 11}  # the spike at t=2 left the window
+    peaks.observe(70.0, [])
+    assert peaks.peaks() == {}  # a series not fed for a window is forgotten
