@@ -144,7 +144,8 @@ def known_metrics() -> frozenset[str]:
     from exporter.catalogue import BY_NAME
 
     names = set(BY_NAME)
-    names |= set(re.findall(r"DCGM_FI_[A-Z0-9_]+", (REPO / "exporter" / "dcgm.py").read_text()))
+    for module in ("dcgm.py", "dcgm_health.py"):  # the DCGM schema's field tables
+        names |= set(re.findall(r"DCGM_FI_[A-Z0-9_]+", (REPO / "exporter" / module).read_text()))
     names |= {rule["record"] for rule in rules() if "record" in rule}
     return frozenset(names)
 
@@ -173,7 +174,12 @@ def metric_exists(name: str) -> bool:
 
 @cache
 def alerts() -> frozenset[str]:
-    return frozenset(rule["alert"] for rule in rules() if "alert" in rule)
+    """The alerts of the rules files, and the reasons of the Kubernetes Events the agent posts
+    (written the same way: GPUFaultCaused, ...)."""
+    sys.path.insert(0, str(REPO))
+    from exporter.incidents.engine import EVENT_REASONS
+
+    return frozenset(rule["alert"] for rule in rules() if "alert" in rule) | EVENT_REASONS
 
 
 @cache

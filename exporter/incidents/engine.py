@@ -39,6 +39,8 @@ APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 69, 94, 109})
 # Xids whose named process is the caller that noticed (nvidia-smi, the agent): not a cause.
 CALLER_XIDS = frozenset({119})
 GIB = 2**30
+# The reasons of the Kubernetes Events an incident posts on its pods.
+EVENT_REASONS = frozenset({"GPUMemoryExhausted", "GPUFaultCaused", "GPUFaultAffected"})
 
 
 @dataclass(frozen=True)
