@@ -105,7 +105,7 @@ def _build(args: argparse.Namespace) -> _Agent:
     collector.on_snapshot = _after_each_pass(watch, exposition)
     bridge = _start_bridge(args, registry, backends)
     pages = SnapshotPages(lambda: collector.snapshot, args.node_name, args.interval, extra_names,
-                          gpm_status=lambda: gpm_status(backends))
+                          gpm_status=lambda: gpm_status(backends), incidents=watch.recent_json)
     app = make_app(exposition, lambda: collector.snapshot, collector.alive, args.node_name,
                    middlewares=[watcher.middleware] if watcher is not None else (), pages=pages,
                    health=collector.liveness, incidents=watch.recent_json)

@@ -50,3 +50,15 @@ def test_an_xid_in_the_kernel_log_names_the_pod_that_caused_it(agent_factory, tm
     log = agent.log_path.read_text()
     line = next(json.loads(x) for x in log.splitlines() if '"incident"' in x)
     assert line["level"] == "warning" and line["incident"]["xid"] == 31
+    # the page's Incidents panel, newest first, and the snapshot JSON the page is made from
+    def page_with_panel() -> str | None:
+        body = agent.get("/")[2].decode()
+        return body if 'class="incidents"' in body else None
+
+    page = wait_until(page_with_panel, what="the page's Incidents panel")
+    panel = page[page.index('<section class="incidents">'):]
+    panel = panel[:panel.index("</section>")]
+    assert '<tr data-kind="xid"><td>GPU 2</td><td>xid 31</td>' in panel
+    assert "ml-research/llm-finetune-worker-0/trainer" in panel and "restart app" in panel
+    snapshot = json.loads(agent.get("/api/v1/snapshot")[2])
+    assert [i["xid"] for i in snapshot["incidents"]] == [31]

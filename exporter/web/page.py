@@ -293,8 +293,33 @@ def render_main(doc: Mapping[str, Any] | None, interval: float = 1.0) -> str:
     cards = ("".join(_gpu_card(g, interval) for g in sorted(gpus, key=health_rank))
              or '<p class="none">no GPUs found on this node</p>')
     return (f'<main data-seq="{_e(doc.get("seq", 0))}" data-ts="{_e(doc.get("timestamp", 0))}">'
-            f'{_attention(gpus, interval, doc.get("stuck") or ())}{_summary(gpus)}<div class="grid">{cards}</div>'
+            f'{_attention(gpus, interval, doc.get("stuck") or ())}{_summary(gpus)}'
+            f'{_incidents(doc.get("incidents") or (), doc.get("timestamp"))}<div class="grid">{cards}</div>'
             '</main>')
+
+
+def _incidents(incidents: Sequence[Mapping[str, Any]], now: Any, shown: int = 20) -> str:
+    """The "Incidents" panel: the newest first, each with GPU, kind, cause, affected, action, age."""
+    if not incidents:
+        return ""
+
+    def names(key: str, incident: Mapping[str, Any]) -> str:
+        return ", ".join(_e(w.get("owner", "")) for w in incident.get(key) or ()) or "—"
+
+    rows = []
+    for incident in list(incidents)[:shown]:
+        kind = _e(incident.get("kind", ""))
+        if incident.get("xid") is not None:
+            kind += f" {_e(incident['xid'])}"
+        age = duration(float(now) - float(incident.get("time", now))) if isinstance(now, (int, float)) else "n/a"
+        cause = names("caused_by", incident) if incident.get("cause_known") else "unknown"
+        rows.append(f'<tr data-kind="{_e(incident.get("kind", ""))}"><td>GPU {_e(incident.get("gpu", "?"))}</td>'
+                    f'<td>{kind}</td><td>{cause}</td><td>{names("affected", incident)}</td>'
+                    f'<td>{_e(str(incident.get("action", "")).replace("_", " "))}</td><td class="n">{age} ago</td>'
+                    f'<td class="detail">{_e(incident.get("detail", ""))}</td></tr>')
+    return ('<section class="incidents"><h2>Incidents</h2><table><thead><tr><th>GPU</th><th>kind</th>'
+            '<th>caused by</th><th>affected</th><th>action</th><th class="n">age</th><th>what was seen</th>'
+            f'</tr></thead><tbody>{"".join(rows)}</tbody></table></section>')
 
 
 def render_page(doc: Mapping[str, Any] | None, node: str, interval: float, links: Iterable[str] = (),
@@ -357,8 +382,10 @@ class SnapshotPages:
 
     def __init__(self, get_snapshot: Callable[[], Snapshot | None], node: str, interval: float = 1.0,
                  extra_label_names: Sequence[str] = (),
-                 gpm_status: Callable[[], Mapping[tuple[int, str], str]] | None = None):
+                 gpm_status: Callable[[], Mapping[tuple[int, str], str]] | None = None,
+                 incidents: Callable[[], list[dict[str, Any]]] | None = None):
         self._get_snapshot = get_snapshot
+        self._incidents = incidents
         self._gpm_status = gpm_status
         self.node = node
         self.interval = interval
@@ -371,7 +398,10 @@ class SnapshotPages:
 
     def _document(self, snap: Snapshot) -> dict[str, Any]:
         if self._doc is None or self._doc[0] != snap.seq:
-            self._doc = (snap.seq, snapshot_document(snap, self.extra_label_names, self._read_gpm_status()))
+            doc = snapshot_document(snap, self.extra_label_names, self._read_gpm_status())
+            if self._incidents is not None:
+                doc["incidents"] = self._incidents()  # newest first (docs/INCIDENTS.md)
+            self._doc = (snap.seq, doc)
         return self._doc[1]
 
     def _read_gpm_status(self) -> Mapping[tuple[int, str], str]:
