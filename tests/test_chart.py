@@ -38,7 +38,7 @@ UNIT = REPO / "deploy" / "systemd" / "l9gpu.service"
 
 # The install command users are given (README.md and the chart's README lead with it).
 INSTALL_COMMAND = """\
-helm install l9gpu l9gpu/l9gpu -n monitoring \\
+helm install l9gpu l9gpu/l9gpu -n l9gpu \\
   --set otlp.endpoint="otel-collector.monitoring.svc.cluster.local:4317" \\
   --set otlp.insecure=true \\
   --set polling.interval="2s\""""
@@ -275,7 +275,7 @@ def validate_objects(release: Release, tmp_path: Path) -> list[str]:
 
 def _documented() -> tuple[dict[str, Any], str, str]:
     release, chart, namespace, values = _install_command(INSTALL_COMMAND)
-    assert (release, chart, namespace) == ("l9gpu", "l9gpu/l9gpu", "monitoring")
+    assert (release, chart, namespace) == ("l9gpu", "l9gpu/l9gpu", "l9gpu")
     return values, release, namespace
 
 
@@ -378,7 +378,7 @@ def test_the_documented_install_command_sets_every_value_it_names():
     assert "OTLP: pushing to otel-collector.monitoring.svc.cluster.local:4317 over grpc (plaintext) every 60s" \
         in release.notes
     metadata = release.one("DaemonSet")["metadata"]
-    assert (metadata["name"], metadata["namespace"]) == ("l9gpu", "monitoring")
+    assert (metadata["name"], metadata["namespace"]) == ("l9gpu", "l9gpu")
 
 
 def test_the_readmes_lead_with_the_install_command():

@@ -36,7 +36,7 @@ EXTERNAL_FLAGS = frozenset({
     # docker
     "--rm", "--pid", "--gpus", "--platform",
     # pip, curl, promtool, stress-ng
-    "--upgrade", "--no-deps", "--only-binary", "--silent", "--cpu", "--timeout",
+    "--upgrade", "--no-deps", "--only-binary", "--target", "--silent", "--cpu", "--timeout",
     # the kubelet's, chromium's, SGLang's
     "--cgroups-per-qos", "--dump-dom", "--enable-metrics",
     # Prometheus' and Mimir's (docs/CHARGEBACK.md), exporter-toolkit's
