@@ -9,6 +9,7 @@ they do not know: new keys are added without a schema change.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
 from exporter.escape import strict_json
@@ -44,6 +45,12 @@ def idle_holding(memory_used_bytes: int | None, sm_utilization: float | None) ->
     says for how long it has lasted), the ``GPUZombieWorkload`` alert after an hour.
     """
     return bool(memory_used_bytes) and sm_utilization == 0.0
+
+
+def rfc3339(unix_seconds: float) -> str:
+    """Unix seconds as an RFC 3339 UTC time, to the millisecond (``2026-12-01T21:41:00.123Z``)."""
+    moment = datetime.fromtimestamp(unix_seconds, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 def workload_json(workload: Workload) -> dict[str, Any]:
@@ -144,7 +151,8 @@ def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = (),
                 "processes": rest.processes if rest is not None else 0,
             },
         })
-    return {"schema_version": SCHEMA_VERSION, "node": snap.node, "timestamp": snap.timestamp, "seq": snap.seq,
+    return {"schema_version": SCHEMA_VERSION, "node": snap.node, "timestamp": snap.timestamp,
+            "timestamp_rfc3339": rfc3339(snap.timestamp), "seq": snap.seq,
             "gpus": gpus, "stuck": [_stuck_entry(call, index_of) for call in snap.stuck]}
 
 

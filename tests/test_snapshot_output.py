@@ -222,3 +222,16 @@ def test_attention_names_down_gpus_and_sm_busy_without_tensor_cores():
         "  idle holder: ns/pod/\\x1b[2Jc holds 2.0 GiB on GPU 4 MIG 1 at 0% SM in this pass",
     ]
     assert format_attention({"gpus": [{"index": 0, "up": True, "workloads": []}]}) == ""
+
+
+def test_the_json_timestamp_is_also_rfc3339():
+    from datetime import datetime
+
+    from agent import run_cli
+
+    result = run_cli(["snapshot", "--backend", "simulated", "--json"])
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["timestamp_rfc3339"].endswith("Z")
+    parsed = datetime.fromisoformat(doc["timestamp_rfc3339"].replace("Z", "+00:00"))
+    assert abs(parsed.timestamp() - doc["timestamp"]) < 0.001

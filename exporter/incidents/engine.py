@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 from exporter.escape import for_terminal
 from exporter.health.policy import RULES, XIDS
 from exporter.model import UNKNOWN, DeviceSample, Workload
-from exporter.snapshot_json import describe_owner, workload_json
+from exporter.snapshot_json import describe_owner, rfc3339, workload_json
 
 KINDS = ("memory_exhausted", "xid", "gpu_lost", "row_remap_failure", "nvlink_errors", "stuck_in_driver_call")
 REASON_KINDS = ("gpu_lost", "row_remap_failure", "nvlink_errors", "stuck_in_driver_call")
@@ -286,11 +286,8 @@ class IncidentTracker:
 
 def incident_json(incident: Incident, extra_names: Sequence[str] = ()) -> dict[str, Any]:
     """An incident as ``/api/v1/incidents`` serves it (docs/INCIDENTS.md)."""
-    import time
-
     return {
-        "kind": incident.kind, "time": incident.time,
-        "time_rfc3339": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(incident.time)),
+        "kind": incident.kind, "time": incident.time, "time_rfc3339": rfc3339(incident.time),
         "node": incident.node, "gpu": incident.gpu, "uuid": incident.uuid, "gpu_instance": incident.gpu_instance,
         "xid": incident.xid, "action": incident.action,
         "caused_by": [workload_json(w) for w in incident.caused_by],
