@@ -57,9 +57,11 @@ def _utilisation_and_memory(b: Board) -> None:
     b.add(timeseries("Memory controller utilisation", [target(f"gpu_memory_utilization_ratio{{{DEV}}}", LEG)],
                      "percentunit", "Fraction of time device memory was read or written.", maximum=1), 12, 8)
     b.add(timeseries("Memory used", [target(f"gpu_memory_used_bytes{{{DEV}}}", LEG),
-                                     target(f"gpu_memory_total_bytes{{{DEV}}}", LEG + " total", ref="B")],
-                     "bytes", overrides=[by_regexp(".* total", custom__lineStyle=DASHED,
-                                                   custom__fillOpacity=0)]), 12, 8)
+                                     target(f"gpu_memory_total_bytes{{{DEV}}}", LEG + " total", ref="B"),
+                                     target(f"gpu_memory_peak_bytes{{{DEV}}}", LEG + " peak", ref="C")],
+                     "bytes", "The peak is the most in use over the agent's --peak-window (30 s): a spike between "
+                     "two scrapes.", overrides=[by_regexp(".* (total|peak)", custom__lineStyle=DASHED,
+                                                          custom__fillOpacity=0)]), 12, 8)
     b.add(bargauge("Memory used / total",
                    [target(f"gpu_memory_used_bytes{{{DEV}}} / gpu_memory_total_bytes{{{DEV}}}", LEG, instant=True)],
                    "percentunit", maximum=1), 12, 8)
@@ -235,6 +237,17 @@ def _agent_health(b: Board) -> None:
         "limit, header deadline and size, accept failures (out of file descriptors), and the web config's refusals "
         "(certificate, rate limit, queued password checks, failed logins). Alert L9gpuListenerUnderFlood.",
         draw=BARS), 24, 6)
+    b.add(timeseries("Kernel log records", [
+        target(f"sum by (node, outcome) (rate(l9gpu_kernel_log_records_total[$__rate_interval]) * {WITH_NODE})",
+               "{{node}} {{outcome}}")], "none",
+        "Kernel log records read per second with --kernel-log, by outcome (xid: an NVIDIA Xid line; overwritten: "
+        "lost before they were read); present only where the kernel log is read.", draw=BARS), 12, 6)
+    b.add(timeseries("Kubernetes Events about incidents", [
+        target(f"sum by (node, outcome) (rate(l9gpu_kubernetes_events_total[$__rate_interval]) * {WITH_NODE})",
+               "{{node}} {{outcome}}")], "none",
+        "Events the agent posted on pods about GPU incidents per second, by outcome (posted, aggregated into a "
+        "repeat, rate_limited, forbidden, throttled, failed); present only where the agent uses the Kubernetes API.",
+        draw=BARS), 12, 6)
 
 
 ROWS = [_overview, _gpu_health, _utilisation_and_memory, _activity, _power_and_temperature, _clocks_and_pcie,

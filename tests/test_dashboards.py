@@ -44,6 +44,8 @@ ALLOWED_EMPTY = {
     "gpu_xid_errors_total": "no XID events on the simulated node, and the family has no series until one occurs",
     "l9gpu_backend_errors_total": "the simulated backend meets no errors, so the counter has no series",
     "l9gpu_otlp_exports_total": "OTLP push is off in this test; the family exists only while it is on",
+    "l9gpu_kernel_log_records_total": "the kernel log is not read in this test (--kernel-log off)",
+    "l9gpu_kubernetes_events_total": "no Kubernetes API on the simulated node: no Events are posted",
     "gpu_up{node=~\".*\", gpu=~\".*\"} == 0": "every simulated GPU is up",
     "gpu_stuck_call_seconds": "no simulated GPU is stuck in a driver call: the family has series only then",
 }

@@ -279,12 +279,14 @@ def _summary(gpus: Sequence[Mapping[str, Any]]) -> str:
     return '<p class="summary">' + " · ".join(parts) + "</p>"
 
 
-def render_main(doc: Mapping[str, Any] | None, interval: float = 1.0) -> str:
+def render_main(doc: Mapping[str, Any] | None, interval: float = 1.0,
+                incidents: Sequence[Mapping[str, Any]] = ()) -> str:
     """The page's ``<main>``: what the script swaps in on every refresh.
 
     Args:
         doc: a `snapshot_document` (None before the first pass).
         interval: the collection interval, seconds (a zombie is flagged after three passes).
+        incidents: the incidents for the "Incidents" panel, newest first.
     """
     if doc is None:
         return ('<main data-seq="0" data-ts="0"><p class="none">waiting for the first collection pass'
@@ -294,7 +296,7 @@ def render_main(doc: Mapping[str, Any] | None, interval: float = 1.0) -> str:
              or '<p class="none">no GPUs found on this node</p>')
     return (f'<main data-seq="{_e(doc.get("seq", 0))}" data-ts="{_e(doc.get("timestamp", 0))}">'
             f'{_attention(gpus, interval, doc.get("stuck") or ())}{_summary(gpus)}'
-            f'{_incidents(doc.get("incidents") or (), doc.get("timestamp"))}<div class="grid">{cards}</div>'
+            f'{_incidents(incidents, doc.get("timestamp"))}<div class="grid">{cards}</div>'
             '</main>')
 
 
@@ -323,7 +325,7 @@ def _incidents(incidents: Sequence[Mapping[str, Any]], now: Any, shown: int = 20
 
 
 def render_page(doc: Mapping[str, Any] | None, node: str, interval: float, links: Iterable[str] = (),
-                version: str = __version__) -> str:
+                version: str = __version__, incidents: Sequence[Mapping[str, Any]] = ()) -> str:
     """The whole HTML document for ``doc`` (a `snapshot_document`, or None before the first pass).
 
     Args:
@@ -332,6 +334,7 @@ def render_page(doc: Mapping[str, Any] | None, node: str, interval: float, links
         interval: seconds between refreshes (the agent's collection interval).
         links: paths listed in the footer.
         version: the agent's version, shown in the footer.
+        incidents: the incidents the agent remembers, newest first (`IncidentWatch.recent_json`).
     """
     refresh = max(0.5, interval)
     asof = "n/a"
@@ -339,7 +342,8 @@ def render_page(doc: Mapping[str, Any] | None, node: str, interval: float, links
         asof = time.strftime("%H:%M:%S UTC", time.gmtime(float(doc["timestamp"])))
     return _TEMPLATE.substitute(
         title=_e(f"{node} · l9gpu"), node=_e(node), refresh_ms=int(refresh * 1000),
-        refresh_s=max(1, round(refresh)), asof=_e(asof), main=render_main(doc, interval), version=_e(version),
+        refresh_s=max(1, round(refresh)), asof=_e(asof), main=render_main(doc, interval, incidents),
+        version=_e(version),
         links=" · ".join(f'<a href="{_e(p)}">{_e(p)}</a>' for p in links))
 
 
@@ -398,10 +402,7 @@ class SnapshotPages:
 
     def _document(self, snap: Snapshot) -> dict[str, Any]:
         if self._doc is None or self._doc[0] != snap.seq:
-            doc = snapshot_document(snap, self.extra_label_names, self._read_gpm_status())
-            if self._incidents is not None:
-                doc["incidents"] = self._incidents()  # newest first (docs/INCIDENTS.md)
-            self._doc = (snap.seq, doc)
+            self._doc = (snap.seq, snapshot_document(snap, self.extra_label_names, self._read_gpm_status()))
         return self._doc[1]
 
     def _read_gpm_status(self) -> Mapping[tuple[int, str], str]:
@@ -424,7 +425,8 @@ class SnapshotPages:
         if kind == "json":
             body = document_json(doc, pretty=False).encode()
         else:
-            body = render_page(doc, snap.node or self.node, self.interval, self.links).encode()
+            incidents = self._incidents() if self._incidents is not None else ()
+            body = render_page(doc, snap.node or self.node, self.interval, self.links, incidents=incidents).encode()
         self.renders[kind] += 1
         hit = _View(kind, snap.seq, f'"{self._boot}-{snap.seq}-{kind}"', body, timestamp=snap.timestamp)
         self._views[kind] = hit
