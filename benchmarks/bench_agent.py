@@ -146,7 +146,13 @@ def bench_render(path: Path, renders: int = 50) -> dict[str, list[float]]:
     return results
 
 
-def bench_nvml_pass(path: Path, h200_costs: bool, passes: int) -> tuple[list[float], list[float], int]:
+def _health_args(health_interval: str | None) -> list[str]:
+    """``--health-interval`` for the agent; None leaves the agent's default."""
+    return [] if health_interval is None else ["--health-interval", health_interval]
+
+
+def bench_nvml_pass(path: Path, h200_costs: bool, passes: int,
+                    health_interval: str | None = None) -> tuple[list[float], list[float], int]:
     """Wall and CPU time of warm passes through the NVML backend on the fake node."""
     import fake_nvml_agent
 
@@ -159,7 +165,8 @@ def bench_nvml_pass(path: Path, h200_costs: bool, passes: int) -> tuple[list[flo
     plain_init = procfs.ProcCache.__init__
     fake_nvml_agent.install(str(path), h200_costs)
     try:
-        args = build_parser().parse_args(["snapshot", "--backend", "nvml", "--kubernetes", "off"])
+        args = build_parser().parse_args(["snapshot", "--backend", "nvml", "--kubernetes", "off",
+                                          *_health_args(health_interval)])
         backends, attributor = open_sources(args)
         collector, _ = build_collector(args, backends, attributor)
         collector.collect_once()
@@ -203,7 +210,7 @@ def _wait_ready(port: int, proc: subprocess.Popen, path: str = "/readyz") -> Non
 
 def bench_serve_cpu(path: Path, h200_costs: bool | None, seconds: float,
                     scrape_every: float = 15.0, repo: Path = REPO,
-                    peer: Path | None = None) -> tuple[float, int, float]:
+                    peer: Path | None = None, health_interval: str | None = None) -> tuple[float, int, float]:
     """The agent process's CPU per 1 s interval while Prometheus scrapes every 15 s.
 
     Args:
@@ -229,7 +236,7 @@ def bench_serve_cpu(path: Path, h200_costs: bool | None, seconds: float,
         argv = [sys.executable, str(repo / "benchmarks" / "fake_nvml_agent.py"), str(path)]
         if h200_costs:
             argv.append("--h200-costs")
-        argv += ["--"] + serve + ["--kubernetes", "off"]
+        argv += ["--"] + serve + ["--kubernetes", "off", *_health_args(health_interval)]
     proc = subprocess.Popen(argv, env=env, cwd=repo, stderr=subprocess.DEVNULL if peer is not None else None)
     url = f"http://127.0.0.1:{port}/metrics"
     pass_ms: list[float] = []
@@ -373,6 +380,8 @@ def main() -> int:
     parser.add_argument("--concurrent-seconds", type=float, default=5.0,
                         help="how long the 20 concurrent clients run per encoding")
     parser.add_argument("--no-nvml", action="store_true", help="only the simulated node")
+    parser.add_argument("--health-interval", metavar="DURATION|off", default=None,
+                        help="the NVML agent's --health-interval (off: no health reads; default: the agent's)")
     opts = parser.parse_args()
     rows = []
     with live_processes(16 + PROCESSES) as pids, tempfile.TemporaryDirectory() as tmp:
@@ -387,8 +396,9 @@ def main() -> int:
         for label, path in nodes.items():
             for costs in (() if opts.no_nvml else (False, True)):
                 name = f"{label}, {'H200 call costs' if costs else 'free calls'}"
-                walls, cpus, procs = bench_nvml_pass(path, costs, opts.passes)
-                cpu_ms, scrapes, agent_pass_ms = bench_serve_cpu(path, costs, opts.seconds)
+                walls, cpus, procs = bench_nvml_pass(path, costs, opts.passes, opts.health_interval)
+                cpu_ms, scrapes, agent_pass_ms = bench_serve_cpu(path, costs, opts.seconds,
+                                                                 health_interval=opts.health_interval)
                 rows.append((name, procs, walls, cpus, cpu_ms, agent_pass_ms, scrapes))
                 print(f"{name}: pass wall {fmt(walls)}; pass CPU {fmt(cpus)}; agent CPU {cpu_ms:.2f} ms per 1 s "
                       f"interval over {opts.seconds:.0f} s ({scrapes} scrapes)", flush=True)

@@ -46,6 +46,8 @@ It needs only the project's own requirements and torch.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import json
 import os
 import queue
@@ -998,6 +1000,133 @@ def report_gpm(result: dict[str, Any]) -> None:
         print(f"{'PASS' if check['passed'] else 'FAIL'}  {check['name']}: {check['detail']}")
 
 
+# ---- health calls: what the driver answers to every NVML call the health reads make --------
+# (exporter/devices/nvml/health.py): supported or the NVML error name, the values, and the
+# median wall and CPU cost per call over --health-repeats calls.
+def _health_calls(nvml: Any, handle: Any) -> list[tuple[str, Any]]:
+    """(label, zero-argument call) for every health read, as exporter.devices.nvml.health asks it."""
+    def const(name: str, default: int) -> int:
+        value = getattr(nvml, name, default)
+        return value if isinstance(value, int) else default
+
+    calls: list[tuple[str, Any]] = []
+    for name in ("nvmlDeviceGetRemappedRows", "nvmlDeviceGetRowRemapperHistogram",
+                 "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetCurrPcieLinkGeneration",
+                 "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
+                 "nvmlDeviceGetMaxPcieLinkWidth", "nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetPersistenceMode"):
+        calls.append((name, lambda n=name: getattr(nvml, n)(handle)))
+    for cause, default in (("NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0),
+                           ("NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1)):
+        calls.append((f"nvmlDeviceGetRetiredPages_v2({cause})",
+                      lambda c=const(cause, default): nvml.nvmlDeviceGetRetiredPages_v2(handle, c)))
+    for policy, default in (("NVML_PERF_POLICY_POWER", 0), ("NVML_PERF_POLICY_THERMAL", 1),
+                            ("NVML_PERF_POLICY_SYNC_BOOST", 2), ("NVML_PERF_POLICY_BOARD_LIMIT", 3),
+                            ("NVML_PERF_POLICY_LOW_UTILIZATION", 4), ("NVML_PERF_POLICY_RELIABILITY", 5)):
+        calls.append((f"nvmlDeviceGetViolationStatus({policy})",
+                      lambda p=const(policy, default): nvml.nvmlDeviceGetViolationStatus(handle, p)))
+    calls.append(("nvmlDeviceGetNvLinkState(0)", lambda: nvml.nvmlDeviceGetNvLinkState(handle, 0)))
+    for counter, default in (("NVML_NVLINK_ERROR_DL_REPLAY", 0), ("NVML_NVLINK_ERROR_DL_RECOVERY", 1),
+                             ("NVML_NVLINK_ERROR_DL_CRC_FLIT", 2), ("NVML_NVLINK_ERROR_DL_CRC_DATA", 3)):
+        calls.append((f"nvmlDeviceGetNvLinkErrorCounter(0, {counter})",
+                      lambda c=const(counter, default): nvml.nvmlDeviceGetNvLinkErrorCounter(handle, 0, c)))
+    fields = [("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", 3), ("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", 4)]
+    if isinstance(getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None), int):
+        fields.append(("NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION))
+    ids = [const(name, default) for name, default in fields]
+    calls.append((f"nvmlDeviceGetFieldValues({', '.join(n for n, _ in fields)})",
+                  lambda: [(v.nvmlReturn, v.value.ullVal) for v in nvml.nvmlDeviceGetFieldValues(handle, ids)]))
+    for name, struct_name, version_name in (
+            ("nvmlDeviceGetSramEccErrorStatus", "c_nvmlEccSramErrorStatus_v1_t", "nvmlEccSramErrorStatus_v1"),
+            ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t", "nvmlGpuFabricInfo_v2")):
+        calls.append((name, functools.partial(_struct_call, nvml, handle, name, struct_name, version_name)))
+    return calls
+
+
+def _struct_call(nvml: Any, handle: Any, name: str, struct_name: str, version_name: str) -> Any:
+    struct_type = getattr(nvml, struct_name, None)
+    if struct_type is None or not hasattr(nvml, name):
+        raise AttributeError(f"the binding has no {name} or {struct_name}")
+    info = struct_type()
+    version = getattr(nvml, version_name, None)
+    if isinstance(version, int):
+        info.version = version
+    getattr(nvml, name)(handle, ctypes.byref(info) if isinstance(info, ctypes.Structure) else info)
+    return {field: getattr(info, field) for field, *_ in getattr(info, "_fields_", ()) if field != "version"}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    fields = getattr(value, "_fields_", None)
+    if fields:
+        return {name: _plain(getattr(value, name)) for name, *_ in fields}
+    return repr(value)[:200]
+
+
+def _nvml_error_name(nvml: Any, exc: BaseException) -> str:
+    code = getattr(exc, "value", None)
+    for name in dir(nvml):
+        if name.startswith("NVML_ERROR_") and getattr(nvml, name) == code:
+            return name
+    return f"{type(exc).__name__}: {exc}"[:120]
+
+
+def health_calls_section(nvml: Any, device: int, repeats: int = 50) -> list[dict[str, Any]]:
+    """Every NVML health call once for its answer, then ``repeats`` times for its cost."""
+    nvml.nvmlInit()
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(device)
+        rows = []
+        for label, call in _health_calls(nvml, handle):
+            row: dict[str, Any] = {"call": label}
+            try:
+                row.update(supported=True, value=_plain(call()))
+            except Exception as exc:  # noqa: BLE001 - the answer is what is recorded
+                row.update(supported=False, error=_nvml_error_name(nvml, exc))
+            walls, cpus = [], []
+            for _ in range(repeats):
+                wall, cpu = time.perf_counter(), time.thread_time()
+                try:
+                    call()
+                except Exception:  # noqa: BLE001 - an unsupported call costs too
+                    pass
+                cpus.append(time.thread_time() - cpu)
+                walls.append(time.perf_counter() - wall)
+            row.update(calls=repeats, median_wall_us=round(statistics.median(walls) * 1e6, 2),
+                       median_cpu_us=round(statistics.median(cpus) * 1e6, 2))
+            rows.append(row)
+        return rows
+    finally:
+        nvml.nvmlShutdown()
+
+
+def report_health_calls(rows: list[dict[str, Any]]) -> None:
+    print("\nNVML health calls (answer; median wall / CPU per call)")
+    for row in rows:
+        answer = json.dumps(row["value"])[:70] if row["supported"] else row["error"]
+        print(f"  {row['call'][:72]:<72} {row['median_wall_us']:>9.1f} us {row['median_cpu_us']:>9.1f} us  {answer}")
+
+
+def run_health_calls(args: argparse.Namespace) -> int:
+    """The health-calls section on a real GPU: 0 recorded, 2 cannot run (no nvidia-ml-py)."""
+    import importlib.util
+
+    if importlib.util.find_spec("pynvml") is None:
+        print("gpu_check: the health-calls section needs nvidia-ml-py", file=sys.stderr)
+        return 2
+    import pynvml  # type: ignore[import-untyped,unused-ignore]
+
+    rows = health_calls_section(pynvml, args.device, args.health_repeats)
+    report_health_calls(rows)
+    if os.environ.get("OUT"):
+        (Path(os.environ["OUT"]) / "gpu_check_health.json").write_text(json.dumps(rows, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Check l9gpu's NVIDIA backend against a real PyTorch workload on a real GPU "
@@ -1018,6 +1147,10 @@ def build_parser() -> argparse.ArgumentParser:
     gpm.add_argument("--gpm-idle-seconds", type=float, default=10.0, help="idle phase (default: 10)")
     gpm.add_argument("--gpm-tick", type=float, default=1.0, help="seconds between GPM samples (default: 1)")
     gpm.add_argument("--gpm-workload-child", action="store_true", help=argparse.SUPPRESS)
+    health = parser.add_argument_group("health calls (what the driver answers to each NVML health read)")
+    health.add_argument("--no-health-calls", action="store_true", help="skip the health-calls section")
+    health.add_argument("--health-calls-only", action="store_true", help="run only the health-calls section")
+    health.add_argument("--health-repeats", type=int, default=50, help="calls per health call timed (default: 50)")
     return parser
 
 
@@ -1027,9 +1160,13 @@ def main(argv: list[str] | None = None) -> int:
         return run_workload(args.gib, args.busy_seconds, args.idle_seconds, args.device)
     if args.gpm_workload_child:
         return run_bf16_workload(args.gpm_busy_seconds, args.gpm_idle_seconds)
+    if args.health_calls_only:
+        return run_health_calls(args)
     status = 0 if args.gpm_only else run_check(args)
     if not args.no_gpm and status != 2:
         status = max(status, run_gpm_check(args))
+    if not args.no_health_calls and not args.gpm_only and status != 2:
+        status = max(status, run_health_calls(args))
     return status
 
 

@@ -113,3 +113,19 @@ def test_without_torch_the_section_says_so(gpu_check, capsys):
         pytest.skip("torch is installed here")
     assert gpu_check.main(["--gpm-only"]) == 2
     assert "needs torch" in capsys.readouterr().err
+
+
+def test_the_health_calls_section_records_the_fakes_answers(gpu_check, capsys):
+    fake = FakeNvml(gpus=[FakeGpu()])
+    rows = gpu_check.health_calls_section(fake, 0, repeats=5)
+    by_call = {row["call"]: row for row in rows}
+    assert "nvmlDeviceGetRemappedRows" in by_call and "nvmlDeviceGetPcieReplayCounter" in by_call
+    assert any(call.startswith("nvmlDeviceGetViolationStatus(") for call in by_call)
+    assert any(call.startswith("nvmlDeviceGetFieldValues(") for call in by_call)
+    for row in rows:
+        assert row["calls"] == 5 and row["median_wall_us"] >= 0 and row["median_cpu_us"] >= 0
+        assert row["supported"] == ("value" in row) and row["supported"] != ("error" in row)
+    assert by_call["nvmlDeviceGetMaxPcieLinkWidth"]["supported"]
+    assert isinstance(by_call["nvmlDeviceGetMaxPcieLinkWidth"]["value"], int)
+    gpu_check.report_health_calls(rows)
+    assert "NVML health calls" in capsys.readouterr().out

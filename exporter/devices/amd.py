@@ -39,8 +39,15 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from exporter.bulkhead import Read, check_abandoned
+from exporter.devices.amd_health import AmdHealth
 from exporter.devices.base import Backend, BackendUnavailable
-from exporter.devices.health_schedule import DEFAULT_HEALTH_INTERVAL, HealthSchedule, health_interval_from
+from exporter.devices.health_schedule import (
+    BOOT_ID_PATH,
+    DEFAULT_HEALTH_INTERVAL,
+    HealthSchedule,
+    health_interval_from,
+    read_boot_id,
+)
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
 from exporter.shares import READ_ALL, PassPlan
 
@@ -159,9 +166,13 @@ class AmdBackend(Backend):
         """``--health-interval`` (declared once for every backend)."""
         return {"health_interval": health_interval_from(args)}
 
-    def __init__(self, amdsmi: Any = None, health_interval: float | None = DEFAULT_HEALTH_INTERVAL):
-        # Health reads (ECC per block, bad pages, PCIe, XGMI) are not made yet: the interval is kept.
+    def __init__(self, amdsmi: Any = None, health_interval: float | None = DEFAULT_HEALTH_INTERVAL,
+                 boot_id_path: str = BOOT_ID_PATH):
+        # Health reads (`exporter.devices.amd_health`): ECC per block, bad pages, PCIe, XGMI.
         self._health = HealthSchedule(health_interval)
+        self._health_reader: AmdHealth | None = None
+        self._boot_id_path = boot_id_path
+        self._boot_id: str | None = None
         self._lib = amdsmi
         self._handles: list[Any] = []
         self._static: dict[int, dict[str, str]] = {}
@@ -208,6 +219,8 @@ class AmdBackend(Backend):
             raise BackendUnavailable("amdsmi found no AMD GPUs on this node")
         for index, handle in enumerate(self._handles):
             self._static[index] = self._read_static(handle)
+        self._boot_id = read_boot_id(self._boot_id_path)
+        self._health_reader = AmdHealth(lib, self._exception_types(), self._is_unsupported, number, self._log_once)
         log.info("amd: %d GPU(s) found", len(self._handles))
 
     def close(self) -> None:
@@ -306,6 +319,10 @@ class AmdBackend(Backend):
                 if count is not None:
                     ecc_counts[ours] = int(count)
         activity = activity if isinstance(activity, Mapping) else {}
+        joules = energy_joules(energy)
+        health = None
+        if self._health_reader is not None and self._health.due(index, len(self._handles), now):
+            health = self._health_reader.read(index, handle, self._boot_id, joules)
         return DeviceSample(
             index=index,
             uuid=static.get("uuid", ""),
@@ -323,11 +340,12 @@ class AmdBackend(Backend):
             power_watts=socket_power_watts(power),
             power_limit_watts=power_limit_watts(power.get("power_limit"))
             if isinstance(power, Mapping) else None,
-            energy_joules=energy_joules(energy),
+            energy_joules=joules,
             sm_clock_hertz=sm_clock,
             memory_clock_hertz=mem_clock,
             ecc_errors=frozen_mapping(ecc_counts),
             processes=tuple(processes),
+            health=health,
         )
 
     def _memory(self, reads: _Reads, handle: Any) -> tuple[int | None, int | None]:

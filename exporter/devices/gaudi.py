@@ -42,11 +42,19 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.devices.base import SOURCE_FLAGS, Backend, BackendUnavailable
-from exporter.devices.health_schedule import DEFAULT_HEALTH_INTERVAL, HealthSchedule, health_interval_from
+from exporter.devices.gaudi_health import HEALTH_FIELDS, parse_health_csv
+from exporter.devices.health_schedule import (
+    BOOT_ID_PATH,
+    DEFAULT_HEALTH_INTERVAL,
+    HealthSchedule,
+    health_interval_from,
+    read_boot_id,
+)
+from exporter.health.signals import HealthSignals
 from exporter.model import DeviceSample, ProcessSample
 from exporter.parsing import argtype, parse_positive_duration
 
@@ -248,9 +256,11 @@ class GaudiBackend(Backend):
         return {**{k: v for k, v in options.items() if v is not None}, "health_interval": health_interval_from(args)}
 
     def __init__(self, hl_smi: str = "hl-smi", hl_smi_timeout: float = 5.0, proc_root: str = "/proc",
-                 health_interval: float | None = DEFAULT_HEALTH_INTERVAL):
-        # Health reads (a second, slow hl-smi query) are not made yet: the interval is kept.
+                 health_interval: float | None = DEFAULT_HEALTH_INTERVAL, boot_id_path: str = BOOT_ID_PATH):
+        # Health reads: a second, slow hl-smi query (`exporter.devices.gaudi_health`).
         self._health = HealthSchedule(health_interval)
+        self._boot_id_path = boot_id_path
+        self._boot_id: str | None = None
         self.hl_smi = hl_smi
         self.hl_smi_timeout = float(hl_smi_timeout)
         # The collector's deadline on a pass of this backend: hl-smi has its own timeout
@@ -286,6 +296,7 @@ class GaudiBackend(Backend):
             raise BackendUnavailable(f"{path} lists no Gaudi devices")
         # Remember every device now, so one that drops out later reads as down.
         self._known = {row.index: self._device(row, []) for row in rows}
+        self._boot_id = read_boot_id(self._boot_id_path)
         log.info("gaudi: %d device(s) found with %s", len(rows), path)
 
     def close(self) -> None:
@@ -305,11 +316,14 @@ class GaudiBackend(Backend):
         """
         rows = self._query()
         holders = scan_accel_processes(self.proc_root)
+        health = self._read_health([row.index for row in rows], now)
         samples: list[DeviceSample] = []
         present = set()
         for row in rows:
             present.add(row.index)
             sample = self._device(row, sorted(holders.get(row.index, ())))
+            if row.index in health:
+                sample = replace(sample, health=health[row.index])
             self._known[row.index] = sample
             samples.append(sample)
         for index in sorted(set(self._known) - present):
@@ -342,32 +356,25 @@ class GaudiBackend(Backend):
             return self.hl_smi if os.path.isfile(self.hl_smi) and os.access(self.hl_smi, os.X_OK) else None
         return shutil.which(self.hl_smi)
 
+    def _read_health(self, indexes: list[int], now: float) -> dict[int, HealthSignals]:
+        """The health of the devices due this pass (one hl-smi call for all of them); {} when
+        none is due or the health query fails (counted as ``health_query``, logged once)."""
+        due = [index for index in indexes if self._health.due(index, len(indexes), now)]
+        if not due:
+            return {}
+        try:
+            text = self._run(HEALTH_FIELDS, health=True)
+        except HlSmiError as exc:
+            self._count("health_query")
+            level = logging.DEBUG if "health" in self._warned else logging.WARNING
+            self._warned.add("health")
+            log.log(level, "gaudi: the hl-smi health query failed (%s); metrics carry on without it", exc)
+            return {}
+        ecc = parse_health_csv(text)
+        return {index: HealthSignals(ecc=ecc.get(index), boot_id=self._boot_id) for index in due}
+
     def _query(self) -> list[HlSmiRow]:
-        path = self._path or self._resolve() or self.hl_smi
-        argv = [path, "-Q", ",".join(QUERY_FIELDS), "-f", "csv,noheader,nounits"]
-        try:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True,  # so a timeout kills hl-smi and anything it started
-            )
-        except (FileNotFoundError, PermissionError) as exc:
-            self._count("not_found")
-            log.error("gaudi: cannot run hl-smi at %r: %s", path, exc)
-            raise HlSmiError(f"hl-smi not found at {path!r}: {exc}") from exc
-        try:
-            out, err = proc.communicate(timeout=self.hl_smi_timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            proc.communicate()
-            self._count("timeout")
-            log.warning("gaudi: %s did not answer within %gs; killed it", path, self.hl_smi_timeout)
-            raise HlSmiError(f"hl-smi did not answer within {self.hl_smi_timeout:g}s") from None
-        if proc.returncode != 0:
-            self._count("exit_status")
-            detail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-            log.warning("gaudi: %s exited with status %d: %s", path, proc.returncode, detail[0][:200])
-            raise HlSmiError(f"hl-smi exited with status {proc.returncode}: {detail[0][:200]}")
-        rows, problems = parse_hl_smi_csv(out.decode("utf-8", "replace"))
+        rows, problems = parse_hl_smi_csv(self._run(QUERY_FIELDS))
         if problems:
             self._errors["malformed_line"] = self._errors.get("malformed_line", 0) + len(problems)
             for problem in problems:
@@ -375,6 +382,36 @@ class GaudiBackend(Backend):
                 self._warned.add(problem)
                 log.log(level, "gaudi: skipped a malformed hl-smi line (%s)", problem)
         return rows
+
+    def _run(self, fields: tuple[str, ...], health: bool = False) -> str:
+        """hl-smi's answer to ``-Q <fields>``; a health query's failures are its caller's to count."""
+        path = self._path or self._resolve() or self.hl_smi
+        argv = [path, "-Q", ",".join(fields), "-f", "csv,noheader,nounits"]
+        count = (lambda reason: None) if health else self._count
+        warn, error = (log.debug, log.debug) if health else (log.warning, log.error)
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True,  # so a timeout kills hl-smi and anything it started
+            )
+        except (FileNotFoundError, PermissionError) as exc:
+            count("not_found")
+            error("gaudi: cannot run hl-smi at %r: %s", path, exc)
+            raise HlSmiError(f"hl-smi not found at {path!r}: {exc}") from exc
+        try:
+            out, err = proc.communicate(timeout=self.hl_smi_timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.communicate()
+            count("timeout")
+            warn("gaudi: %s did not answer within %gs; killed it", path, self.hl_smi_timeout)
+            raise HlSmiError(f"hl-smi did not answer within {self.hl_smi_timeout:g}s") from None
+        if proc.returncode != 0:
+            count("exit_status")
+            detail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+            warn("gaudi: %s exited with status %d: %s", path, proc.returncode, detail[0][:200])
+            raise HlSmiError(f"hl-smi exited with status {proc.returncode}: {detail[0][:200]}")
+        return out.decode("utf-8", "replace")
 
     def _count(self, reason: str) -> None:
         self._errors[reason] = self._errors.get(reason, 0) + 1

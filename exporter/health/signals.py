@@ -16,7 +16,7 @@ gives (see :data:`VENDOR_COVERAGE`) and converts units here, not in the policy:
 * AMD (amdsmi): ``amdsmi_get_gpu_ecc_count`` per block, ``amdsmi_get_gpu_total_ecc_count``
   (with deferred), ``amdsmi_get_gpu_bad_page_info`` / reserved pages, ``amdsmi_get_pcie_info``
   (width and speed in MT/s vs max, replay count), ``amdsmi_gpu_xgmi_error_status``.
-* Gaudi (hl-smi): pending rows, PCIe link generation and width, ECC mode.
+* Gaudi (hl-smi): ECC mode and the volatile and aggregate corrected/uncorrected totals.
 """
 
 from __future__ import annotations
@@ -224,16 +224,16 @@ def pcie_generation_from_speed(mt_per_s: int | None) -> int | None:
 VENDOR_COVERAGE: tuple[tuple[str, str, str, str], ...] = (
     ("signal", "NVIDIA (NVML)", "AMD (amdsmi)", "Gaudi (hl-smi)"),
     ("row remapping", "correctable, uncorrectable, pending, failure, banks without spare rows",
-     "no (bad/reserved pages instead)", "pending rows only"),
+     "no (bad/reserved pages instead)", "no (hl-smi's row replacement query is not read)"),
     ("retired pages", "by cause and pending (pre-Ampere)", "bad and reserved pages", "no"),
     ("ECC", "volatile/aggregate, corrected/uncorrected, SRAM threshold",
      "per block and total, with deferred", "mode and totals only"),
     ("PCIe", "generation and width vs max, replays", "width and speed vs max, replays",
-     "generation and width (no max, no replays)"),
+     "no (hl-smi has no link fields)"),
     ("GPU interconnect", "NVLink state and replay/recovery/CRC counters per link",
      "XGMI error status (one flag, no per-link counters)", "no"),
     ("violation time", "power, thermal, reliability, board limit, sync boost, low utilisation",
-     "where the library reports it", "no"),
+     "no (amdsmi's violation status is throttle counters, not time)", "no"),
     ("recovery action, fabric", "recovery action field (R565+), fabric state and health", "no", "no"),
     ("GPU lost / reset required", "NVML error codes", "amdsmi error codes", "hl-smi failure"),
 )

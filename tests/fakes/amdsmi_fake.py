@@ -19,6 +19,17 @@ the same units:
   ``amdsmi_get_gpu_process_info`` resolves (before 6.2). ``engine_usage.gfx`` is
   cumulative nanoseconds, ``memory_usage.vram_mem`` bytes.
 
+* health: ``amdsmi_get_gpu_ecc_count(handle, AmdSmiGpuBlock)`` and
+  ``amdsmi_get_gpu_total_ecc_count`` return ``correctable_count`` / ``uncorrectable_count`` /
+  ``deferred_count``; a block missing from ``ecc_blocks`` raises NOT_SUPPORTED, as the
+  library does for a RAS block the card lacks. ``amdsmi_get_gpu_bad_page_info`` returns a
+  list of records (``value``, ``page_address``, ``page_size``, ``status``: an
+  ``AmdSmiMemoryPageStatus``). ``amdsmi_get_pcie_info`` returns ``pcie_static`` (max width,
+  max speed in MT/s) and ``pcie_metric`` (width, speed in MT/s, replay count, ...).
+  ``amdsmi_gpu_xgmi_error_status`` returns an ``AmdSmiXgmiStatus``. ``library_lacks`` names
+  functions an older library does not have (reading them raises AttributeError);
+  ``calls`` counts every call by function name.
+
 Tests mutate the `FakeGpu` objects between passes. A field set to an exception instance
 raises it; ``lost=True`` makes every call for that GPU raise a DRM error; ``hang`` (a
 ``threading.Event``) makes every call for that GPU wait until it is set, as a call into a
@@ -134,7 +145,56 @@ class AmdSmiClkType(IntEnum):
     PCIE = 5
 
 
+class AmdSmiGpuBlock(IntEnum):
+    INVALID = 0
+    UMC = 1
+    SDMA = 2
+    GFX = 4
+    MMHUB = 8
+    ATHUB = 16
+    PCIE_BIF = 32
+    HDP = 64
+    XGMI_WAFL = 128
+    DF = 256
+    SMN = 512
+    SEM = 1024
+    MP0 = 2048
+    MP1 = 4096
+    FUSE = 8192
+    MCA = 16384
+    VCN = 32768
+    JPEG = 65536
+    IH = 131072
+    MPIO = 262144
+    LAST = 262144
+    RESERVED = 9223372036854775808
+
+
+class AmdSmiMemoryPageStatus(IntEnum):
+    RESERVED = 0
+    PENDING = 1
+    UNRESERVABLE = 2
+
+
+class AmdSmiXgmiStatus(IntEnum):
+    NO_ERRORS = 0
+    ERROR = 1
+    MULTIPLE_ERRORS = 2
+
+
 NA = "N/A"
+
+
+def _default_blocks() -> dict:
+    return {"UMC": (3, 0, 1), "SDMA": (0, 0, 0), "GFX": (0, 0, 0), "MMHUB": (0, 0, 0)}
+
+
+def _default_pcie() -> dict:
+    return {"pcie_static": {"max_pcie_width": 16, "max_pcie_speed": 32000, "pcie_interface_version": 5,
+                            "slot_type": "OAM", "max_pcie_interface_version": 5},
+            "pcie_metric": {"pcie_width": 16, "pcie_speed": 32000, "pcie_bandwidth": 48, "pcie_replay_count": 2,
+                            "pcie_l0_to_recovery_count": 0, "pcie_replay_roll_over_count": 0,
+                            "pcie_nak_sent_count": 0, "pcie_nak_received_count": 0}}
 
 
 @dataclass
@@ -173,6 +233,11 @@ class FakeGpu:
     clock_key: str = "clk"
     correctable: Any = 3
     uncorrectable: Any = 0
+    deferred: Any = 1
+    ecc_blocks: dict = field(default_factory=_default_blocks)  # block name -> (corr, uncorr, deferred)
+    bad_pages: Any = field(default_factory=list)  # records, or an exception
+    pcie: Any = field(default_factory=_default_pcie)
+    xgmi_status: Any = AmdSmiXgmiStatus.NO_ERRORS
     processes: list = field(default_factory=list)
     lost: bool = False
     process_list_error: BaseException | None = None
@@ -207,9 +272,14 @@ class FakeAmdSmi:
     AmdSmiTemperatureType = AmdSmiTemperatureType
     AmdSmiTemperatureMetric = AmdSmiTemperatureMetric
     AmdSmiClkType = AmdSmiClkType
+    AmdSmiGpuBlock = AmdSmiGpuBlock
+    AmdSmiMemoryPageStatus = AmdSmiMemoryPageStatus
+    AmdSmiXgmiStatus = AmdSmiXgmiStatus
 
     def __init__(self, gpus: list[FakeGpu] | None = None, process_api: str = "dicts",
-                 init_error: int | None = None):
+                 init_error: int | None = None, library_lacks: tuple[str, ...] = ()):
+        self.library_lacks = frozenset(library_lacks)
+        self.calls: dict[str, int] = {}
         self.gpus = list(gpus) if gpus is not None else [FakeGpu()]
         self.process_api = process_api
         self.init_error = init_error
@@ -322,7 +392,43 @@ class FakeAmdSmi:
     def amdsmi_get_gpu_total_ecc_count(self, handle: FakeHandle) -> dict:
         gpu = self._gpu(handle)
         return {"correctable_count": self._v(gpu.correctable), "uncorrectable_count": self._v(gpu.uncorrectable),
-                "deferred_count": 0}
+                "deferred_count": self._v(gpu.deferred)}
+
+    # ---- health ---------------------------------------------------------------------
+    def amdsmi_get_gpu_ecc_count(self, handle: FakeHandle, block: AmdSmiGpuBlock) -> dict:
+        if not isinstance(block, AmdSmiGpuBlock):
+            raise AmdSmiParameterException(block, AmdSmiGpuBlock)
+        key = f"amdsmi_get_gpu_ecc_count:{block.name}"
+        self.calls[key] = self.calls.get(key, 0) + 1
+        counts = self._v(self._gpu(handle).ecc_blocks.get(block.name))
+        if counts is None:
+            raise AmdSmiLibraryException(AmdSmiRetCode.ERR_NOT_SUPPORTED)
+        corrected, uncorrected, deferred = counts
+        return {"correctable_count": self._v(corrected), "uncorrectable_count": self._v(uncorrected),
+                "deferred_count": self._v(deferred)}
+
+    def amdsmi_get_gpu_bad_page_info(self, handle: FakeHandle) -> Any:
+        pages = self._v(self._gpu(handle).bad_pages)
+        return list(pages) if isinstance(pages, list) else pages
+
+    def amdsmi_get_pcie_info(self, handle: FakeHandle) -> dict:
+        return self._v(self._gpu(handle).pcie)
+
+    def amdsmi_gpu_xgmi_error_status(self, handle: FakeHandle) -> AmdSmiXgmiStatus:
+        return self._v(self._gpu(handle).xgmi_status)
+
+    @staticmethod
+    def bad_page(value: int, status: AmdSmiMemoryPageStatus = AmdSmiMemoryPageStatus.RESERVED) -> dict:
+        """One ``amdsmi_get_gpu_bad_page_info`` record."""
+        return {"value": value, "page_address": 0x1000 * (value + 1), "page_size": 4096, "status": status}
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("amdsmi_"):
+            if name in object.__getattribute__(self, "library_lacks"):
+                raise AttributeError(name)
+            calls = object.__getattribute__(self, "calls")
+            calls[name] = calls.get(name, 0) + 1
+        return object.__getattribute__(self, name)
 
     # ---- processes ------------------------------------------------------------------
     def amdsmi_get_gpu_process_list(self, handle: FakeHandle) -> list:
