@@ -60,3 +60,26 @@ def test_an_xid_in_the_kernel_log_names_the_pod_that_caused_it(agent_factory, tm
     panel = panel[:panel.index("</section>")]
     assert '<tr data-kind="xid"><td>GPU 2</td><td>xid 31</td>' in panel
     assert "ml-research/llm-finetune-worker-0/trainer" in panel and "restart app" in panel
+
+
+def test_the_running_agent_posts_the_incident_as_events_on_the_pods(agent_factory, apiserver, tmp_path):
+    from cgroup_helpers import kubeconfig
+
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    agent = agent_factory("--backend", "simulated", "--interval", "200ms", "--kernel-log", str(kmsg),
+                          "--kubeconfig", kubeconfig(tmp_path, apiserver))
+    with kmsg.open("a") as f:
+        f.write(XID_31)
+    caused = wait_until(lambda: [e for e in apiserver.core_events.values() if e["reason"] == "GPUFaultCaused"],
+                        what="the Event on the pod that caused the Xid")
+    [event] = caused
+    assert event["type"] == "Warning"
+    assert (event["involvedObject"]["kind"], event["involvedObject"]["namespace"],
+            event["involvedObject"]["name"]) == ("Pod", "ml-research", "llm-finetune-worker-0")
+    assert event["message"].startswith("GPU 2 (GPU-") and "raised Xid 31" in event["message"]
+    assert event["source"]["component"] == "l9gpu"
+    posted = wait_until(lambda: {s.labels["outcome"]: s.value for s in
+                                 _samples(agent.scrape(), "l9gpu_kubernetes_events_total")}.get("posted"),
+                        what="the posted Events counted")
+    assert posted >= 1
