@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from exporter.escape import for_terminal
 from exporter.health.policy import RULES, XIDS
+from exporter.incidents.kmsg import normalise_pci_bus_id
 from exporter.model import UNKNOWN, DeviceSample, Workload
 from exporter.snapshot_json import describe_owner, rfc3339, workload_json
 
@@ -106,16 +107,19 @@ def _xid_action(code: int) -> tuple[str, str]:
 
 
 def _bus(text: str) -> str:
-    """A PCI bus id as NVML prints it (``00000000:3B:00.0``), for matching."""
-    text = text.strip().upper()
-    if not text:
-        return ""
-    parts = text.split(":")
+    """A PCI bus id as NVML prints it (``00000000:3B:00.0``), for matching a device to the
+    kernel log's lines (`kmsg.normalise_pci_bus_id`, which the log's side already went
+    through); "" for one that is no PCI address."""
+    parts = text.strip().split(":")
     if len(parts) == 2:
         parts = ["0", *parts]
-    domain, bus, rest = parts[0], parts[1], ":".join(parts[2:])
-    device, _, function = rest.partition(".")
-    return f"{int(domain, 16):08X}:{int(bus, 16):02X}:{int(device, 16):02X}.{int(function or '0', 16)}"
+    if len(parts) != 3:
+        return ""
+    device, _, function = parts[2].partition(".")
+    try:
+        return normalise_pci_bus_id(parts[0], parts[1], device, function or None)
+    except ValueError:
+        return ""
 
 
 class IncidentTracker:
