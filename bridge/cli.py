@@ -17,7 +17,9 @@ from bridge.config import (
     PROTOCOLS,
     OtlpSettings,
     header_items,
+    logs_endpoint,
     parse_header,
+    redact_url,
     resolve,
 )
 from exporter.parsing import argtype, parse_positive_duration
@@ -30,6 +32,8 @@ _SDK_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.grpc.exporter",
     "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
     "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.grpc._log_exporter",
+    "opentelemetry.exporter.otlp.proto.http._log_exporter",
     "opentelemetry.exporter.otlp.common.http",
 )
 
@@ -57,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--otlp-timeout", default=None, type=argtype(parse_positive_duration), metavar="DURATION",
                        help="time one push may take, retries included (default: $OTEL_EXPORTER_OTLP_TIMEOUT "
                             "in ms, else 10s)")
+    group.add_argument("--otlp-incidents", default="on", choices=("on", "off"), type=str.lower,
+                       help="also send each GPU incident as OTLP log records, one per workload it involves, with "
+                            "the metrics' k8s.*, gpu.* and slurm.job.id attributes (http/protobuf: to /v1/logs or "
+                            "$OTEL_EXPORTER_OTLP_LOGS_ENDPOINT; default: on while OTLP is on)")
 
 
 def _quiet_sdk_loggers() -> None:
@@ -76,8 +84,13 @@ def _read(path: str) -> bytes | None:
         return handle.read()
 
 
-def build_exporter(settings: OtlpSettings) -> Any:
-    """Build the SDK's OTLP metric exporter for ``settings`` (explicit values, no env fallbacks).
+METRICS = "metrics"
+LOGS = "logs"
+
+
+def build_exporter(settings: OtlpSettings, signal: str = METRICS, endpoint: str = "") -> Any:
+    """Build the SDK's OTLP exporter of ``signal`` (metrics or logs) for ``settings``
+    (explicit values, no env fallbacks), sending to ``endpoint`` (default: the settings').
 
     Raises:
         ValueError: the exporter package for the protocol is not installed, or the SDK
@@ -86,17 +99,23 @@ def build_exporter(settings: OtlpSettings) -> Any:
     try:
         if settings.protocol == GRPC:
             import grpc  # type: ignore[import-untyped]
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-                OTLPMetricExporter as GrpcExporter,
-            )
+            if signal == LOGS:
+                from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcExporter
+            else:
+                from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (  # type: ignore[assignment]
+                    OTLPMetricExporter as GrpcExporter,
+                )
+        elif signal == LOGS:
+            from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpExporter
         else:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[assignment]
                 OTLPMetricExporter as HttpExporter,
             )
     except ImportError as exc:
         package = "grpc" if settings.protocol == GRPC else "http"
         raise ValueError(f"OTLP push over {settings.protocol} needs opentelemetry-exporter-otlp-proto-{package} "
                          f"(pip install 'l9gpu[otlp]'): {exc}") from None
+    target = endpoint or settings.endpoint
     try:
         if settings.protocol == GRPC:
             credentials = None
@@ -105,14 +124,14 @@ def build_exporter(settings: OtlpSettings) -> Any:
                     root_certificates=_read(settings.certificate),
                     private_key=_read(settings.client_key),
                     certificate_chain=_read(settings.client_certificate))
-            return GrpcExporter(endpoint=settings.endpoint, insecure=not settings.tls, credentials=credentials,
+            return GrpcExporter(endpoint=target, insecure=not settings.tls, credentials=credentials,
                                 headers=header_items(settings), timeout=settings.timeout)
-        return HttpExporter(endpoint=settings.endpoint, certificate_file=settings.certificate or None,
+        return HttpExporter(endpoint=target, certificate_file=settings.certificate or None,
                             client_key_file=settings.client_key or None,
                             client_certificate_file=settings.client_certificate or None,
                             headers=dict(settings.headers), timeout=settings.timeout)
     except (OSError, ValueError, RuntimeError, Exception) as exc:  # noqa: BLE001 - the SDK raises its own types
-        raise ValueError(f"cannot set up the OTLP exporter: {exc}") from None
+        raise ValueError(f"cannot set up the OTLP {signal} exporter: {exc}") from None
 
 
 def build_resource(node: str) -> Any:
@@ -158,3 +177,29 @@ def start_from_args(args: argparse.Namespace, registry: Any, node: str) -> Any:
                         counter=counter, agent_start=time.time(), description=settings.describe().split(" ")[0])
     log.info("pushing metrics over OTLP to %s", settings.describe())
     return pusher.start()
+
+
+def incident_logs_from_args(args: argparse.Namespace, node: str) -> Any:
+    """The OTLP log records of GPU incidents (`bridge.incident_logs`), when OTLP is on and
+    ``--otlp-incidents on``; None otherwise.
+
+    Raises:
+        ValueError: bad settings or a missing exporter package, in one line.
+    """
+    if getattr(args, "otlp_incidents", "on") == "off":
+        return None
+    settings = resolve(args)
+    if settings is None:
+        return None
+    try:
+        from bridge.incident_logs import IncidentLogs
+    except ImportError as exc:
+        raise ValueError(f"OTLP push needs opentelemetry-sdk (pip install 'l9gpu[otlp]'): {exc}") from None
+    try:
+        endpoint = logs_endpoint(settings)
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+    exporter = build_exporter(settings, LOGS, endpoint)
+    _quiet_sdk_loggers()
+    log.info("sending GPU incidents as OTLP log records to %s", redact_url(endpoint))
+    return IncidentLogs(exporter, build_resource(node), redact_url(endpoint), settings.timeout)

@@ -34,6 +34,7 @@ DEFAULT_INTERVAL = 60.0  # seconds; the specification's default for OTEL_METRIC_
 DEFAULT_TIMEOUT = 10.0  # seconds; the specification's default for OTEL_EXPORTER_OTLP_TIMEOUT
 DEFAULT_GRPC_PORT = 4317
 METRICS_PATH = "/v1/metrics"
+LOGS_PATH = "/v1/logs"
 
 
 @dataclass(frozen=True)
@@ -256,3 +257,32 @@ def resolve(args: Any, env: Mapping[str, str] | None = None) -> OtlpSettings | N
 def header_items(settings: OtlpSettings) -> Sequence[tuple[str, str]]:
     """Headers as (key, value) pairs, the form the gRPC exporter takes."""
     return tuple(settings.headers.items())
+
+
+def logs_endpoint(settings: OtlpSettings, env: Mapping[str, str] | None = None) -> str:
+    """Where the incidents' OTLP log records go, beside the metrics of ``settings``.
+
+    gRPC: the same ``host:port`` (one receiver serves both services). http/protobuf:
+    ``OTEL_EXPORTER_OTLP_LOGS_ENDPOINT`` as given, else the metrics URL with ``/v1/logs``
+    in place of ``/v1/metrics``.
+
+    Raises:
+        ValueError: an HTTP metrics endpoint at a path of its own (a signal-specific
+            variable) and no logs endpoint to go with it.
+    """
+    env = os.environ if env is None else env
+    if settings.protocol == GRPC:
+        return settings.endpoint
+    found = _env(env, "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT")
+    if found is not None:
+        scheme, _host, _port, _path = _split_endpoint(*found)
+        if not scheme:
+            raise ValueError(f"{found[0]} {redact_url(found[1])!r}: give the full URL (http:// or https://)")
+        return found[1].strip()
+    parts = urlsplit(settings.endpoint)
+    path = parts.path.rstrip("/")
+    if not path.endswith(METRICS_PATH):
+        raise ValueError(f"the OTLP metrics endpoint {redact_url(settings.endpoint)!r} has a path of its own: "
+                         "set OTEL_EXPORTER_OTLP_LOGS_ENDPOINT for the incidents' log records, or "
+                         "--otlp-incidents off")
+    return urlunsplit(parts._replace(path=path[: -len(METRICS_PATH)] + LOGS_PATH))

@@ -94,7 +94,7 @@ def _build(args: argparse.Namespace) -> _Agent:
     registry = build_registry(lambda: collector.snapshot, enabled, extra_names, dcgm_selection)
     if REJECTIONS_METRIC in enabled:
         registry.register(rejections)
-    watch = build_incident_watch(args)
+    watch = build_incident_watch(args, _incident_logs(args, backends))
     registry.register(IncidentFamilies(watch, enabled, extra_names))
     exposition = None
     if not args.no_metrics_endpoint:
@@ -124,6 +124,19 @@ def _after_each_pass(watch: Any, exposition: Any) -> Any:
             exposition.warm(snapshot)
 
     return hook
+
+
+def _incident_logs(args: argparse.Namespace, backends: list[Any]) -> Any:
+    """The OTLP log records of incidents when OTLP is on (None without the bridge)."""
+    try:
+        from bridge import cli as bridge_cli
+    except ImportError:
+        return None
+    try:
+        return bridge_cli.incident_logs_from_args(args, args.node_name)
+    except ValueError as exc:
+        close_backends(backends)
+        raise UsageError(f"l9gpu: {exc}") from None
 
 
 def _start_bridge(args: argparse.Namespace, registry: Any, backends: list[Any]) -> Any:

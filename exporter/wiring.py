@@ -208,10 +208,11 @@ def gpm_status(backends: list[Any]) -> dict[tuple[int, str], str]:
 
 
 
-def build_incident_watch(args: argparse.Namespace) -> Any:
+def build_incident_watch(args: argparse.Namespace, log_records: Any = None) -> Any:
     """The incident watch ``serve`` runs beside the collector (`exporter.incidents.watch`):
     the kernel log ``--kernel-log`` names, Kubernetes Events where the API is in use and
-    ``--kubernetes-events on``, the peaks over ``--peak-window``."""
+    ``--kubernetes-events on``, the peaks over ``--peak-window``, and ``log_records`` (the
+    OTLP log records of `bridge.incident_logs`, or None)."""
     from exporter.incidents.engine import IncidentConfig, IncidentTracker
     from exporter.incidents.kmsg import KernelLogUnavailable, open_kernel_log
     from exporter.incidents.watch import IncidentWatch
@@ -230,7 +231,7 @@ def build_incident_watch(args: argparse.Namespace) -> Any:
     config = IncidentConfig(history=args.incident_history, xid_hold=2.0 if kernel_log is not None else 0.0)
     return IncidentWatch(args.node_name, labeller, extra_names,
                          tracker=IncidentTracker(args.node_name, config), kernel_log=kernel_log, events=events,
-                         peak_window=args.peak_window)
+                         log_records=log_records, peak_window=args.peak_window)
 
 
 def _kubernetes_in_use(args: argparse.Namespace) -> bool:

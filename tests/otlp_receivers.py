@@ -1,9 +1,11 @@
 """OTLP receivers for tests: real protocol peers on loopback.
 
 `GrpcReceiver` implements ``opentelemetry.proto.collector.metrics.v1.MetricsService``
-on a grpcio server (optionally with TLS); `HttpReceiver` is an aiohttp server that
-decodes ``ExportMetricsServiceRequest`` protobuf bodies at ``/v1/metrics``. Both record
-every request with its headers and can be stopped and restarted on the same port.
+and ``...logs.v1.LogsService`` on a grpcio server (optionally with TLS); `HttpReceiver`
+is an aiohttp server that decodes ``ExportMetricsServiceRequest`` protobuf bodies at
+``/v1/metrics`` and ``ExportLogsServiceRequest`` at ``/v1/logs``. Both record every
+request with its headers (log records apart, in ``logs``) and can be stopped and
+restarted on the same port.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from dataclasses import dataclass, field
 
 import grpc
 from aiohttp import web
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import (
     metrics_service_pb2,
     metrics_service_pb2_grpc,
 )
+from opentelemetry.proto.common.v1 import common_pb2
 
 
 @dataclass
@@ -57,10 +61,46 @@ def flatten(request: metrics_service_pb2.ExportMetricsServiceRequest) -> list[di
     return out
 
 
+def _any_value(value: common_pb2.AnyValue) -> object:
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind in ("string_value", "bool_value", "int_value", "double_value") else None
+
+
+def flatten_logs(request: logs_service_pb2.ExportLogsServiceRequest) -> list[dict]:
+    """One dict per log record: body, severity, event name, attributes, time, resource, scope."""
+    out = []
+    for rl in request.resource_logs:
+        resource = {kv.key: _any_value(kv.value) for kv in rl.resource.attributes}
+        for sl in rl.scope_logs:
+            for record in sl.log_records:
+                out.append({
+                    "body": _any_value(record.body), "severity_number": record.severity_number,
+                    "severity_text": record.severity_text, "event_name": record.event_name,
+                    "attributes": {kv.key: _any_value(kv.value) for kv in record.attributes},
+                    "time": record.time_unix_nano, "resource": resource, "scope": sl.scope.name,
+                })
+    return out
+
+
 class _Recorder:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.requests: list[Received] = []
+        self.logs: list[dict] = []
+
+    def record_logs(self, request: logs_service_pb2.ExportLogsServiceRequest) -> None:
+        with self.lock:
+            self.logs.extend(flatten_logs(request))
+
+    def wait_for_logs(self, count: int, timeout: float = 60.0) -> list[dict]:
+        """Wait until at least ``count`` log records arrived; return them all."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if len(self.logs) >= count:
+                    return list(self.logs)
+            time.sleep(0.05)
+        raise AssertionError(f"expected {count} OTLP log records within {timeout}s, got {len(self.logs)}")
 
     def record(self, headers: dict[str, str], request: metrics_service_pb2.ExportMetricsServiceRequest) -> None:
         entry = Received(time.monotonic(), headers, request, flatten(request))
@@ -74,6 +114,7 @@ class _Recorder:
     def clear(self) -> None:
         with self.lock:
             self.requests.clear()
+            self.logs.clear()
 
     def wait_for(self, count: int, timeout: float = 60.0) -> list[Received]:
         """Wait until at least ``count`` requests arrived; return them all."""
@@ -101,6 +142,15 @@ class _Servicer(metrics_service_pb2_grpc.MetricsServiceServicer):
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
 
+class _LogsServicer(logs_service_pb2_grpc.LogsServiceServicer):
+    def __init__(self, recorder: _Recorder):
+        self.recorder = recorder
+
+    def Export(self, request, context):
+        self.recorder.record_logs(request)
+        return logs_service_pb2.ExportLogsServiceResponse()
+
+
 class GrpcReceiver(_Recorder):
     """An OTLP/gRPC metrics receiver on 127.0.0.1.
 
@@ -122,6 +172,7 @@ class GrpcReceiver(_Recorder):
     def start(self) -> GrpcReceiver:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_Servicer(self), server)
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(_LogsServicer(self), server)
         address = f"127.0.0.1:{self.port}"
         if self.tls:
             creds = grpc.ssl_server_credentials([(self.tls[1], self.tls[0])])
@@ -162,6 +213,15 @@ class HttpReceiver(_Recorder):
         body = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
         return web.Response(body=body, content_type="application/x-protobuf")
 
+    async def _export_logs(self, request: web.Request) -> web.Response:
+        if request.content_type != "application/x-protobuf":
+            return web.Response(status=415, text="want application/x-protobuf")
+        message = logs_service_pb2.ExportLogsServiceRequest()
+        message.ParseFromString(await request.read())
+        self.record_logs(message)
+        body = logs_service_pb2.ExportLogsServiceResponse().SerializeToString()
+        return web.Response(body=body, content_type="application/x-protobuf")
+
     def start(self) -> HttpReceiver:
         ready = threading.Event()
         loop = asyncio.new_event_loop()
@@ -169,6 +229,7 @@ class HttpReceiver(_Recorder):
         async def setup() -> None:
             app = web.Application()
             app.router.add_post("/v1/metrics", self._export)
+            app.router.add_post("/v1/logs", self._export_logs)
             self._runner = web.AppRunner(app, access_log=None)
             await self._runner.setup()
             await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()

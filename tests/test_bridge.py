@@ -274,6 +274,29 @@ def test_endpoint_forms():
     assert r(_args(**http), env=signal).endpoint == "http://c:4318/custom"  # signal-specific: used as given
 
 
+def test_incident_log_records_go_beside_the_metrics():
+    r = bconfig.resolve
+    http = dict(otlp_protocol="http/protobuf")
+    grpc = r(_args(otlp_endpoint="collector:4317"), env={})
+    assert bconfig.logs_endpoint(grpc, env={}) == "collector:4317"  # one receiver serves both services
+    settings = r(_args(otlp_endpoint="https://c:4318/otlp", **http), env={})
+    assert bconfig.logs_endpoint(settings, env={}) == "https://c:4318/otlp/v1/logs"
+    assert bconfig.logs_endpoint(settings, env={"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "https://logs:4318/in"}) == (
+        "https://logs:4318/in")
+    custom = r(_args(**http), env={"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://c:4318/custom"})
+    with pytest.raises(ValueError, match="OTEL_EXPORTER_OTLP_LOGS_ENDPOINT .*--otlp-incidents off"):
+        bconfig.logs_endpoint(custom, env={})
+    with pytest.raises(ValueError, match="give the full URL"):
+        bconfig.logs_endpoint(settings, env={"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "logs:4318"})
+
+
+def test_a_metrics_endpoint_with_its_own_path_and_no_logs_endpoint_is_a_usage_error():
+    result = run_cli(["serve", "--backend", "simulated", "--listen", "127.0.0.1:0", "--otlp-protocol",
+                      "http/protobuf"], env={"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://127.0.0.1:1/custom"})
+    assert result.returncode == 2, result.stderr
+    assert "set OTEL_EXPORTER_OTLP_LOGS_ENDPOINT" in result.stderr and "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize("kw, env, message", [
     (dict(otlp_endpoint="ftp://c:1"), {}, "scheme must be http or https"),
     (dict(otlp_endpoint="c:notaport"), {}, "invalid port"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
 
@@ -83,3 +84,62 @@ def test_the_running_agent_posts_the_incident_as_events_on_the_pods(agent_factor
                                  _samples(agent.scrape(), "l9gpu_kubernetes_events_total")}.get("posted"),
                         what="the posted Events counted")
     assert posted >= 1
+
+
+# GPU 6 of the simulated node (PCI 00000000:78:00.0) is time-shared by four pods and Slurm
+# job 4242; Xid 79 is a device fault: every workload on it is affected.
+XID_79 = "3,9002,123456790,-;NVRM: Xid (PCI:0000:78:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+
+
+@pytest.fixture(params=["grpc", "http/protobuf"])
+def otlp_receiver(request):
+    from otlp_receivers import GrpcReceiver, HttpReceiver
+
+    receiver = (GrpcReceiver() if request.param == "grpc" else HttpReceiver()).start()
+    receiver.protocol = request.param
+    yield receiver
+    receiver.stop()
+
+
+def test_with_otlp_on_each_incident_is_a_log_record_per_workload(agent_factory, otlp_receiver, tmp_path):
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    args = ["--backend", "simulated", "--interval", "200ms", "--kernel-log", str(kmsg), "--pod-label", "team",
+            "--otlp-endpoint", otlp_receiver.endpoint, "--otlp-protocol", otlp_receiver.protocol,
+            "--otlp-interval", "1h"]
+    if otlp_receiver.protocol == "grpc":
+        args.append("--otlp-insecure")
+    agent = agent_factory(*args)
+    wait_until(lambda: json.loads(agent.get("/api/v1/snapshot")[2]).get("seq", 0) >= 2, what="two passes")
+    with kmsg.open("a") as f:
+        f.write(XID_31)
+        f.write(XID_79)
+    records = otlp_receiver.wait_for_logs(6)
+    [incident_31, incident_79] = sorted(json.loads(agent.get("/api/v1/incidents")[2])["incidents"],
+                                        key=lambda i: i["xid"])
+    by_id: dict[str, list[dict]] = {}
+    for record in records:
+        by_id.setdefault(record["attributes"]["l9gpu.incident.id"], []).append(record)
+    assert set(by_id) == {incident_31["id"], incident_79["id"]}
+    [caused] = by_id[incident_31["id"]]
+    attrs = caused["attributes"]
+    assert caused["event_name"] == "l9gpu.gpu.incident" and caused["severity_text"] == "WARN"
+    assert caused["time"] == int(incident_31["time"] * 1e9)
+    assert (attrs["k8s.namespace.name"], attrs["k8s.pod.name"], attrs["k8s.container.name"]) == (
+        "ml-research", "llm-finetune-worker-0", "trainer")
+    assert attrs["k8s.pod.label.team"] == "research" and attrs["k8s.workload.kind"] == "Job"
+    assert (attrs["gpu.index"], attrs["k8s.node.name"], attrs["gpu.id"]) == ("2", "sim-node-01", incident_31["uuid"])
+    assert (attrs["l9gpu.incident.kind"], attrs["l9gpu.incident.role"], attrs["l9gpu.incident.xid"]) == (
+        "xid", "caused", 31)
+    assert attrs["l9gpu.incident.action"] == "restart_app" and attrs["l9gpu.incident.cause_known"] is True
+    assert "slurm.job.id" not in attrs
+    assert "Xid 31" in caused["body"] and "llm-finetune-worker-0" in caused["body"]
+    assert caused["resource"]["service.name"] == "l9gpu"
+    # Xid 79: every holder of the time-shared GPU 6 affected, the Slurm job with its job id
+    hurt = by_id[incident_79["id"]]
+    assert {r["attributes"]["l9gpu.incident.role"] for r in hurt} == {"affected"}
+    assert sorted(r["attributes"].get("k8s.pod.name", "") for r in hurt) == [
+        "", "embedder-7c9f5-abcde", "jupyter-alice-0", "ocr-worker-66f7d-klmno", "reranker-5b8d4-fghij"]
+    [slurm] = [r["attributes"] for r in hurt if "slurm.job.id" in r["attributes"]]
+    assert slurm["slurm.job.id"] == "4242" and "k8s.pod.name" not in slurm and slurm["gpu.index"] == "6"
+    assert len(hurt) == len(incident_79["affected"]) == 5

@@ -23,6 +23,7 @@ Kinds:
 
 from __future__ import annotations
 
+import hashlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -288,9 +289,18 @@ class IncidentTracker:
             del self._from_log[key]
 
 
+def incident_id(incident: Incident) -> str:
+    """A short id, the same for an incident wherever it shows (the JSON, the OTLP log
+    records of each workload it involves): a hash of node, GPU, kind, Xid and time."""
+    key = "|".join((incident.node, incident.uuid, incident.gpu_instance, incident.kind, str(incident.xid),
+                    f"{incident.time:.6f}"))
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
 def incident_json(incident: Incident, extra_names: Sequence[str] = ()) -> dict[str, Any]:
     """An incident as ``/api/v1/incidents`` serves it (docs/INCIDENTS.md)."""
     return {
+        "id": incident_id(incident),
         "kind": incident.kind, "time": incident.time, "time_rfc3339": rfc3339(incident.time),
         "node": incident.node, "gpu": incident.gpu, "uuid": incident.uuid, "gpu_instance": incident.gpu_instance,
         "xid": incident.xid, "action": incident.action,

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector as PrometheusCollector
 
 from exporter import catalogue as cat
 from exporter.incidents.peaks import PeakSeries
-from exporter.labels import Labeller, device_label_values
+from exporter.labels import Labeller, device_label_values, workload_label_map
 from exporter.model import DeviceSample, Snapshot, Workload
 
 log = logging.getLogger("l9gpu.incidents")
@@ -39,12 +39,13 @@ class IncidentWatch:
         tracker: the incident tracker (`engine.IncidentTracker`); None keeps peaks only.
         kernel_log: an open `kmsg.KernelLog`, or None (``--kernel-log off``).
         events: an `events.EventSink`, or None (no Kubernetes API, or Events off).
+        log_records: a `bridge.incident_logs.IncidentLogs` (OTLP log records), or None.
         peak_window: seconds over which the peaks are the maximum (``--peak-window``).
         clock: monotonic clock (seconds).
     """
 
     def __init__(self, node: str, labeller: Labeller, extra_names: Sequence[str] = (), *, tracker: Any = None,
-                 kernel_log: Any = None, events: Any = None, peak_window: float = 30.0,
+                 kernel_log: Any = None, events: Any = None, log_records: Any = None, peak_window: float = 30.0,
                  clock: Callable[[], float] | None = None):
         import time
 
@@ -54,6 +55,7 @@ class IncidentWatch:
         self.tracker = tracker
         self.kernel_log = kernel_log
         self.events = events
+        self.log_records = log_records
         self._clock = clock or time.monotonic
         self._device_peaks: PeakSeries[str] = PeakSeries(peak_window)
         self._workload_peaks: PeakSeries[tuple[str, ...]] = PeakSeries(peak_window)
@@ -82,16 +84,21 @@ class IncidentWatch:
 
         device = next((d for d in self._devices.values()
                        if d.uuid == incident.uuid and d.gpu_instance == incident.gpu_instance), None)
+        rows: list[tuple[str, tuple[str, ...]]] = []
+        for role, workloads in (("caused", incident.caused_by), ("affected", incident.affected)):
+            for workload in workloads:
+                if device is not None and workload.attributed:
+                    rows.append((role, device_label_values(self.node, device) + self._labeller(workload)))
         with self._lock:
-            for role, workloads in (("caused", incident.caused_by), ("affected", incident.affected)):
-                for workload in workloads:
-                    if device is None or not workload.attributed:
-                        continue
-                    labels = device_label_values(self.node, device) + self._labeller(workload)
-                    key = (labels, incident.kind, role)
-                    self._counts[key] = self._counts.get(key, 0) + 1
+            for role, labels in rows:
+                key = (labels, incident.kind, role)
+                self._counts[key] = self._counts.get(key, 0) + 1
         doc = incident_json(incident, self.extra_names)
-        log.warning("GPU incident: %s", _summary(doc), extra={"incident": doc})
+        summary = _summary(doc)
+        log.warning("GPU incident: %s", summary, extra={"incident": doc})
+        if self.log_records is not None:
+            self.log_records.emit(doc, summary, [(role, workload_label_map(labels, self.extra_names))
+                                                 for role, labels in rows])
         if self.events is not None:
             from exporter.incidents.events import PodEvent
 
@@ -125,6 +132,8 @@ class IncidentWatch:
             self.kernel_log.close()
         if self.events is not None:
             self.events.close()
+        if self.log_records is not None:
+            self.log_records.close()
 
 
 def _summary(doc: Mapping[str, Any]) -> str:
