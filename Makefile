@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 LISTEN ?= 0.0.0.0:9835
 PORT := $(lastword $(subst :, ,$(LISTEN)))
 
-.PHONY: demo test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart clean
+.PHONY: demo demo-incidents test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,12 @@ venv: $(PY)
 demo: venv
 	@echo "l9gpu demo: simulated node, page at http://localhost:$(PORT)/ and metrics at /metrics (Ctrl-C to stop)"
 	$(VENV)/bin/l9gpu serve --backend simulated --listen $(LISTEN) --pod-label team
+
+# The incidents of docs/INCIDENTS.md played on a small simulated node in its first two
+# minutes: an Xid a pod caused, a GPU filled until a notebook died, a GPU off the bus.
+demo-incidents: venv
+	@echo "l9gpu demo: incidents within 2 minutes on the page's Incidents panel, http://localhost:$(PORT)/ and /api/v1/incidents (Ctrl-C to stop)"
+	$(VENV)/bin/l9gpu serve --backend simulated --scenario incidents --kernel-log auto --listen $(LISTEN) --pod-label team
 
 # promtool and prometheus for the end-to-end tests, chromium (headless) for the page's
 # browser tests and the HTML chargeback report, containerd, runc and busybox-static for the

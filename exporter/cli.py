@@ -26,6 +26,7 @@ from exporter.parsing import argtype, parse_listen, parse_positive_duration
 
 ENV_PREFIX = "L9GPU_"
 DEFAULT_LISTEN = "0.0.0.0:9835"
+DEFAULT_INCIDENTS_FROM = "http://127.0.0.1:9835"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -98,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="give up on a GPU that has not answered within this long (and on a driver that does "
                            "not open): it is shown stuck, with the call it is stuck in, and the others are printed "
                            "(default: 5s)")
+    snap.add_argument("--incidents-from", default=DEFAULT_INCIDENTS_FROM, metavar="URL|off",
+                      help="also print the recent GPU incidents the agent serving this node remembers, read from "
+                           "its /api/v1/incidents (default: %(default)s, the agent's own port when run in its pod; "
+                           "off: none)")
     snap.add_argument("--timings", action="store_true",
                       help="also time every vendor library call of a first and a steady pass, to see why a pass "
                            "is slow on this node's driver (NVIDIA)")

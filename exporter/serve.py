@@ -94,7 +94,7 @@ def _build(args: argparse.Namespace) -> _Agent:
     registry = build_registry(lambda: collector.snapshot, enabled, extra_names, dcgm_selection)
     if REJECTIONS_METRIC in enabled:
         registry.register(rejections)
-    watch = build_incident_watch(args, _incident_logs(args, backends))
+    watch = build_incident_watch(args, _incident_logs(args, backends), backends)
     registry.register(IncidentFamilies(watch, enabled, extra_names))
     exposition = None
     if not args.no_metrics_endpoint:

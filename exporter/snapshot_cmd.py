@@ -18,6 +18,8 @@ SNAPSHOT_GPM_WINDOW = 1.0
 # `l9gpu snapshot` waits this long (seconds) for the API server's pod list, for names (at
 # most half its --timeout, so that a hung API server leaves time to read the GPUs).
 SNAPSHOT_POD_LIST_WAIT = 10.0
+# `l9gpu snapshot` waits at most this long (seconds) for the agent's recent incidents.
+INCIDENTS_WAIT = 2.0
 
 
 def snapshot(args: argparse.Namespace) -> int:
@@ -70,6 +72,10 @@ def snapshot(args: argparse.Namespace) -> int:
         for call in snap.stuck:  # a stuck GPU is in the table, down; this lists the other parts
             if not call.devices:
                 print(f"{call.what}: stuck in {call.call} for {call.seconds:.1f} s")
+        source = getattr(args, "incidents_from", "off")
+        if source and source != "off":
+            print()
+            print(format_incidents(source, *fetch_incidents(source, min(args.timeout, INCIDENTS_WAIT))))
         if args.timings:
             print()
             print(format_timings(passes) if timed else
@@ -78,6 +84,70 @@ def snapshot(args: argparse.Namespace) -> int:
                 print("(nvmlGpm* calls: this snapshot samples GPM on both passes; `l9gpu serve` samples a GPU "
                       "every --gpm-interval)")
     return 0
+
+
+def fetch_incidents(base: str, timeout: float) -> tuple[list[dict[str, Any]] | None, str]:
+    """The incidents the agent at ``base`` remembers (its ``/api/v1/incidents``), newest
+    first, or None and why not, in a few words."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = base.rstrip("/") + "/api/v1/incidents"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the node's own agent: no proxy
+    try:
+        with opener.open(url, timeout=timeout) as response:
+            doc = json.loads(response.read(8 << 20))
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            return None, f"it asks for credentials (HTTP {exc.code}, its --web-config): read {url} with them"
+        return None, f"it answered HTTP {exc.code}"
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        return None, f"no agent answered ({getattr(reason, 'strerror', None) or reason})"
+    except (OSError, ValueError) as exc:
+        return None, f"no answer it could read ({getattr(exc, 'strerror', None) or exc})"
+    items = doc.get("incidents") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        return None, "its answer holds no incidents list"
+    return [i for i in items if isinstance(i, dict)], ""
+
+
+def format_incidents(base: str, items: list[dict[str, Any]] | None, error: str = "",
+                     now: float | None = None, limit: int = 10) -> str:
+    """The recent incidents block of the table: newest first, one line each (escaped for
+    a terminal: names and the driver's text come from the node's users)."""
+    if items is None:
+        return for_terminal(f"recent incidents: unknown, the agent at {base}: {error}")
+    if not items:
+        return for_terminal(f"recent incidents (the agent at {base}): none since it started")
+    now = time.time() if now is None else now
+
+    def names(key: str) -> str:
+        return ", ".join(str(w.get("owner", "")) for w in item.get(key) or ()) or "-"
+
+    lines = [f"recent incidents (the agent at {base}), newest first:"]
+    for item in items[:limit]:
+        try:
+            age = _age(now - float(item.get("time") or now))
+        except (TypeError, ValueError):
+            age = "?"
+        what = str(item.get("kind", "?")) + (f" {item['xid']}" if item.get("xid") is not None else "")
+        gpu = f"GPU {item.get('gpu', '?')}" + (f" MIG {item['gpu_instance']}" if item.get("gpu_instance") else "")
+        lines.append(f"  {age:>8} ago  {gpu:<6} {what:<18} caused by {names('caused_by')}; affected "
+                     f"{names('affected')}; action {str(item.get('action', '')).replace('_', ' ')}")
+    if len(items) > limit:
+        lines.append(f"  ({len(items) - limit} older at {base.rstrip('/')}/api/v1/incidents)")
+    return "\n".join(for_terminal(line) for line in lines)
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds / 3600:.1f}h"
 
 
 def call_timings(backends: list[Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from exporter import catalogue as cat
 from exporter.devices import close_backends, joined_name
@@ -208,19 +208,21 @@ def gpm_status(backends: list[Any]) -> dict[tuple[int, str], str]:
 
 
 
-def build_incident_watch(args: argparse.Namespace, log_records: Any = None) -> Any:
+def build_incident_watch(args: argparse.Namespace, log_records: Any = None, backends: Sequence[Any] = ()) -> Any:
     """The incident watch ``serve`` runs beside the collector (`exporter.incidents.watch`):
     the kernel log ``--kernel-log`` names, Kubernetes Events where the API is in use and
     ``--kubernetes-events on``, the peaks over ``--peak-window``, and ``log_records`` (the
-    OTLP log records of `bridge.incident_logs`, or None)."""
+    OTLP log records of `bridge.incident_logs`, or None). With ``--kernel-log auto``, a
+    backend's own kernel log (the simulated node's) comes before the machine's."""
     from exporter.incidents.engine import IncidentConfig, IncidentTracker
     from exporter.incidents.kmsg import KernelLogUnavailable, open_kernel_log
     from exporter.incidents.watch import IncidentWatch
     from exporter.labels import label_schema
 
     extra_names, labeller = label_schema(args.pod_label or [])
+    own = [log for log in (b.kernel_log() for b in backends) if log is not None] if args.kernel_log == "auto" else []
     try:
-        kernel_log = open_kernel_log(args.kernel_log)
+        kernel_log = own[0] if own else open_kernel_log(args.kernel_log)
     except KernelLogUnavailable as exc:
         raise UsageError(f"l9gpu: --kernel-log {exc}") from None
     events = None

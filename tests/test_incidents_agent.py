@@ -143,3 +143,41 @@ def test_with_otlp_on_each_incident_is_a_log_record_per_workload(agent_factory, 
     [slurm] = [r["attributes"] for r in hurt if "slurm.job.id" in r["attributes"]]
     assert slurm["slurm.job.id"] == "4242" and "k8s.pod.name" not in slurm and slurm["gpu.index"] == "6"
     assert len(hurt) == len(incident_79["affected"]) == 5
+
+
+def test_snapshot_prints_the_incidents_the_nodes_agent_remembers(agent_factory, tmp_path):
+    from agent import run_cli
+
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(XID_31)
+    agent = agent_factory("--backend", "simulated", "--interval", "200ms", "--kernel-log", str(kmsg))
+    wait_until(lambda: json.loads(agent.get("/api/v1/incidents")[2])["incidents"], what="the Xid's incident")
+    result = run_cli(["snapshot", "--backend", "simulated", "--incidents-from", agent.url])
+    assert result.returncode == 0, result.stderr
+    block = result.stdout[result.stdout.index("recent incidents"):].splitlines()
+    assert block[0] == f"recent incidents (the agent at {agent.url}), newest first:"
+    assert "GPU 2  xid 31" in block[1] and "caused by ml-research/llm-finetune-worker-0/trainer" in block[1]
+    assert block[1].endswith("affected -; action restart app") and " ago " in block[1]
+    # nobody there: said so in one line, and the table is still printed
+    agent.stop()
+    result = run_cli(["snapshot", "--backend", "simulated", "--incidents-from", agent.url])
+    assert result.returncode == 0 and result.stdout.startswith("node sim-node-01")
+    assert result.stdout.rstrip().splitlines()[-1] == (
+        f"recent incidents: unknown, the agent at {agent.url}: no agent answered (Connection refused)")
+    quiet = run_cli(["snapshot", "--backend", "simulated", "--incidents-from", "off"])
+    assert "recent incidents" not in quiet.stdout
+
+
+def test_recent_incidents_are_listed_newest_first_escaped_and_bounded():
+    from exporter.snapshot_cmd import format_incidents
+
+    items = [{"kind": "memory_exhausted", "time": 1000.0 - 30 * n, "gpu": 2, "xid": None, "action": "restart_app",
+              "caused_by": [{"owner": "ml/trainer\x1b[2J/main"}], "affected": [{"owner": "ml/nb/main"}]}
+             for n in range(12)]
+    text = format_incidents("http://127.0.0.1:9835", items, now=1000.0)
+    lines = text.splitlines()
+    assert lines[1] == ("        0s ago  GPU 2  memory_exhausted   caused by ml/trainer\\x1b[2J/main; affected "
+                        "ml/nb/main; action restart app")
+    assert lines[2].lstrip().startswith("30s ago") and lines[10].lstrip().startswith("4m ago")
+    assert lines[-1] == "  (2 older at http://127.0.0.1:9835/api/v1/incidents)" and len(lines) == 12
+    assert format_incidents("http://x", []).endswith("none since it started")

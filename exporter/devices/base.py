@@ -143,6 +143,11 @@ class Backend(abc.ABC):
         is its hostname)."""
         return ""
 
+    def kernel_log(self) -> Any:
+        """A kernel log of the backend's own, for ``--kernel-log auto`` (the simulated
+        node's: `exporter.devices.simulated.ScenarioKernelLog`); None: the machine's."""
+        return None
+
     def simulated_scenario(self) -> Scenario | None:
         """The simulated node this backend serves (its processes get the scenario's pods),
         None for real devices."""

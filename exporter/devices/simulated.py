@@ -22,6 +22,9 @@ Scenario format (see ``exporter/scenarios/default.yaml``)::
         utilization: 0.5      # or utilization: {wave: {min, max, period}}
         tensor: 1.0           # optional, 0-1: how much of a bf16 job's tensor-core and FP work its
                               # kernels do (GPM); 0 for a process that keeps the SMs busy doing no math
+        from: 30s             # optional: the process starts this long after the node (default: 0;
+                              # its memory and utilisation curves count from then)
+        until: 65s            # optional: and exits then (default: never)
         workload: {...}       # free-form, read by attribution
     allocations:              # pods given GPUs by the device plugin that run nothing there
       - gpus: [7]
@@ -30,11 +33,21 @@ Scenario format (see ``exporter/scenarios/default.yaml``)::
     time_slicing:             # optional: GPUs the device plugin shares as replicas
       gpus: [6]
       replicas: 5             # each listed GPU is allocatable as <uuid>::0 .. <uuid>::4
+    xids:                     # optional: Xid errors, counted by NVML's XID events and logged
+      - at: 30s               # by the simulated node's kernel (`--kernel-log auto`)
+        gpu: 1
+        xid: 31
+        pid: 52001            # optional: the process the driver's line names
+        name: python3         # optional: its comm
+        text: "Ch 00000008, MMU Fault"   # optional: the rest of the line
 
 The simulated kubelet allocates every pod's container the GPUs its processes run on,
 plus the ``allocations`` entries (see `exporter.attribution.simulated.scenario_allocations`).
 Without ``time_slicing``, a GPU allocated to more than one container is time-sliced into
 as many replicas as it has containers.
+
+``exporter/scenarios/incidents.yaml`` plays the incidents of docs/INCIDENTS.md on a small
+node: ``--scenario incidents`` names it (a built-in scenario by its name).
 """
 
 from __future__ import annotations
@@ -50,7 +63,7 @@ import yaml
 from exporter.devices.base import SOURCE_FLAGS, Backend, BackendUnavailable
 from exporter.devices.simulated_health import HealthScenarioError, HealthSpec, parse_health, simulated_signals
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
-from exporter.parsing import parse_positive_duration
+from exporter.parsing import parse_duration_or_seconds, parse_positive_duration
 
 GIB = 2**30
 MIB = 2**20
@@ -89,6 +102,35 @@ class ProcessSpec:
     utilization: Callable[[float], float]
     workload: Mapping[str, Any] = field(default_factory=frozen_mapping)
     tensor: float = 1.0
+    start: float = 0.0  # seconds after the node's start when the process appears
+    end: float = math.inf  # and when it exits
+
+    def running(self, t: float) -> bool:
+        return self.start <= t < self.end
+
+    def memory_at(self, t: float) -> int:
+        """Bytes held ``t`` seconds after the node's start (curves count from the process's)."""
+        return int(self.memory(max(0.0, t - self.start)))
+
+
+@dataclass(frozen=True)
+class XidSpec:
+    """An Xid error the simulated driver raises on one GPU at one time."""
+
+    at: float
+    gpu: int
+    xid: int
+    pid: int | None = None
+    name: str = ""
+    text: str = ""
+
+    def kernel_line(self, pci_bus_id: str) -> str:
+        """The message the NVIDIA driver logs for it (``NVRM: Xid (PCI:...): ...``)."""
+        domain, bus, device = pci_bus_id.split(":")
+        who = f"pid={self.pid}, name={self.name or '<unknown>'}" if self.pid is not None else \
+            "pid='<unknown>', name=<unknown>"
+        return f"NVRM: Xid (PCI:{domain[-4:].lower()}:{bus.lower()}:{device.split('.')[0]}): {self.xid}, {who}, " \
+            f"{self.text}"
 
 
 @dataclass(frozen=True)
@@ -110,6 +152,7 @@ class Scenario:
     replicas: Mapping[int, int] = field(default_factory=frozen_mapping)
     # what the GPUs' health reads say where it is not a healthy H100's (simulated_health)
     health: tuple[HealthSpec, ...] = ()
+    xids: tuple[XidSpec, ...] = ()
 
 
 def _number(where: str, value: Any, minimum: float = 0.0) -> float:
@@ -206,16 +249,23 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         tensor = _number(f"{where}.tensor", proc.get("tensor", 1.0))
         if tensor > 1.0:
             raise ScenarioError(f"{where}.tensor: a ratio 0-1, got {proc['tensor']!r}")
+        start = _seconds(f"{where}.from", proc.get("from", 0))
+        end = _seconds(f"{where}.until", proc["until"]) if proc.get("until") is not None else math.inf
+        if end <= start:
+            raise ScenarioError(f"{where}: until must come after from")
         for offset, index in enumerate(on):
             pid = base_pid + offset
             if pid in seen:
                 raise ScenarioError(f"{where}: PID {pid} is used twice")
             seen.add(pid)
             processes.append(ProcessSpec(pid, index, str(proc.get("name", "python")), memory, utilization,
-                                         frozen_mapping(workload), tensor))
+                                         frozen_mapping(workload), tensor, start, end))
         next_pid = max(next_pid, base_pid + len(on)) + 100
     for gpu in gpus:
-        peak_memory = sum(p.memory(1e9) for p in processes if p.gpu == gpu.index) + gpu.reserved_bytes
+        sharing = [p for p in processes if p.gpu == gpu.index]
+        # memory only grows while a process runs: the most is held just before one exits, or for ever after
+        moments = [1e9] + [p.end - 1e-6 for p in sharing if p.end != math.inf]
+        peak_memory = max(sum(p.memory_at(t) for p in sharing if p.running(t)) for t in moments) + gpu.reserved_bytes
         if peak_memory > gpu.memory_bytes:
             raise ScenarioError(f"{source}: processes on GPU {gpu.index} can use more memory than it has")
     allocations: list[AllocationSpec] = []
@@ -244,13 +294,53 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
                               lambda where, value: _gpu_indexes(where, value, count))
     except HealthScenarioError as exc:
         raise ScenarioError(str(exc)) from None
+    xids = _xids(f"{source}: xids", data.get("xids"), count)
     return Scenario(str(data.get("node", "")), gpus, tuple(processes), tuple(allocations),
-                    frozen_mapping(replicas), health)
+                    frozen_mapping(replicas), health, xids)
+
+
+def _seconds(where: str, value: Any) -> float:
+    """A scenario time: a duration (``90s``, ``2m``) or a number of seconds, >= 0."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _number(where, value)
+    try:
+        return parse_duration_or_seconds(str(value))
+    except ValueError as exc:
+        raise ScenarioError(f"{where}: {exc}") from None
+
+
+def _xids(where: str, doc: Any, count: int) -> tuple[XidSpec, ...]:
+    if doc is None:
+        return ()
+    if not isinstance(doc, list):
+        raise ScenarioError(f"{where}: expected a list of {{at, gpu, xid, pid, name, text}}")
+    out = []
+    for n, entry in enumerate(doc):
+        here = f"{where}[{n}]"
+        if not isinstance(entry, Mapping):
+            raise ScenarioError(f"{here}: expected a mapping with at, gpu and xid")
+        unknown = set(entry) - {"at", "gpu", "xid", "pid", "name", "text"}
+        if unknown:
+            raise ScenarioError(f"{here}: unknown field {sorted(unknown)[0]!r} (at, gpu, xid, pid, name, text)")
+        gpu, xid, pid = entry.get("gpu"), entry.get("xid"), entry.get("pid")
+        if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < count:
+            raise ScenarioError(f"{here}.gpu: expected a GPU index 0-{count - 1}, got {gpu!r}")
+        if isinstance(xid, bool) or not isinstance(xid, int) or not 1 <= xid <= 999:
+            raise ScenarioError(f"{here}.xid: expected an Xid code 1-999, got {xid!r}")
+        if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid < 1):
+            raise ScenarioError(f"{here}.pid: expected a PID, got {pid!r}")
+        out.append(XidSpec(_seconds(f"{here}.at", entry.get("at", 0)), gpu, xid, pid,
+                           str(entry.get("name") or ""), str(entry.get("text") or "")))
+    return tuple(sorted(out, key=lambda x: x.at))
 
 
 def load_scenario(path: str | Path | None = None) -> Scenario:
-    """Read and validate a scenario file (the built-in default when None)."""
+    """Read and validate a scenario file (the built-in default when None; a built-in one
+    by its name, e.g. ``incidents``)."""
     target = Path(path) if path else DEFAULT_SCENARIO
+    builtin = DEFAULT_SCENARIO.parent / f"{path}.yaml"
+    if path and not target.exists() and "/" not in str(path) and builtin.exists():
+        target = builtin
     try:
         text = target.read_text(encoding="utf-8")
     except OSError as exc:
@@ -315,6 +405,21 @@ class SimulatedBackend(Backend):
     def simulated_scenario(self) -> Scenario | None:
         return self.scenario
 
+    def now(self) -> float:
+        return self._clock()
+
+    def kernel_log(self) -> ScenarioKernelLog:
+        """The scenario's Xids as the simulated node's kernel logs them."""
+        return ScenarioKernelLog(self)
+
+    def _xid_counts(self, index: int, t: float) -> Mapping[str, int]:
+        assert self.scenario is not None
+        counts: dict[str, int] = {}
+        for spec in self.scenario.xids:
+            if spec.gpu == index and spec.at <= t:
+                counts[str(spec.xid)] = counts.get(str(spec.xid), 0) + 1
+        return frozen_mapping(counts)
+
     def elapsed(self, now: float) -> float:
         """Seconds since the backend opened, at pass time ``now``."""
         return max(0.0, now - self._start)
@@ -326,9 +431,9 @@ class SimulatedBackend(Backend):
         self._last = now
         samples = []
         for gpu in self.scenario.gpus:
-            procs = self._on_gpu[gpu.index]
-            shares = [min(1.0, max(0.0, p.utilization(t))) for p in procs]
-            memories = [int(p.memory(t)) for p in procs]
+            procs = [p for p in self._on_gpu[gpu.index] if p.running(t)]
+            shares = [min(1.0, max(0.0, p.utilization(max(0.0, t - p.start)))) for p in procs]
+            memories = [p.memory_at(t) for p in procs]
             busy = min(1.0, sum(shares))
             # how much math the busy time does, weighted by each process's SM share
             math_share = sum(s * p.tensor for p, s in zip(procs, shares)) / sum(shares) if sum(shares) else 1.0
@@ -347,7 +452,7 @@ class SimulatedBackend(Backend):
                     model=gpu.model,
                     vendor="nvidia",
                     driver_version=gpu.driver_version,
-                    pci_bus_id=f"00000000:{0x18 + 0x10 * gpu.index:02X}:00.0",
+                    pci_bus_id=_pci_bus_id(gpu.index),
                     serial=f"165232{gpu.index:07d}",
                     utilization=busy,
                     memory_utilization=0.6 * busy,
@@ -364,6 +469,7 @@ class SimulatedBackend(Backend):
                     pcie_rx_bytes_total=int(counters[1]),
                     gpm=(_gpm_values(busy, pcie_tx, pcie_rx, math_share) if dt > 0 else frozen_mapping()),
                     ecc_errors=frozen_mapping({"corrected": 0, "uncorrected": 0}),
+                    xid_errors=self._xid_counts(gpu.index, t),
                     throttle_reasons=frozen_mapping({
                         "gpu_idle": busy == 0,
                         "sw_power_cap": power >= gpu.limit_watts,
@@ -381,6 +487,46 @@ class SimulatedBackend(Backend):
                 )
             )
         return samples
+
+
+class ScenarioKernelLog:
+    """The simulated node's kernel log: the scenario's Xids as the NVIDIA driver logs them,
+    each once its time has come, read through the kernel log reader's own parser
+    (`exporter.incidents.kmsg.parse_xid`). What ``--kernel-log auto`` reads on this node."""
+
+    def __init__(self, backend: SimulatedBackend):
+        self._backend = backend
+        self._next = 0
+        self._counts = {"read": 0, "xid": 0}
+
+    def poll(self) -> list[Any]:
+        from exporter.incidents.kmsg import parse_xid
+
+        scenario = self._backend.scenario
+        if scenario is None:
+            return []
+        t = self._backend.elapsed(self._backend.now())
+        out = []
+        while self._next < len(scenario.xids) and scenario.xids[self._next].at <= t:
+            spec = scenario.xids[self._next]
+            self._next += 1
+            record = parse_xid(spec.kernel_line(_pci_bus_id(spec.gpu)), seq=self._next,
+                               boot_usec=int(spec.at * 1e6))
+            self._counts["read"] += 1
+            if record is not None:
+                self._counts["xid"] += 1
+                out.append(record)
+        return out
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    def close(self) -> None:
+        return None
+
+
+def _pci_bus_id(index: int) -> str:
+    return f"00000000:{0x18 + 0x10 * index:02X}:00.0"
 
 
 def _gpm_values(busy: float, pcie_tx: float, pcie_rx: float, math_share: float = 1.0) -> Mapping[str, float]:
