@@ -88,3 +88,64 @@ def test_prometheus_sees_each_gpus_health_verdict_and_its_signals(prometheus):
     assert prometheus('gpu_pcie_link_width_max{gpu="3"}')[0]["value"][1] == "16"
     # GPU 3's width counts once it lasts three health reads: healthy until then
     assert prometheus('count(gpu_health{state="healthy"} == 1)')[0]["value"][1] in {"6", "7"}
+
+
+SPIKE_SCENARIO = """
+node: sim-spike-01
+gpus: {count: 1, memory_gib: 80}
+processes:
+  - {name: python3, gpus: [0], pid: 41001, memory_gib: 10, utilization: 0.5,
+     workload: {namespace: ml, pod: server-0, container: main}}
+  # a batch step that takes 30 GiB for 2 s, between two scrapes 15 s apart
+  - {name: python3, gpus: [0], pid: 42001, memory_gib: 30, utilization: 0.9, from: 25s, until: 27s,
+     workload: {namespace: ml, pod: batch-0, container: step}}
+"""
+
+
+def test_a_spike_between_two_15s_scrapes_is_in_prometheus_as_the_peak_from_the_next_scrape(tmp_path, agent_factory):
+    import json
+    import time
+
+    from waiting import wait_until
+
+    gib = 2**30
+    scenario = tmp_path / "spike.yaml"
+    scenario.write_text(SPIKE_SCENARIO)
+    agent = agent_factory("--backend", "simulated", "--scenario", str(scenario), "--interval", "1s")
+    server = PrometheusServer(need_tool("prometheus"), tmp_path, [f"127.0.0.1:{agent.port}"],
+                              scrape={"scrape_interval": "15s"}).start()
+    try:
+        # when the spike is on and off, by the agent's own passes (its snapshot's timestamps)
+        seen: dict[str, float] = {}
+
+        def spike_over() -> bool:
+            doc = json.loads(agent.get("/api/v1/snapshot")[2])
+            spiking = doc["gpus"][0]["memory_used_bytes"] > 30 * gib
+            if spiking:
+                seen.setdefault("on", doc["timestamp"])
+            elif "on" in seen:
+                seen.setdefault("off", doc["timestamp"])
+            time.sleep(0.1)
+            return "off" in seen
+
+        wait_until(spike_over, timeout=120, what="the 2 s spike, 25 s after the agent started")
+        spike_used = 0.5 * gib + 40 * gib  # the driver's 512 MiB, the server's 10 GiB and the step's 30 GiB
+
+        def scraped_after_the_spike() -> list | None:
+            raw = server.query('gpu_memory_peak_bytes{gpu="0"}[3m]')
+            values = raw[0]["values"] if raw else []
+            return values if any(t > seen["off"] for t, _ in values) else None
+
+        peaks = wait_until(scraped_after_the_spike, timeout=120, what="a scrape after the spike ended")
+        used = {t: float(v) for t, v in server.query('gpu_memory_used_bytes{gpu="0"}[3m]')[0]["values"]}
+        # the first scrape a pass after the spike began has it, as the peak; the used memory
+        # it scraped (after the spike ended) does not
+        first = next((t, float(v)) for t, v in peaks if t >= seen["on"] + 1.0)
+        assert first[1] == spike_used, (seen, peaks)
+        assert all(float(v) < spike_used for t, v in peaks if t < seen["on"])
+        after = [t for t, _ in peaks if t > seen["off"]][0]
+        assert used[after] == 10.5 * gib
+        step = server.query('max_over_time(container_gpu_memory_peak_bytes{pod="batch-0"}[3m])')
+        assert [float(s["value"][1]) for s in step] == [30 * gib]
+    finally:
+        server.stop()
