@@ -167,7 +167,7 @@ def start_from_args(args: argparse.Namespace, registry: Any, node: str) -> Any:
     try:
         from bridge.push import ExportCounter, OtlpPusher
     except ImportError as exc:
-        raise ValueError(f"OTLP push needs opentelemetry-sdk (pip install 'l9gpu[otlp]'): {exc}") from None
+        raise _sdk_missing(exc) from None
     exporter = build_exporter(settings)
     _quiet_sdk_loggers()
     counter = ExportCounter()
@@ -194,12 +194,13 @@ def incident_logs_from_args(args: argparse.Namespace, node: str) -> Any:
     try:
         from bridge.incident_logs import IncidentLogs
     except ImportError as exc:
-        raise ValueError(f"OTLP push needs opentelemetry-sdk (pip install 'l9gpu[otlp]'): {exc}") from None
-    try:
-        endpoint = logs_endpoint(settings)
-    except ValueError as exc:
-        raise ValueError(str(exc)) from None
+        raise _sdk_missing(exc) from None
+    endpoint = logs_endpoint(settings)
     exporter = build_exporter(settings, LOGS, endpoint)
     _quiet_sdk_loggers()
     log.info("sending GPU incidents as OTLP log records to %s", redact_url(endpoint))
     return IncidentLogs(exporter, build_resource(node), redact_url(endpoint), settings.timeout)
+
+
+def _sdk_missing(exc: ImportError) -> ValueError:
+    return ValueError(f"OTLP push needs opentelemetry-sdk (pip install 'l9gpu[otlp]'): {exc}")

@@ -344,7 +344,9 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
     try:
         text = target.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ScenarioError(f"cannot read scenario {target}: {exc.strerror or exc}") from None
+        builtins = ", ".join(sorted(f.stem for f in DEFAULT_SCENARIO.parent.glob("*.yaml")))
+        raise ScenarioError(f"cannot read scenario {target}: {exc.strerror or exc} (built-in ones by name: "
+                            f"{builtins})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
