@@ -26,9 +26,10 @@ def _commit() -> str:
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
-        return out + (" (with uncommitted changes)" if dirty else "")
+        # what runs, not what describes it: changes to docs/ and *.md do not count
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":!docs", ":!*.md"], capture_output=True, text=True).stdout.strip()
+        return out + (" (with uncommitted changes to code)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
