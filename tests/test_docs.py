@@ -336,3 +336,14 @@ def test_the_normaliser_keeps_the_layout():
     assert normalise("6    NVIDIA H100  85%   79.0/80.0   606  5") == normalise("6  NVIDIA H100 87%  9.5/80.0 1621 15")
     assert normalise("6 NVIDIA H100 85% 79.0/80.0") != normalise("6 NVIDIA H100 85% 79.0 of 80.0")
     assert normalise("pid 1 python 70.0 GiB sm 0%") != normalise("pid 1 python 70.0 GiB 0%")
+
+
+def test_every_benchmark_figure_cites_a_results_file_that_exists():
+    cited: set[str] = set()
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        assert "no results file" not in text.lower(), f"{doc.name} has a figure without its raw output"
+        cited |= set(re.findall(r"benchmarks/results/[\w.\-]+\.(?:txt|json)", text))
+    assert cited, "the docs cite no results file at all"
+    missing = sorted(path for path in cited if not (REPO / path).is_file())
+    assert not missing, f"results files the docs cite but the checkout lacks: {missing}"
