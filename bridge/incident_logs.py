@@ -42,7 +42,6 @@ class _Reporting:
         self._description = description
         self._failing = False
         self._lock = threading.Lock()
-        self.results = {"success": 0, "failure": 0}
 
     def export(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         error = ""
@@ -54,7 +53,6 @@ class _Reporting:
         except Exception as exc:  # noqa: BLE001 - the SDK's worker thread must go on
             result, ok, error = None, False, f"{type(exc).__name__}: {exc}"
         with self._lock:
-            self.results["success" if ok else "failure"] += 1
             if ok and self._failing:
                 log.info("OTLP incident log records to %s are delivered again", self._description)
             elif not ok and not self._failing:

@@ -9,7 +9,7 @@ import logging
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from exporter import __version__
 from exporter.devices import close_backends, joined_name
@@ -94,7 +94,8 @@ def _build(args: argparse.Namespace) -> _Agent:
     registry = build_registry(lambda: collector.snapshot, enabled, extra_names, dcgm_selection)
     if REJECTIONS_METRIC in enabled:
         registry.register(rejections)
-    watch = build_incident_watch(args, _incident_logs(args, backends), backends)
+    logs = _from_bridge(backends, lambda bridge: bridge.incident_logs_from_args(args, args.node_name))
+    watch = build_incident_watch(args, logs, backends)
     registry.register(IncidentFamilies(watch, enabled, extra_names))
     exposition = None
     if not args.no_metrics_endpoint:
@@ -103,7 +104,7 @@ def _build(args: argparse.Namespace) -> _Agent:
         exposition = Exposition(registry, lambda: collector.snapshot, max_age=2 * args.interval,
                                 interval=args.interval, prefer_text=dcgm_selection is not None)
     collector.on_snapshot = _after_each_pass(watch, exposition)
-    bridge = _start_bridge(args, registry, backends)
+    bridge = _from_bridge(backends, lambda bridge: bridge.start_from_args(args, registry, args.node_name))
     pages = SnapshotPages(lambda: collector.snapshot, args.node_name, args.interval, extra_names,
                           gpm_status=lambda: gpm_status(backends), incidents=watch.recent_json)
     app = make_app(exposition, lambda: collector.snapshot, collector.alive, args.node_name,
@@ -126,27 +127,16 @@ def _after_each_pass(watch: Any, exposition: Any) -> Any:
     return hook
 
 
-def _incident_logs(args: argparse.Namespace, backends: list[Any]) -> Any:
-    """The OTLP log records of incidents when OTLP is on (None without the bridge)."""
+def _from_bridge(backends: list[Any], start: Callable[[Any], Any]) -> Any:
+    """``start(bridge.cli)``: a part of the OTLP bridge the flags ask for (the metrics push,
+    the incidents' log records), None without the bridge installed; a bad setting closes
+    the backends and is a usage error."""
     try:
         from bridge import cli as bridge_cli
     except ImportError:
         return None
     try:
-        return bridge_cli.incident_logs_from_args(args, args.node_name)
-    except ValueError as exc:
-        close_backends(backends)
-        raise UsageError(f"l9gpu: {exc}") from None
-
-
-def _start_bridge(args: argparse.Namespace, registry: Any, backends: list[Any]) -> Any:
-    """The OTLP push of ``registry`` when the flags ask for it (None without the bridge)."""
-    try:
-        from bridge import cli as bridge_cli
-    except ImportError:
-        return None
-    try:
-        return bridge_cli.start_from_args(args, registry, args.node_name)
+        return start(bridge_cli)
     except ValueError as exc:
         close_backends(backends)
         raise UsageError(f"l9gpu: {exc}") from None

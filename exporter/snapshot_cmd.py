@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from exporter.devices import joined_name
 from exporter.devices.nvml.gpm import WARMING_UP
 from exporter.escape import for_terminal
-from exporter.snapshot_json import describe_owner, document_json, snapshot_document
+from exporter.snapshot_json import describe_owner, document_json, duration, snapshot_document
 from exporter.wiring import CLOSE_TIMEOUT, build_collector, close_backends_within, gpm_status, open_sources_within
 
 # `l9gpu snapshot` measures GPM activity over this long (two samples this far apart).
@@ -129,7 +129,7 @@ def format_incidents(base: str, items: list[dict[str, Any]] | None, error: str =
     lines = [f"recent incidents (the agent at {base}), newest first:"]
     for item in items[:limit]:
         try:
-            age = _age(now - float(item.get("time") or now))
+            age = duration(now - float(item.get("time") or now))  # as the page's Incidents panel
         except (TypeError, ValueError):
             age = "?"
         what = str(item.get("kind", "?")) + (f" {item['xid']}" if item.get("xid") is not None else "")
@@ -139,15 +139,6 @@ def format_incidents(base: str, items: list[dict[str, Any]] | None, error: str =
     if len(items) > limit:
         lines.append(f"  ({len(items) - limit} older at {base.rstrip('/')}/api/v1/incidents)")
     return "\n".join(for_terminal(line) for line in lines)
-
-
-def _age(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{int(seconds // 60)}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 def call_timings(backends: list[Any]) -> dict[str, Any]:

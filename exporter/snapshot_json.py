@@ -53,6 +53,20 @@ def rfc3339(unix_seconds: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+def duration(seconds: float | None) -> str:
+    """``45s``, ``12m 5s``, ``1h 30m``, ``2d 3h``: two units at most."""
+    if seconds is None:
+        return "n/a"
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
 def workload_json(workload: Workload) -> dict[str, Any]:
     """Who a workload is, in the keys the snapshot's workload entries use (for incidents)."""
     return {

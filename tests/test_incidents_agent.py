@@ -178,6 +178,6 @@ def test_recent_incidents_are_listed_newest_first_escaped_and_bounded():
     lines = text.splitlines()
     assert lines[1] == ("        0s ago  GPU 2  memory_exhausted   caused by ml/trainer\\x1b[2J/main; affected "
                         "ml/nb/main; action restart app")
-    assert lines[2].lstrip().startswith("30s ago") and lines[10].lstrip().startswith("4m ago")
+    assert lines[2].lstrip().startswith("30s ago  GPU 2") and lines[10].lstrip().startswith("4m 30s ago  GPU 2")
     assert lines[-1] == "  (2 older at http://127.0.0.1:9835/api/v1/incidents)" and len(lines) == 12
     assert format_incidents("http://x", []).endswith("none since it started")

@@ -15,10 +15,10 @@ from exporter.collector import Collector
 from exporter.devices.simulated import SimulatedBackend
 from exporter.labels import label_schema
 from exporter.render import SnapshotCollector
-from exporter.snapshot_json import snapshot_document, snapshot_json
+from exporter.snapshot_json import duration, snapshot_document, snapshot_json
 from exporter.web.app import make_app
 from exporter.web.exposition import Exposition
-from exporter.web.page import SnapshotPages, duration, render_page
+from exporter.web.page import SnapshotPages, render_page
 
 GIB = 2**30
 

@@ -61,9 +61,15 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from exporter.devices.base import SOURCE_FLAGS, Backend, BackendUnavailable
-from exporter.devices.simulated_health import HealthScenarioError, HealthSpec, parse_health, simulated_signals
+from exporter.devices.simulated_health import (
+    HealthScenarioError,
+    HealthSpec,
+    parse_health,
+    scenario_duration,
+    simulated_signals,
+)
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
-from exporter.parsing import parse_duration_or_seconds, parse_positive_duration
+from exporter.parsing import parse_positive_duration
 
 GIB = 2**30
 MIB = 2**20
@@ -300,13 +306,11 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
 
 
 def _seconds(where: str, value: Any) -> float:
-    """A scenario time: a duration (``90s``, ``2m``) or a number of seconds, >= 0."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return _number(where, value)
+    """A scenario time, as the ``health`` entries' (`simulated_health.scenario_duration`)."""
     try:
-        return parse_duration_or_seconds(str(value))
-    except ValueError as exc:
-        raise ScenarioError(f"{where}: {exc}") from None
+        return scenario_duration(where, value)
+    except HealthScenarioError as exc:
+        raise ScenarioError(str(exc)) from None
 
 
 def _xids(where: str, doc: Any, count: int) -> tuple[XidSpec, ...]:
@@ -338,9 +342,9 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
     """Read and validate a scenario file (the built-in default when None; a built-in one
     by its name, e.g. ``incidents``)."""
     target = Path(path) if path else DEFAULT_SCENARIO
-    builtin = DEFAULT_SCENARIO.parent / f"{path}.yaml"
-    if path and not target.exists() and "/" not in str(path) and builtin.exists():
-        target = builtin
+    if path and not target.exists() and "/" not in str(path):
+        builtin = DEFAULT_SCENARIO.parent / f"{path}.yaml"
+        target = builtin if builtin.exists() else target
     try:
         text = target.read_text(encoding="utf-8")
     except OSError as exc:

@@ -85,7 +85,9 @@ def _section(where: str, doc: Any, check: Mapping[str, Callable[[str, Any], Any]
     return out
 
 
-def _duration(where: str, value: Any) -> float:
+def scenario_duration(where: str, value: Any) -> float:
+    """A scenario time (``from``, ``until``, ``at``): a duration (``90s``, ``2m``) or a
+    number of seconds, not negative."""
     try:
         seconds = parse_duration_or_seconds(str(value))
     except ValueError as exc:
@@ -127,8 +129,8 @@ def parse_health(where: str, doc: Any, gpu_indexes: Callable[[str, Any], list[in
         action = entry.get("recovery_action")
         specs.append(HealthSpec(
             tuple(gpu_indexes(at, entry.get("gpus", []))),
-            _duration(f"{at}.from", entry["from"]) if "from" in entry else 0.0,
-            _duration(f"{at}.until", entry["until"]) if "until" in entry else float("inf"),
+            scenario_duration(f"{at}.from", entry["from"]) if "from" in entry else 0.0,
+            scenario_duration(f"{at}.until", entry["until"]) if "until" in entry else float("inf"),
             row, pcie, nvlink,
             None if action is None else _whole(f"{at}.recovery_action", action, 0, 7),
             _flag(f"{at}.gpu_lost", entry.get("gpu_lost", False))))

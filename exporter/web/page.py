@@ -30,7 +30,7 @@ from aiohttp import web
 
 from exporter import __version__
 from exporter.model import Snapshot
-from exporter.snapshot_json import document_json, snapshot_document
+from exporter.snapshot_json import document_json, duration, snapshot_document
 
 PAGE_PATH = "/"
 API_PATH = "/api/v1/snapshot"
@@ -57,20 +57,6 @@ def _bytes(value: float | None) -> str:
 
 def _percent(ratio: float | None) -> str:
     return "n/a" if ratio is None else f"{ratio * 100:.0f}%"
-
-
-def duration(seconds: float | None) -> str:
-    """``45s``, ``12m 5s``, ``1h 30m``, ``2d 3h``: two units at most."""
-    if seconds is None:
-        return "n/a"
-    s = int(max(0.0, seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60}s"
-    if s < 86400:
-        return f"{s // 3600}h {s % 3600 // 60}m"
-    return f"{s // 86400}d {s % 86400 // 3600}h"
 
 
 def _bar(ratio: float | None, high: float = 0.9) -> str:
