@@ -22,7 +22,7 @@ from fake_pynvml import (
 )
 
 from exporter.devices.nvml import NvmlBackend
-from exporter.health import FabricState, HealthSignals, assess  # noqa: F401 - the public names
+from exporter.health import FabricState, HealthSignals, HealthState, assess
 
 H200 = "NVIDIA H200"
 
@@ -80,7 +80,12 @@ def test_every_signal_arrives_with_its_units(boot_id):
     assert h.boot_id == "3f1c0a52-1111-2222-3333-444455556666"
     assert h.energy_mj == gpu.energy_mj
     assert (h.gpu_lost, h.reset_required) == (False, False)
-    assert assess is not None
+    # The policy reads each signal as it came, in its unit: every problem of this GPU is a reason.
+    _, verdict = assess(HealthState(), 100.0, h)
+    assert verdict.state == "unhealthy" and verdict.action == "contact_support"
+    assert set(verdict.reason_names) == {"fabric_unhealthy", "nvlink_down", "recovery_action", "row_remap_no_spare",
+                                         "row_remap_pending", "sram_threshold"}
+    assert verdict.problems == ()
 
 
 def test_unsupported_reads_stay_none_and_are_asked_once(boot_id):
@@ -140,8 +145,14 @@ def test_garbage_values_pass_through_for_the_policy_to_reject(boot_id):
     backend = opened(FakeNvml([gpu]), boot_id)
     (h,) = health_of(backend)
     assert (h.pcie.width, h.pcie.generation) == (0, 99)  # exporter.health.checks logs and ignores them
-    verdict = assess  # the policy gets them as data
-    assert verdict is not None
+    # The policy gets them as data: it names each bad field once and does not call the
+    # link narrowed or downgraded on the strength of them.
+    state, verdict = assess(HealthState(), 100.0, h, utilization=1.0)
+    assert verdict.state == "healthy" and verdict.reasons == ()
+    assert any("pcie.width" in line for line in verdict.problems)
+    assert any("pcie.generation" in line for line in verdict.problems)
+    _, again = assess(state, 130.0, h, utilization=1.0)
+    assert again.state == "healthy" and again.problems == ()
 
 
 def test_health_is_read_every_interval_staggered(boot_id):
