@@ -22,6 +22,8 @@ from exporter.model import UNKNOWN, AllocationRow, DeviceSample, Workload
 if TYPE_CHECKING:
     from exporter.devices.base import Backend
 
+__all__ = ["KUBERNETES_MODES", "Attributor", "NullAttributor", "add_arguments", "build_attributor"]
+
 log = logging.getLogger(__name__)
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from exporter.parsing import argtype, parse_positive_duration
 
+__all__ = ["EVENTS_MODES", "add_arguments"]
+
 EVENTS_MODES = ("on", "off")
 
 

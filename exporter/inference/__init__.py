@@ -5,3 +5,5 @@
 workload counters on ``namespace`` and ``pod``. ``l9gpu report --by model`` reads the
 same token counters exactly (exporter/report/). See docs/INFERENCE.md.
 """
+
+__all__: list[str] = []  # the public names live in the modules the docstring names

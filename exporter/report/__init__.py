@@ -11,3 +11,5 @@ them per namespace, pod label, Slurm account or Slurm user (see docs/CHARGEBACK.
 - `output`  CSV, JSON and a self-contained HTML page;
 - `cli`     the ``l9gpu report`` and ``l9gpu prices`` subcommands.
 """
+
+__all__: list[str] = []  # the public names live in the modules the docstring names

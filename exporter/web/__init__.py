@@ -16,3 +16,5 @@ One concept per module, as aiohttp splits ``web_app``, ``web_protocol``, ``web_r
 
 What the listener and the web config refuse is counted in `exporter.counts.Rejections`.
 """
+
+__all__: list[str] = []  # the public names live in the modules the docstring names
