@@ -1,0 +1,75 @@
+"""docs/ARCHITECTURE.md's map cannot go stale: every room is on it, every route in its list.
+
+A newcomer reads the map to know where a change goes. A package or a module of exporter/'s
+root (or of a package the map opens, such as devices/) that the map leaves out, or a route
+the app serves that the route list lacks, fails here with its name, so the map is kept true
+by the change that adds the room, not by a later reader who finds it missing.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from exporter.web.app import make_app
+
+REPO = Path(__file__).resolve().parent.parent
+MAP = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+
+
+def _rooms_block() -> str:
+    section = MAP.split("## The rooms", 1)[1]
+    return section.split("```", 2)[1]
+
+
+ROOMS = _rooms_block()
+OPENED = ("devices",)  # packages whose own modules the map lists one by one
+
+
+def _rooms() -> list[str]:
+    names = []
+    root = REPO / "exporter"
+    for place, prefix in [(root, ""), *((root / p, f"{p}/") for p in OPENED)]:
+        for path in sorted(place.iterdir()):
+            if path.name.startswith(("_", ".")) or path.name in ("py.typed",):
+                continue
+            if path.is_dir() and (path / "__init__.py").exists():
+                names.append(f"{prefix}{path.name}/")
+            elif path.suffix == ".py":
+                names.append(f"{prefix}{path.name}")
+    return names
+
+
+def _on_map(name: str) -> bool:
+    base = name.rsplit("/", 2)[-2] + "/" if name.endswith("/") else name.rsplit("/", 1)[-1]
+    return re.search(rf"(?<![\w.]){re.escape(base)}(?![\w])", ROOMS) is not None
+
+
+def test_the_map_has_rooms():
+    assert "exporter/" in ROOMS and "devices/" in ROOMS
+
+
+@pytest.mark.parametrize("room", _rooms())
+def test_every_room_is_on_the_map(room):
+    assert _on_map(room), f"docs/ARCHITECTURE.md's map (## The rooms) does not name exporter/{room}"
+
+
+def _served_routes() -> set[str]:
+    app: web.Application = make_app(None, lambda: None, lambda: True, "node", incidents=lambda: [])
+    paths = set()
+    for resource in app.router.resources():
+        info = resource.get_info()
+        paths.add(info.get("path") or info.get("formatter") or "")
+    return paths
+
+
+def test_every_route_is_in_the_route_list():
+    routes_line = next(line for line in ROOMS.splitlines() if line.strip().startswith("app.py"))
+    listed = set(re.findall(r"/[\w/]*", routes_line))
+    served = _served_routes() | {"/metrics"}  # /metrics is only left out of a push-only agent
+    assert served, "the app serves no route"
+    missing = sorted(served - listed)
+    assert not missing, f"docs/ARCHITECTURE.md's web/app.py line does not list {missing}"
