@@ -371,7 +371,8 @@ METRICS: tuple[MetricSpec, ...] = (
                ("outcome",), SELF),
     MetricSpec("l9gpu_kubernetes_events_total", COUNTER, "",
                "Kubernetes Events about GPU incidents, by outcome: posted, aggregated (a repeat patched into its "
-               "Event), rate_limited, queue_full, forbidden (403), throttled (429), failed.",
+               "Event), rate_limited, queue_full, forbidden (403), throttled (429 or 503: posting pauses for its "
+               "Retry-After), failed.",
                ("outcome",), SELF),
     MetricSpec("l9gpu_otlp_exports_total", COUNTER, "",
                "OTLP pushes by result (success, failure); a failed batch is dropped, not retried later. "

@@ -15,10 +15,11 @@ watches still end on time and the next one gets no answer), and ``garble(body)``
 (every pod list is answered ``200 OK`` with ``body`` instead of the PodList, as a broken
 server or proxy might; ``garble(None)`` answers properly again).
 
-It also takes core v1 Events as the real server does: ``POST`` and ``PATCH`` (a merge
+It also takes core v1 Events as the real server does: ``POST`` (a name that is not a DNS
+subdomain is answered 422 Invalid, as the API server validates it) and ``PATCH`` (a merge
 patch) on ``/api/v1/namespaces/{ns}/events[/{name}]``, kept in ``core_events`` by
 (namespace, name), every request logged in ``event_requests``. ``refuse_events(code)``
-answers each of them with that status (403 Forbidden, 429 Too Many Requests with a
+answers each of them with that status (403 Forbidden, 429 Too Many Requests or 503 with a
 Retry-After) until ``refuse_events(None)``; ``hold_events(gate)`` holds each until the
 test sets the ``threading.Event`` (a slow server).
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import socket
 import threading
 import time
@@ -57,6 +59,17 @@ def make_pod(name: str, namespace: str, uid: str, node: str, containers: dict[st
                                               "restartCount": 0, "image": "busybox", "imageID": ""}
                                              for n, cid in init_containers.items()]},
     }
+
+
+# The API server's check of an object's name (k8s.io/apimachinery validation.IsDNS1123Subdomain).
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS_SUBDOMAIN_ERROR = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
+                       "'.', and must start and end with an alphanumeric character")
+
+
+def is_dns_subdomain(name: str) -> bool:
+    """Whether the API server takes ``name`` as an object's name (an RFC 1123 subdomain)."""
+    return len(name) <= 253 and DNS_SUBDOMAIN.fullmatch(name) is not None
 
 
 def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
@@ -120,6 +133,7 @@ class FakeApiServer:
         self.core_events: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> Event
         self.event_requests: list[tuple[str, str, str]] = []  # (method, path, Content-Type)
         self._refuse_events: int | None = None  # set: the status every events request gets
+        self._retry_after: str | None = "1"  # the Retry-After of a refused events request
         self._events_gate: threading.Event | None = None  # set: events requests wait on it
         self.port = 0
         self._server: ThreadingHTTPServer | None = None
@@ -180,10 +194,12 @@ class FakeApiServer:
         with self._cond:
             self._garbage = body.encode() if isinstance(body, str) else body
 
-    def refuse_events(self, code: int | None) -> None:
-        """Answer every events request with ``code`` (403, 429, 500...); None: take them."""
+    def refuse_events(self, code: int | None, retry_after: str | None = "1") -> None:
+        """Answer every events request with ``code`` (403, 429, 500...); None: take them.
+        A 429 or 503 carries ``retry_after`` as its Retry-After header (None: none)."""
         with self._cond:
             self._refuse_events = code
+            self._retry_after = retry_after
 
     def hold_events(self, gate: threading.Event | None) -> None:
         """Hold every events request until ``gate`` is set (None: answer at once)."""
@@ -325,6 +341,10 @@ class FakeApiServer:
                                  "the namespace of the provided object does not match the namespace sent on the request")
                     return
                 name = meta.get("name", "")
+                if not is_dns_subdomain(name):
+                    self._status(422, "Invalid", f'Event "{name}" is invalid: metadata.name: Invalid value: '
+                                 f'"{name}": {DNS_SUBDOMAIN_ERROR}')
+                    return
                 with api._cond:
                     if (namespace, name) in api.core_events:
                         self._status(409, "AlreadyExists", f'events "{name}" already exists')
@@ -351,9 +371,13 @@ class FakeApiServer:
                 if code == 403:
                     self._status(403, "Forbidden", 'events is forbidden: User "system:serviceaccount:l9gpu:l9gpu" '
                                  f'cannot create resource "events" in API group "" in the namespace "{namespace}"')
-                elif code == 429:
-                    self._status(429, "TooManyRequests", "too many requests, please try again later",
-                                 headers={"Retry-After": "1"})
+                elif code in (429, 503):
+                    retry = {"Retry-After": api._retry_after} if api._retry_after is not None else None
+                    if code == 429:
+                        self._status(429, "TooManyRequests", "too many requests, please try again later", headers=retry)
+                    else:
+                        self._status(503, "ServiceUnavailable", "the server is currently unable to handle the request",
+                                     headers=retry)
                 else:
                     self._status(code, "InternalError", "an error on the server has prevented the request")
 
