@@ -1,4 +1,5 @@
-"""Kubernetes Events on the pods an incident touched, posted from a thread of its own.
+"""Kubernetes Events on the pods an incident touched (and on the Node, for its GPUs' health),
+posted from a thread of its own.
 
 ``kubectl describe pod`` lists a pod's core ``v1`` Events on every Kubernetes version,
 so that is what `EventSink` writes: type Warning, the pod as ``involvedObject``, l9gpu
@@ -82,6 +83,9 @@ class PodEvent:
         reason: short UpperCamelCase reason, e.g. ``GPUFaultCaused``.
         message: one line for a person (cut to `MAX_MESSAGE` characters).
         type: ``Warning`` or ``Normal``.
+        kind: the object the Event is about: ``Pod``, or ``Node`` (then ``pod`` and
+            ``pod_uid`` are the node's name, as the kubelet names a Node in its Events, and
+            ``namespace`` is ``default``, where Events on a Node live).
     """
 
     namespace: str
@@ -90,6 +94,7 @@ class PodEvent:
     reason: str
     message: str
     type: str = "Warning"
+    kind: str = "Pod"
 
 
 def default_api_factory(kubeconfig: str | None = None) -> Any:
@@ -311,8 +316,9 @@ class EventSink:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": name, "namespace": event.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": event.pod,
-                               "namespace": event.namespace, "uid": event.pod_uid},
+            "involvedObject": ({"apiVersion": "v1", "kind": "Pod", "name": event.pod,
+                                "namespace": event.namespace, "uid": event.pod_uid} if event.kind == "Pod" else
+                               {"apiVersion": "v1", "kind": event.kind, "name": event.pod, "uid": event.pod_uid}),
             "reason": event.reason,
             "message": event.message[:MAX_MESSAGE],
             "type": event.type,
