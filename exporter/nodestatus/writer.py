@@ -103,7 +103,7 @@ def _classify(exc: Exception) -> tuple[str, str, float | None]:
         return "throttled", detail, retry_after(exc)
     if status is not None and status >= 500:
         return "server_error", detail, None
-    if status is None and ("timed out" in detail.lower() or "timeout" in type(exc).__name__.lower()):
+    if status is None and ("timed out" in detail.lower() or "timeout" in f"{type(exc).__name__} {exc}".lower()):
         return "timeout", detail, None
     return "failed", detail, None
 
