@@ -117,6 +117,10 @@ def node_verdict(snap: Snapshot, since: Mapping[str, tuple[str, float]]) -> Node
     return NodeVerdict("True", REASONS[worst], message[:MAX_MESSAGE], tuple(problems))
 
 
+# The reason of the Node's Event when a GPU's verdict becomes each state.
+EVENT_REASONS: Mapping[str, str] = {p.HEALTHY: "GPURecovered", p.DEGRADED: "GPUDegraded", p.UNHEALTHY: "GPUUnhealthy"}
+
+
 @dataclass(frozen=True)
 class GpuTransition:
     """A GPU whose verdict state changed between two passes, for an Event on the Node."""
@@ -135,7 +139,7 @@ class GpuTransition:
 
     @property
     def event_reason(self) -> str:
-        return {p.HEALTHY: "GPURecovered", p.DEGRADED: "GPUDegraded", p.UNHEALTHY: "GPUUnhealthy"}[self.after]
+        return EVENT_REASONS[self.after]
 
     def message(self) -> str:
         held = ", ".join(self.holders) if self.holders else "no workload"
