@@ -195,6 +195,16 @@ def test_a_taint_conflict_is_counted_and_retried(apiserver, tmp_path, writers) -
     assert apiserver.node(NODE)["spec"]["taints"][0]["key"] == "added-meanwhile"  # the other writer's kept
 
 
+def test_a_taint_the_agent_may_not_set_is_counted_and_noted_as_the_taint(apiserver, tmp_path, writers) -> None:
+    apiserver.add_node(NODE)
+    apiserver.refuse_nodes(403, "patch")
+    writer = _writer(writers, apiserver, tmp_path, taint=Taint(), heartbeat=1.0)
+    writer.observe(_snap(1, {4: (p.REBOOT_NODE, "xid_79")}))
+    wait_until(lambda: writer.counts()["forbidden"] >= 1, what="the refused taint counted")
+    assert apiserver.node(NODE)["status"]["conditions"][0]["status"] == "True"  # the condition is written
+    assert writer.note().startswith(f"node {NODE}'s taint is not written: 403 Forbidden")
+
+
 @pytest.mark.parametrize(("code", "outcome"), [(403, "forbidden"), (429, "throttled"), (503, "throttled"),
                                                (500, "server_error")])
 def test_refusals_are_counted_and_noted(apiserver, tmp_path, writers, code, outcome) -> None:

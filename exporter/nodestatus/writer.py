@@ -160,6 +160,7 @@ class NodeStatusWriter:
         self._tainted: bool | None = None  # whether the node carries the taint (None: not known)
         self._holding = False  # a previous agent's True condition stands (the settle time)
         self._seen_problem = False  # this agent's own verdict has been True
+        self._doing = "GPU condition"  # what the request under way writes, for the note
         self._retry_at = 0.0
         self._backoff = FIRST_RETRY
         self._thread = threading.Thread(target=self._run, name="l9gpu-node-status", daemon=True)
@@ -291,6 +292,7 @@ class NodeStatusWriter:
         return verdict
 
     def _write_condition(self, verdict: NodeVerdict, current: dict[str, Any] | None) -> None:
+        self._doing = "GPU condition"
         stamp = rfc3339_seconds(self._wall())
         transition = stamp
         if current is not None and current.get("status") == verdict.status and current.get("lastTransitionTime"):
@@ -305,6 +307,7 @@ class NodeStatusWriter:
 
     def _write_taint(self, on: bool) -> None:
         assert self.taint is not None
+        self._doing = "taint"
         node = self._get_node()
         taints = [t for t in (node.get("spec") or {}).get("taints") or () if t.get("key") != self.taint.key]
         if on:
@@ -323,7 +326,7 @@ class NodeStatusWriter:
             self._counts[outcome] += 1
             if outcome == "updated":
                 return
-            self._note = f"node {self.node}'s GPU condition is not written: {detail or _WHY[outcome]}"
+            self._note = f"node {self.node}'s {self._doing} is not written: {detail or _WHY[outcome]}"
             last = self._logged.get(outcome)
             if last is not None and now - last < LOG_EVERY_SECONDS:
                 return
