@@ -224,6 +224,49 @@ def test_a_stale_true_left_for_a_healthy_gpu_is_cleared_after_the_settle_time(ag
     _validate_all_sent(apiserver)
 
 
+@pytest.mark.skipif(shutil.which("kubectl") is None,
+                    reason="kubectl is not installed (Debian package kubernetes-client; make system-deps)")
+def test_kubectl_describe_node_prints_the_condition_the_taint_and_the_events(apiserver, tmp_path) -> None:
+    """kubectl itself reads the node back from the fake API server, as an operator would."""
+    import functools
+
+    from exporter.health import Reason, Verdict
+    from exporter.incidents.events import EventSink, default_api_factory
+    from exporter.model import DeviceSample, ProcessRow, Snapshot, Workload
+    from exporter.nodestatus.writer import NodeStatusWriter, Taint
+
+    apiserver.add_node(NODE, conditions=[READY])
+    factory = functools.partial(default_api_factory, kubeconfig(tmp_path, apiserver))
+    events = EventSink(factory, NODE)
+    writer = NodeStatusWriter(factory, NODE, taint=Taint(), events=events)
+    trainer = Workload(kind="kubernetes", namespace="ml-research", pod="llm-finetune-worker-0", container="trainer")
+    devices = tuple(DeviceSample(index=i, uuid=f"GPU-{i}") for i in range(8))
+
+    def snap(seq: int, verdict: Verdict) -> Snapshot:
+        health = {d.key: Verdict("healthy", "none", ()) for d in devices} | {"GPU-4": verdict}
+        return Snapshot(seq=seq, node=NODE, timestamp=1_790_000_000.0 + seq, devices=devices, health=health,
+                        processes=(ProcessRow("GPU-4", 52001, "python3", trainer, 1, None),))
+
+    try:
+        writer.observe(snap(1, Verdict("healthy", "none", ())))
+        writer.observe(snap(2, Verdict("unhealthy", "reboot_node", (Reason("xid_79", "reboot_node", "off the bus"),))))
+        wait_until(lambda: len(apiserver.node(NODE)["spec"]["taints"]) == 1 and apiserver.core_events,
+                   what="the condition, the taint and the Event")
+        wait_until(lambda: (c := _condition(apiserver)) and c["reason"] == "RebootNode", what="the condition")
+    finally:
+        writer.close(timeout=PATIENCE)
+        events.close(timeout=PATIENCE)
+    described = _describe(tmp_path, apiserver)
+    assert described is not None
+    columns = _condition_row(described)
+    assert columns[:2] == [CONDITION, "True"] and columns[4] == "RebootNode", columns
+    assert columns[5].startswith("1 GPU needs more than an application restart: GPU 4 (GPU-4): xid_79; action "
+                                 "reboot_node; since 2026-09-21T14:13:22")
+    assert f"Taints:             {TAINT}:NoSchedule" in described
+    events_part = described.split("Events:")[1]
+    assert "Warning" in events_part and "GPUUnhealthy" in events_part and "llm-finetune-worker-0" in events_part
+
+
 def test_node_condition_off_writes_nothing(agent_factory, apiserver, tmp_path) -> None:
     apiserver.add_node(NODE, conditions=[READY])
     agent = _start(agent_factory, apiserver, tmp_path, _scenario(tmp_path, "remap", REMAP), "--node-condition", "off")
