@@ -248,7 +248,7 @@ class NodeStatusWriter:
 
     def _get_node(self) -> dict[str, Any]:
         response = self._client().read_node(self.node, _preload_content=False, _request_timeout=self.request_timeout)
-        return json.loads(response.data)
+        return json.loads(_body(response))
 
     def _read_once(self) -> None:
         """The condition a previous agent left and the taint, read once at start-up."""
@@ -299,8 +299,8 @@ class NodeStatusWriter:
             transition = current["lastTransitionTime"]
         condition = {"type": self.condition_type, "status": verdict.status, "reason": verdict.reason,
                      "message": verdict.message, "lastHeartbeatTime": stamp, "lastTransitionTime": transition}
-        self._client().patch_node_status(self.node, {"status": {"conditions": [condition]}},
-                                         _preload_content=False, _request_timeout=self.request_timeout)
+        _body(self._client().patch_node_status(self.node, {"status": {"conditions": [condition]}},
+                                               _preload_content=False, _request_timeout=self.request_timeout))
         self._written = condition
         self._heartbeat_at = self._clock()
         self._outcome("updated")
@@ -316,7 +316,8 @@ class NodeStatusWriter:
         body: dict[str, Any] = {"spec": {"taints": taints}}
         if version:
             body["metadata"] = {"resourceVersion": version}
-        self._client().patch_node(self.node, body, _preload_content=False, _request_timeout=self.request_timeout)
+        _body(self._client().patch_node(self.node, body, _preload_content=False,
+                                        _request_timeout=self.request_timeout))
         self._tainted = on
         self._outcome("updated")
 
@@ -333,6 +334,15 @@ class NodeStatusWriter:
             self._logged[outcome] = now
         log.warning("updating node %s failed: %s%s (logged once per %d minutes; the agent goes on without it)",
                     self.node, _WHY[outcome], f": {detail}" if detail else "", LOG_EVERY_SECONDS // 60)
+
+
+def _body(response: Any) -> bytes:
+    """A raw answer's body, read whole, its connection handed back to the client's pool (the
+    answers are read as JSON here, not turned into the client's model objects)."""
+    try:
+        return bytes(response.data)
+    finally:
+        response.release_conn()
 
 
 def rfc3339_seconds(unix_seconds: float) -> str:
