@@ -370,8 +370,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "overwritten (lost before they were read), malformed, truncated.",
                ("outcome",), SELF),
     MetricSpec("l9gpu_kubernetes_events_total", COUNTER, "",
-               "Kubernetes Events about GPU incidents, by outcome: posted, aggregated (a repeat patched into its "
-               "Event), rate_limited, queue_full, forbidden (403), throttled (429 or 503: posting pauses for its "
+               "Kubernetes Events about GPU incidents (on pods) and GPU verdict changes (on the Node), by outcome: "
+               "posted, aggregated (a repeat patched into its Event), rate_limited, queue_full, forbidden (403), throttled (429 or 503: posting pauses for its "
                "Retry-After), failed.",
                ("outcome",), SELF),
     MetricSpec("l9gpu_kubernetes_node_updates_total", COUNTER, "",
