@@ -248,6 +248,12 @@ def _agent_health(b: Board) -> None:
         "Events the agent posted on pods about GPU incidents per second, by outcome (posted, aggregated into a "
         "repeat, rate_limited, forbidden, throttled, failed); present only where the agent uses the Kubernetes API.",
         draw=BARS), 12, 6)
+    b.add(timeseries("Node condition and taint writes", [
+        target(f"sum by (node, outcome) (rate(l9gpu_kubernetes_node_updates_total[$__rate_interval]) * {WITH_NODE})",
+               "{{node}} {{outcome}}")], "none",
+        "Requests per second that write the GPU condition (and the opt-in taint) on the agent's Node, by outcome "
+        "(updated, forbidden: the ClusterRole lacks patch on nodes/status, conflict, throttled, server_error, "
+        "timeout, failed); present only where the agent writes the node condition.", draw=BARS), 24, 6)
 
 
 ROWS = [_overview, _gpu_health, _utilisation_and_memory, _activity, _power_and_temperature, _clocks_and_pcie,

@@ -370,8 +370,14 @@ METRICS: tuple[MetricSpec, ...] = (
                "overwritten (lost before they were read), malformed, truncated.",
                ("outcome",), SELF),
     MetricSpec("l9gpu_kubernetes_events_total", COUNTER, "",
-               "Kubernetes Events about GPU incidents, by outcome: posted, aggregated (a repeat patched into its "
-               "Event), rate_limited, queue_full, forbidden (403), throttled (429), failed.",
+               "Kubernetes Events about GPU incidents (on pods) and GPU verdict changes (on the Node), by outcome: "
+               "posted, aggregated (a repeat patched into its Event), rate_limited, queue_full, forbidden (403), throttled (429 or 503: posting pauses for its "
+               "Retry-After), failed.",
+               ("outcome",), SELF),
+    MetricSpec("l9gpu_kubernetes_node_updates_total", COUNTER, "",
+               "Requests that write this node's GPU condition and taint on its Node, by outcome: updated, "
+               "forbidden (403), conflict (409), throttled (429 or 503), server_error, timeout, failed. Present "
+               "only where the agent writes the node condition.",
                ("outcome",), SELF),
     MetricSpec("l9gpu_otlp_exports_total", COUNTER, "",
                "OTLP pushes by result (success, failure); a failed batch is dropped, not retried later. "
@@ -387,6 +393,8 @@ REGISTERED_ELSEWHERE: frozenset[str] = frozenset({
     # the incident watch's (exporter.incidents.watch): it follows the published snapshots
     "container_gpu_incidents_total", "container_gpu_memory_peak_bytes", "gpu_memory_peak_bytes",
     "l9gpu_kernel_log_records_total", "l9gpu_kubernetes_events_total",
+    # the node's GPU condition (exporter.nodestatus)
+    "l9gpu_kubernetes_node_updates_total",
 })
 
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in METRICS}

@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     from exporter import incidents
 
     incidents.add_arguments(serve.add_argument_group("incidents"))
+    from exporter import nodestatus
+
+    nodestatus.add_arguments(serve.add_argument_group("node health on Kubernetes"))
     _add_schema_args(serve)
     _add_bridge_args(serve)
     snap = sub.add_parser("snapshot", help="collect once and print a table (or JSON) for an on-call engineer")

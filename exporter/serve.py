@@ -18,6 +18,7 @@ from exporter.wiring import (
     CLOSE_TIMEOUT,
     build_collector,
     build_incident_watch,
+    build_node_status,
     build_registry,
     close_backends_within,
     connection_limits,
@@ -47,6 +48,7 @@ class _Agent:
     bridge: Any
     open_files: Any
     watch: Any
+    node_status: Any = None
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -66,6 +68,8 @@ def serve(args: argparse.Namespace) -> int:
             agent.bridge.stop(timeout=0.4)  # one last push, bounded: shutdown stays within about a second
         agent.attributor.close()
         agent.watch.close()
+        if agent.node_status is not None:
+            agent.node_status.close(timeout=CLOSE_TIMEOUT)
         close_backends_within(agent.backends, CLOSE_TIMEOUT)
         if agent.watcher is not None:
             agent.watcher.close()
@@ -97,30 +101,60 @@ def _build(args: argparse.Namespace) -> _Agent:
     logs = _from_bridge(backends, lambda bridge: bridge.incident_logs_from_args(args, args.node_name))
     watch = build_incident_watch(args, logs, backends)
     registry.register(IncidentFamilies(watch, enabled, extra_names))
+    node_status = build_node_status(args, watch.events)
+    if node_status is not None:
+        from exporter.nodestatus import NodeStatusFamilies
+
+        registry.register(NodeStatusFamilies(node_status, enabled))
     exposition = None
     if not args.no_metrics_endpoint:
         # cached bytes may be served for a pass and its rendering, then they are stale
         # the DCGM schema: text to every scraper that takes it, as dcgm-exporter answers
         exposition = Exposition(registry, lambda: collector.snapshot, max_age=2 * args.interval,
                                 interval=args.interval, prefer_text=dcgm_selection is not None)
-    collector.on_snapshot = _after_each_pass(watch, exposition)
+    collector.on_snapshot = _after_each_pass(watch, exposition, node_status)
     bridge = _from_bridge(backends, lambda bridge: bridge.start_from_args(args, registry, args.node_name))
+    notes = _notes(node_status)
     pages = SnapshotPages(lambda: collector.snapshot, args.node_name, args.interval, extra_names,
-                          gpm_status=lambda: gpm_status(backends), incidents=watch.recent_json)
+                          gpm_status=lambda: gpm_status(backends), incidents=watch.recent_json, notes=notes)
     app = make_app(exposition, lambda: collector.snapshot, collector.alive, args.node_name,
                    middlewares=[watcher.middleware] if watcher is not None else (), pages=pages,
-                   health=collector.liveness, incidents=watch.recent_json)
-    return _Agent(backends, attributor, collector, app, rejections, watcher, bridge, open_files, watch)
+                   health=_with_notes(collector.liveness, notes), incidents=watch.recent_json)
+    return _Agent(backends, attributor, collector, app, rejections, watcher, bridge, open_files, watch, node_status)
 
 
-def _after_each_pass(watch: Any, exposition: Any) -> Any:
-    """The collector's hook: the incident watch follows the pass, then the exposition is
-    rendered (with the watch's counts and peaks of this pass)."""
+def _notes(node_status: Any) -> Callable[[], list[str]]:
+    """What the agent cannot do beside its passes, one line each (the node's condition)."""
+    def notes() -> list[str]:
+        note = node_status.note() if node_status is not None else ""
+        return [note] if note else []
+
+    return notes
+
+
+def _with_notes(liveness: Callable[[], tuple[bool, str]], notes: Callable[[], list[str]]
+                ) -> Callable[[], tuple[bool, str]]:
+    """/healthz's (live, note) with ``notes`` added to the note: said, never a failed probe."""
+    def health() -> tuple[bool, str]:
+        live, note = liveness()
+        return live, "; ".join([part for part in (note, *notes()) if part])
+
+    return health
+
+
+def _after_each_pass(watch: Any, exposition: Any, node_status: Any = None) -> Any:
+    """The collector's hook: the incident watch and the node's condition follow the pass,
+    then the exposition is rendered (with the watch's counts and peaks of this pass)."""
     def hook(snapshot: Any) -> None:
         try:
             watch.observe(snapshot)
         except Exception:  # noqa: BLE001 - the incidents part degrades only itself
             log.exception("following the pass for incidents failed")
+        if node_status is not None:
+            try:
+                node_status.observe(snapshot)
+            except Exception:  # noqa: BLE001 - the node's condition degrades only itself
+                log.exception("following the pass for the node's condition failed")
         if exposition is not None:
             exposition.warm(snapshot)
 

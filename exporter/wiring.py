@@ -236,6 +236,29 @@ def build_incident_watch(args: argparse.Namespace, log_records: Any = None, back
                          log_records=log_records, peak_window=args.peak_window)
 
 
+def build_node_status(args: argparse.Namespace, events: Any = None) -> Any:
+    """The writer of this node's GPU condition and taint (`exporter.nodestatus`), where the
+    Kubernetes API is in use and ``--node-condition on``; None otherwise. ``events``: the
+    event sink the Node's Events go through (the incident watch's), or None."""
+    if getattr(args, "node_condition", "off") != "on" or not _kubernetes_in_use(args):
+        if getattr(args, "node_taint", "off") != "off":
+            log.warning("--node-taint needs --node-condition on and the Kubernetes API: the node is not tainted")
+        return None
+    from exporter.nodestatus import NodeStatusWriter, Taint
+
+    taint = Taint(args.node_taint_key) if args.node_taint == "unhealthy" else None
+    return NodeStatusWriter(lambda: _node_api(args.kubeconfig), args.node_name,
+                            condition_type=args.node_condition_type, heartbeat=args.node_heartbeat,
+                            settle=args.node_condition_settle, taint=taint,
+                            clear_on_exit=args.node_condition_clear_on_exit, events=events)
+
+
+def _node_api(kubeconfig: str | None) -> Any:
+    from exporter.nodestatus.writer import default_api_factory
+
+    return default_api_factory(kubeconfig)
+
+
 def _kubernetes_in_use(args: argparse.Namespace) -> bool:
     if args.kubernetes == "off":
         return False

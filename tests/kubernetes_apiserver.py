@@ -15,18 +15,27 @@ watches still end on time and the next one gets no answer), and ``garble(body)``
 (every pod list is answered ``200 OK`` with ``body`` instead of the PodList, as a broken
 server or proxy might; ``garble(None)`` answers properly again).
 
-It also takes core v1 Events as the real server does: ``POST`` and ``PATCH`` (a merge
+It also takes core v1 Events as the real server does: ``POST`` (a name that is not a DNS
+subdomain is answered 422 Invalid, as the API server validates it) and ``PATCH`` (a merge
 patch) on ``/api/v1/namespaces/{ns}/events[/{name}]``, kept in ``core_events`` by
 (namespace, name), every request logged in ``event_requests``. ``refuse_events(code)``
-answers each of them with that status (403 Forbidden, 429 Too Many Requests with a
+answers each of them with that status (403 Forbidden, 429 Too Many Requests or 503 with a
 Retry-After) until ``refuse_events(None)``; ``hold_events(gate)`` holds each until the
 test sets the ``threading.Event`` (a slow server).
+
+And Nodes (``add_node``): ``GET /api/v1/nodes[/{name}]``, a strategic-merge ``PATCH`` of
+``/api/v1/nodes/{name}/status`` (conditions merge by ``type``, as the real server merges
+them) and a ``PATCH`` of ``/api/v1/nodes/{name}`` (a ``metadata.resourceVersion`` in the
+patch that is not the node's is answered 409 Conflict); each logged in ``node_requests``;
+``refuse_nodes(code, what)`` answers one kind of them with that status. With the discovery
+documents and the events list it serves, ``kubectl describe node`` works against it.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 import socket
 import threading
 import time
@@ -59,6 +68,17 @@ def make_pod(name: str, namespace: str, uid: str, node: str, containers: dict[st
     }
 
 
+# The API server's check of an object's name (k8s.io/apimachinery validation.IsDNS1123Subdomain).
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS_SUBDOMAIN_ERROR = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
+                       "'.', and must start and end with an alphanumeric character")
+
+
+def is_dns_subdomain(name: str) -> bool:
+    """Whether the API server takes ``name`` as an object's name (an RFC 1123 subdomain)."""
+    return len(name) <= 253 and DNS_SUBDOMAIN.fullmatch(name) is not None
+
+
 def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
     """A JSON merge patch (RFC 7386) of ``target``, in place: what a strategic merge patch
     does to an Event, which has no lists to merge."""
@@ -69,6 +89,45 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
             _merge(target[key], value)
         else:
             target[key] = value
+
+
+def _merge_by(current: list[dict[str, Any]], patch: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """A strategic merge patch of a list whose items merge by ``key`` (a node's conditions by
+    ``type``): items of ``patch`` update or add, the others stay."""
+    out = [copy.deepcopy(item) for item in current]
+    for item in patch:
+        match = next((o for o in out if o.get(key) == item.get(key)), None)
+        if match is None:
+            out.append(copy.deepcopy(item))
+        else:
+            _merge(match, item)
+    return out
+
+
+def _field(obj: dict[str, Any], path: str) -> Any:
+    """``obj``'s value at a dotted field path (a field selector's), "" where absent."""
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part, "") if isinstance(value, dict) else ""
+    return value
+
+
+# What kubectl reads before it asks for a node (the legacy discovery documents).
+_DISCOVERY: dict[str, Any] = {
+    "/version": {"major": "1", "minor": "31", "gitVersion": "v1.31.0", "platform": "linux/amd64"},
+    "/api": {"kind": "APIVersions", "versions": ["v1"],
+             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]},
+    "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": []},
+    "/api/v1": {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+        {"name": "nodes", "singularName": "node", "namespaced": False, "kind": "Node",
+         "verbs": ["get", "list", "patch"], "shortNames": ["no"]},
+        {"name": "nodes/status", "singularName": "", "namespaced": False, "kind": "Node", "verbs": ["get", "patch"]},
+        {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod", "verbs": ["get", "list", "watch"],
+         "shortNames": ["po"]},
+        {"name": "events", "singularName": "event", "namespaced": True, "kind": "Event",
+         "verbs": ["create", "get", "list", "patch"], "shortNames": ["ev"]},
+    ]},
+}
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -120,7 +179,12 @@ class FakeApiServer:
         self.core_events: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> Event
         self.event_requests: list[tuple[str, str, str]] = []  # (method, path, Content-Type)
         self._refuse_events: int | None = None  # set: the status every events request gets
+        self._retry_after: str | None = "1"  # the Retry-After of a refused events request
         self._events_gate: threading.Event | None = None  # set: events requests wait on it
+        self.nodes: dict[str, dict[str, Any]] = {}  # name -> Node
+        self.node_name = ""
+        self.node_requests: list[tuple[str, str, str, Any]] = []  # (method, path, Content-Type, JSON body)
+        self._refuse_nodes: dict[str, int] = {}  # "get" | "patch" | "patch_status" -> status
         self.port = 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -180,10 +244,43 @@ class FakeApiServer:
         with self._cond:
             self._garbage = body.encode() if isinstance(body, str) else body
 
-    def refuse_events(self, code: int | None) -> None:
-        """Answer every events request with ``code`` (403, 429, 500...); None: take them."""
+    def refuse_events(self, code: int | None, retry_after: str | None = "1") -> None:
+        """Answer every events request with ``code`` (403, 429, 500...); None: take them.
+        A 429 or 503 carries ``retry_after`` as its Retry-After header (None: none)."""
         with self._cond:
             self._refuse_events = code
+            self._retry_after = retry_after
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None,
+                 conditions: list[dict[str, Any]] | None = None, taints: list[dict[str, Any]] | None = None) -> None:
+        """A Node as the kubelet registers it (its own conditions, e.g. Ready, included)."""
+        with self._cond:
+            self._rv += 1
+            self.node_name = name
+            self.nodes[name] = {
+                "kind": "Node", "apiVersion": "v1",
+                "metadata": {"name": name, "uid": f"node-uid-{name}", "resourceVersion": str(self._rv),
+                             "creationTimestamp": "2026-01-01T00:00:00Z", "labels": dict(labels or {})},
+                "spec": {"taints": list(taints or [])},
+                "status": {"conditions": list(conditions or []),
+                           "nodeInfo": {"kubeletVersion": "v1.31.0", "osImage": "Debian GNU/Linux 12",
+                                        "kernelVersion": "6.1.0", "containerRuntimeVersion": "containerd://1.7.0",
+                                        "architecture": "amd64", "operatingSystem": "linux", "machineID": "",
+                                        "systemUUID": "", "bootID": "", "kubeProxyVersion": ""}},
+            }
+
+    def node(self, name: str) -> dict[str, Any]:
+        """A copy of the Node as the server holds it now."""
+        with self._cond:
+            return copy.deepcopy(self.nodes[name])
+
+    def refuse_nodes(self, code: int | None, what: str = "patch_status") -> None:
+        """Answer node requests of kind ``what`` (get, patch, patch_status) with ``code``; None: take them."""
+        with self._cond:
+            if code is None:
+                self._refuse_nodes.pop(what, None)
+            else:
+                self._refuse_nodes[what] = code
 
     def hold_events(self, gate: threading.Event | None) -> None:
         """Hold every events request until ``gate`` is set (None: answer at once)."""
@@ -264,7 +361,7 @@ class FakeApiServer:
                 url = urlparse(self.path)
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
                 if url.path != "/api/v1/pods":
-                    self._json(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+                    self._other_get(url.path, query)
                     return
                 selector = query.get("fieldSelector", "")
                 node = selector.split("=", 1)[1] if selector.startswith("spec.nodeName=") else None
@@ -286,7 +383,112 @@ class FakeApiServer:
                 self._event_request("POST")
 
             def do_PATCH(self) -> None:  # noqa: N802 - http.server's naming
+                if self.path.startswith("/api/v1/nodes/"):
+                    self._node_patch()
+                    return
                 self._event_request("PATCH")
+
+            # ---- nodes, and what kubectl asks first ---------------------------------------
+
+            def _other_get(self, path: str, query: dict[str, str]) -> None:
+                discovery = _DISCOVERY.get(path)
+                if discovery is not None:
+                    self._json(200, discovery)
+                elif path == "/api/v1/nodes":
+                    with api._cond:
+                        items = [copy.deepcopy(n) for n in api.nodes.values()]
+                    self._json(200, {"kind": "NodeList", "apiVersion": "v1",
+                                     "metadata": {"resourceVersion": str(api._rv)}, "items": items})
+                elif path.startswith("/api/v1/nodes/"):
+                    name = path.removeprefix("/api/v1/nodes/")
+                    api.node_requests.append(("GET", path, "", None))
+                    refusal = api._refuse_nodes.get("get")
+                    if refusal is not None:
+                        self._node_refusal(refusal, "get", "nodes")
+                        return
+                    with api._cond:
+                        node = copy.deepcopy(api.nodes.get(name))
+                    if node is None:
+                        self._status(404, "NotFound", f'nodes "{name}" not found')
+                    else:
+                        self._json(200, node)
+                elif path == "/api/v1/events" or (path.startswith("/api/v1/namespaces/") and path.endswith("/events")):
+                    wanted = dict(term.split("=", 1) for term in query.get("fieldSelector", "").split(",")
+                                  if "=" in term and "!=" not in term)
+                    with api._cond:
+                        items = [copy.deepcopy(e) for e in api.core_events.values()
+                                 if all(str(_field(e, k)) == v for k, v in wanted.items())]
+                    self._json(200, {"kind": "EventList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"},
+                                     "items": items})
+                else:
+                    self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
+
+            def _node_patch(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                path = urlparse(self.path).path
+                content_type = self.headers.get("Content-Type", "")
+                parts = path.strip("/").split("/")  # api v1 nodes <name> [status]
+                try:
+                    patch = json.loads(body)
+                except ValueError:
+                    patch = None
+                api.node_requests.append(("PATCH", path, content_type, patch))
+                if len(parts) not in (4, 5) or (len(parts) == 5 and parts[4] != "status"):
+                    self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
+                    return
+                what = "patch_status" if len(parts) == 5 else "patch"
+                refusal = api._refuse_nodes.get(what)
+                if refusal is not None:
+                    self._node_refusal(refusal, "patch", "nodes/status" if what == "patch_status" else "nodes")
+                    return
+                if not isinstance(patch, dict):
+                    self._status(400, "BadRequest", "the body of the request was not a JSON object")
+                    return
+                if content_type.split(";")[0] not in ("application/strategic-merge-patch+json",
+                                                      "application/merge-patch+json"):
+                    self._status(415, "UnsupportedMediaType", f"the body of the request was in an unknown format "
+                                 f"({content_type})")
+                    return
+                strategic = content_type.startswith("application/strategic-merge-patch+json")
+                with api._cond:
+                    node = api.nodes.get(parts[3])
+                    if node is None:
+                        self._status(404, "NotFound", f'nodes "{parts[3]}" not found')
+                        return
+                    version = (patch.get("metadata") or {}).get("resourceVersion")
+                    if version is not None and version != node["metadata"]["resourceVersion"]:
+                        self._status(409, "Conflict", f'Operation cannot be fulfilled on nodes "{parts[3]}": the '
+                                     "object has been modified; please apply your changes to the latest version "
+                                     "and try again")
+                        return
+                    patch = copy.deepcopy(patch)
+                    (patch.get("metadata") or {}).pop("resourceVersion", None)
+                    if len(parts) == 5:  # the status subresource changes only the status
+                        patch = {"status": patch.get("status") or {}}
+                    else:
+                        patch.pop("status", None)
+                    conditions = (patch.get("status") or {}).pop("conditions", None)
+                    _merge(node, patch)
+                    if conditions is not None:
+                        node.setdefault("status", {})["conditions"] = (
+                            _merge_by(node["status"].get("conditions") or [], conditions, "type") if strategic
+                            else conditions)
+                    api._rv += 1
+                    node["metadata"]["resourceVersion"] = str(api._rv)
+                    answer = copy.deepcopy(node)
+                self._json(200, answer)
+
+            def _node_refusal(self, code: int, verb: str, resource: str) -> None:
+                if code == 403:
+                    self._status(403, "Forbidden", f'{resource} "{api.node_name}" is forbidden: User '
+                                 f'"system:serviceaccount:l9gpu:l9gpu" cannot {verb} resource "{resource.split("/")[0]}"'
+                                 f'{" (subresource status)" if "/" in resource else ""} in API group "" at the '
+                                 "cluster scope")
+                elif code in (429, 503):
+                    self._status(code, "TooManyRequests" if code == 429 else "ServiceUnavailable", "try again later",
+                                 headers={"Retry-After": "1"})
+                else:
+                    self._status(code, "InternalError", "an error on the server has prevented the request")
 
             def _event_request(self, method: str) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -325,6 +527,10 @@ class FakeApiServer:
                                  "the namespace of the provided object does not match the namespace sent on the request")
                     return
                 name = meta.get("name", "")
+                if not is_dns_subdomain(name):
+                    self._status(422, "Invalid", f'Event "{name}" is invalid: metadata.name: Invalid value: '
+                                 f'"{name}": {DNS_SUBDOMAIN_ERROR}')
+                    return
                 with api._cond:
                     if (namespace, name) in api.core_events:
                         self._status(409, "AlreadyExists", f'events "{name}" already exists')
@@ -351,9 +557,13 @@ class FakeApiServer:
                 if code == 403:
                     self._status(403, "Forbidden", 'events is forbidden: User "system:serviceaccount:l9gpu:l9gpu" '
                                  f'cannot create resource "events" in API group "" in the namespace "{namespace}"')
-                elif code == 429:
-                    self._status(429, "TooManyRequests", "too many requests, please try again later",
-                                 headers={"Retry-After": "1"})
+                elif code in (429, 503):
+                    retry = {"Retry-After": api._retry_after} if api._retry_after is not None else None
+                    if code == 429:
+                        self._status(429, "TooManyRequests", "too many requests, please try again later", headers=retry)
+                    else:
+                        self._status(503, "ServiceUnavailable", "the server is currently unable to handle the request",
+                                     headers=retry)
                 else:
                     self._status(code, "InternalError", "an error on the server has prevented the request")
 

@@ -415,7 +415,9 @@ def test_defaults():
         "labels"].items()
     role = release.one("ClusterRole")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-                             {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
+                             {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+                             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+                             {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]
     assert "kmsg" not in release.volumes() and "kmsg" not in release.mounts()
     assert not any(a.startswith(("--kernel-log", "--kubernetes-events")) for a in release.container["args"])
     assert "port-forward ds/l9gpu 9835" in release.notes
@@ -563,12 +565,50 @@ def test_kernel_log_mounts_the_hosts_kmsg_with_cap_syslog_in_a_privileged_contai
 def test_events_need_create_and_patch_on_events_and_can_be_turned_off(tmp_path):
     events_rule = {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}
     assert events_rule in render().one("ClusterRole")["rules"]
-    off = render(_sets("events.enabled=false"))
+    off = render(_sets("events.enabled=false", "health.nodeCondition=false"))
     validate_objects(off, tmp_path)
     assert off.one("ClusterRole")["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     assert "--kubernetes-events=off" in off.container["args"]
     assert not render(_sets("rbac.create=false")).has("ClusterRole")
+
+
+NODE_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+              {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]
+
+
+def test_the_node_condition_needs_get_on_nodes_and_patch_on_nodes_status_only(tmp_path):
+    default = render()
+    assert default.one("ClusterRole")["rules"][-2:] == NODE_RULES
+    assert not any(a.startswith("--node-") for a in default.container["args"])  # the agent's defaults
+    off = render(_sets("health.nodeCondition=false"))
+    validate_objects(off, tmp_path)
+    assert not any("nodes" in rule["resources"] or "nodes/status" in rule["resources"]
+                   for rule in off.one("ClusterRole")["rules"])
+    assert "--node-condition=off" in off.container["args"]
+    typed = render(_sets("health.conditionType=example.com/GPUProblem"))
+    assert "--node-condition-type=example.com/GPUProblem" in typed.container["args"]
+
+
+@pytest.mark.parametrize("taint", ["off", "false"])
+def test_the_taint_is_off_by_default_and_off_means_off(taint):
+    release = render(_sets(f"health.taint={taint}"))
+    assert release.one("ClusterRole")["rules"][-2:] == NODE_RULES
+    assert not any(a.startswith("--node-taint") for a in release.container["args"])
+
+
+def test_the_taint_adds_patch_on_nodes(tmp_path):
+    tainted = render(_sets("health.taint=unhealthy"))
+    validate_objects(tainted, tmp_path)
+    assert tainted.one("ClusterRole")["rules"][-2:] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]
+    assert tainted.container["args"][-2:] == ["--node-taint=unhealthy", "--node-taint-key=l9gpu.io/gpu-unhealthy"]
+    keyed = render(_sets("health.taint=unhealthy", "health.taintKey=example.com/gpu"))
+    assert "--node-taint-key=example.com/gpu" in keyed.container["args"]
+    for bad in ("health.taint=always", "health.conditionType=gpu unhealthy"):
+        with pytest.raises(Exception, match="health"):
+            render(_sets(bad))
 
 
 def test_everything_else(releases):

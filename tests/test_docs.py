@@ -178,8 +178,10 @@ def alerts() -> frozenset[str]:
     (written the same way: GPUFaultCaused, ...)."""
     sys.path.insert(0, str(REPO))
     from exporter.incidents.engine import EVENT_REASONS
+    from exporter.nodestatus.condition import EVENT_REASONS as NODE_EVENT_REASONS
 
-    return frozenset(rule["alert"] for rule in rules() if "alert" in rule) | EVENT_REASONS
+    return frozenset(rule["alert"] for rule in rules() if "alert" in rule) | EVENT_REASONS | frozenset(
+        NODE_EVENT_REASONS.values())
 
 
 @cache

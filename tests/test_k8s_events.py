@@ -17,10 +17,10 @@ pytest.importorskip("kubernetes", reason="the kubernetes client is not installed
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate checks posted Events")
 
 from cgroup_helpers import kubeconfig  # noqa: E402
-from kubernetes_apiserver import FakeApiServer  # noqa: E402
+from kubernetes_apiserver import FakeApiServer, is_dns_subdomain  # noqa: E402
 from waiting import PATIENCE, wait_until  # noqa: E402
 
-from exporter.incidents.events import EventSink, PodEvent, default_api_factory  # noqa: E402
+from exporter.incidents.events import EventSink, PodEvent, default_api_factory, event_name  # noqa: E402
 
 NODE = "gpu-node-7"
 UID = "6f1c2a4e-0000-4000-8000-000000000001"
@@ -203,3 +203,110 @@ def test_close_returns_and_later_submits_are_ignored(apiserver, tmp_path) -> Non
     assert sink.counts()["posted"] == 1  # what was queued was posted first
     sink.submit(FAULT)
     assert sum(sink.counts().values()) == 1
+
+
+def _legal_pod_names() -> list[str]:
+    """Pod names the API server takes, built to leave '-' or '.' wherever an Event name's
+    cut may fall: 253 characters with dashes and dots in every position near the end, and
+    shorter ones."""
+    names = ["a" * 253, "trainer-0", "a.b-c", "x"]
+    for mark in "-.":
+        for at in range(200, 252):
+            name = list("a" * 253)
+            name[at] = mark
+            names.append("".join(name))
+        # dashes and dots all along (legal: each label starts and ends alphanumeric)
+        names.append(("ab" + mark) * 84 + "a")
+    names.append(("a-" * 126) + "a")
+    names.append(("a--.b" * 50) + "abc")
+    return [n for n in names if is_dns_subdomain(n)]
+
+
+@pytest.mark.parametrize("nanos", [0, 1, 1_780_000_000_000_000_000, 2**64 - 1])
+def test_event_names_are_dns_subdomains_for_every_legal_pod_name(nanos) -> None:
+    pods = _legal_pod_names()
+    assert len(pods) > 100 and any(len(p) == 253 for p in pods)
+    for pod in pods:
+        name = event_name(pod, nanos)
+        assert is_dns_subdomain(name), (pod, name)
+        assert name.endswith(f".{nanos:x}")
+        prefix = name[: -len(f".{nanos:x}")]
+        assert pod.startswith(prefix)  # the pod's own name, cut at most
+        if len(pod) + 1 + len(f"{nanos:x}") <= 253:
+            assert prefix == pod
+    for odd in ("Trainer_0", "--x--", "...", "", "é" * 300):  # not pod names: still a valid name
+        assert is_dns_subdomain(event_name(odd, nanos)), odd
+
+
+def test_a_253_character_pod_gets_its_event(apiserver, tmp_path, sinks) -> None:
+    """The API server (here its fake, which checks names as the real one) takes the Event of
+    a pod whose 253-character name has a dash right where the old cut fell."""
+    pod = "a" * 235 + "-" + "b" * 16 + "c"
+    assert len(pod) == 253 and is_dns_subdomain(pod)
+    sink = _sink(sinks, apiserver, tmp_path)
+    sink.submit(PodEvent("ml", pod, UID, "GPUFaultCaused", "a fault"))
+    _settled(sink, "posted", 1)
+    ((_, event),) = apiserver.core_events.items()
+    assert is_dns_subdomain(event["metadata"]["name"]) and event["involvedObject"]["name"] == pod
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(event, version, strict=True)
+
+
+def test_the_fake_api_server_refuses_what_the_real_one_refuses(apiserver, tmp_path) -> None:
+    """The name check above is the API server's: a name ending in '-' is answered 422."""
+    from kubernetes.client.exceptions import ApiException
+
+    api = default_api_factory(kubeconfig(tmp_path, apiserver))
+    body = {"metadata": {"name": "trainer-", "namespace": "ml"}, "involvedObject": {"kind": "Pod", "name": "x"}}
+    with pytest.raises(ApiException) as refused:
+        api.create_namespaced_event("ml", body)
+    assert refused.value.status == 422 and "RFC 1123" in refused.value.body
+
+
+class _Pauses:
+    """The sink's ``sleep``: records each pause and holds the thread until released."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+        self.release = threading.Event()
+
+    def __call__(self, seconds: float) -> None:
+        self.asked.append(seconds)
+        self.release.wait(PATIENCE)
+
+
+@pytest.mark.parametrize(("code", "header", "pause"), [(429, "7", 7.0), (503, "3", 3.0), (429, "86400", 60.0),
+                                                        (429, None, 1.0)])
+def test_retry_after_pauses_posting_without_delaying_submit(apiserver, tmp_path, sinks, code, header, pause) -> None:
+    pauses = _Pauses()
+    sink = _sink(sinks, apiserver, tmp_path, sleep=pauses)
+    apiserver.refuse_events(code, retry_after=header)
+    try:
+        sink.submit(FAULT)
+        _settled(sink, "throttled", 1)
+        apiserver.refuse_events(None)
+        sink.submit(PodEvent("ml", "trainer-0", UID, "GPUFaultCaused", "after the pause"))
+        wait_until(lambda: pauses.asked, what="the pause the Retry-After asks for")
+        assert pauses.asked == [pytest.approx(pause, abs=0.5)]
+        # Paused: the second event waits in the thread, submit() did not.
+        for i in range(3):
+            sink.submit(PodEvent("ml", f"pod-{i}", f"uid-{i}", "GPUFaultCaused", "queued meanwhile"))
+        assert len(apiserver.event_requests) == 1 and sink.counts()["posted"] == 0
+    finally:
+        pauses.release.set()
+    counts = _settled(sink, "posted", 4)
+    assert counts["throttled"] == 1 and len(apiserver.core_events) == 4
+    assert len(pauses.asked) == 1  # one pause, then at the server's pace again
+
+
+def test_a_500_does_not_pause(apiserver, tmp_path, sinks) -> None:
+    pauses = _Pauses()
+    pauses.release.set()
+    sink = _sink(sinks, apiserver, tmp_path, sleep=pauses)
+    apiserver.refuse_events(500)
+    sink.submit(FAULT)
+    _settled(sink, "failed", 1)
+    apiserver.refuse_events(None)
+    sink.submit(FAULT)
+    _settled(sink, "posted", 1)
+    assert pauses.asked == []

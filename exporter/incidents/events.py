@@ -1,4 +1,5 @@
-"""Kubernetes Events on the pods an incident touched, posted from a thread of its own.
+"""Kubernetes Events on the pods an incident touched (and on the Node, for its GPUs' health),
+posted from a thread of its own.
 
 ``kubectl describe pod`` lists a pod's core ``v1`` Events on every Kubernetes version,
 so that is what `EventSink` writes: type Warning, the pod as ``involvedObject``, l9gpu
@@ -10,7 +11,12 @@ It behaves towards the API server as the kubelet's event recorder does:
 - each pod has a token bucket (``burst`` events, then ``per_minute``), so a GPU that
   faults every second cannot flood the API server; what it refuses is dropped;
 - `EventSink.submit` only puts the event on a bounded queue and returns: a pass never
-  waits on the API server, and a full queue drops the event.
+  waits on the API server, and a full queue drops the event;
+- a 429 Too Many Requests or 503 Service Unavailable is counted ``throttled`` and, with a
+  ``Retry-After``, pauses posting for that long (at most `MAX_PAUSE` seconds): the thread
+  waits, the queue fills meanwhile and what does not fit is dropped, a pass never waits;
+- an Event's name is ``<pod>.<hex nanoseconds>`` cut to a valid DNS subdomain (RFC 1123,
+  what the API server checks) for every legal pod name, 253 characters long included.
 
 Whatever is dropped or refused is counted by outcome (`EventSink.counts`) and logged once
 per outcome every five minutes, a line without a traceback. Posting needs ``create`` and
@@ -22,9 +28,12 @@ The ``kubernetes`` package is imported only where the client is built.
 from __future__ import annotations
 
 import datetime
+import email.utils
 import json
 import logging
+import math
 import queue
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -45,6 +54,12 @@ REQUEST_TIMEOUT = (5.0, 10.0)
 CACHE_SIZE = 4096
 # Longest message posted; the rest is cut (the events.k8s.io/v1 limit on a note).
 MAX_MESSAGE = 1024
+# Longest pause a Retry-After can impose on posting, in seconds.
+MAX_PAUSE = 60.0
+# The pause after a 429 that names no Retry-After, in seconds.
+DEFAULT_PAUSE = 1.0
+# An object name the API server takes (a DNS subdomain, RFC 1123): at most this long.
+MAX_NAME = 253
 
 # Outcomes `EventSink.counts` reports.
 OUTCOMES = ("posted", "aggregated", "rate_limited", "queue_full", "forbidden", "throttled", "failed")
@@ -52,7 +67,8 @@ _WHY = {
     "rate_limited": "more events for one pod than its rate limit allows",
     "queue_full": "the queue of events to post is full (the API server is slow or unreachable)",
     "forbidden": "the API server refused them (403: the service account needs create and patch on events)",
-    "throttled": "the API server asked to slow down (429 Too Many Requests)",
+    "throttled": "the API server asked to slow down (429 Too Many Requests or 503 Service Unavailable; posting "
+                 "pauses for its Retry-After)",
     "failed": "the API server did not take them",
 }
 
@@ -67,6 +83,9 @@ class PodEvent:
         reason: short UpperCamelCase reason, e.g. ``GPUFaultCaused``.
         message: one line for a person (cut to `MAX_MESSAGE` characters).
         type: ``Warning`` or ``Normal``.
+        kind: the object the Event is about: ``Pod``, or ``Node`` (then ``pod`` and
+            ``pod_uid`` are the node's name, as the kubelet names a Node in its Events, and
+            ``namespace`` is ``default``, where Events on a Node live).
     """
 
     namespace: str
@@ -75,6 +94,7 @@ class PodEvent:
     reason: str
     message: str
     type: str = "Warning"
+    kind: str = "Pod"
 
 
 def default_api_factory(kubeconfig: str | None = None) -> Any:
@@ -140,12 +160,15 @@ class EventSink:
         clock: monotonic seconds, for aggregation, rate limits and log intervals.
         wall: seconds since the epoch, for the Events' timestamps and names.
         request_timeout: (connect, read) seconds of one request.
+        sleep: waits that many seconds in the thread (a Retry-After's pause); returns early
+            when the sink closes. Default: a wait that `close` interrupts.
     """
 
     def __init__(self, api_factory: Callable[[], Any], node: str, reporter: str = REPORTER, burst: int = 5,
                  per_minute: float = 1.0, queue_size: int = 256, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
-                 request_timeout: tuple[float, float] = REQUEST_TIMEOUT):
+                 request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
+                 sleep: Callable[[float], object] | None = None):
         self._api_factory = api_factory
         self.node = node
         self.reporter = reporter
@@ -155,6 +178,9 @@ class EventSink:
         self._clock = clock
         self._wall = wall
         self._queue: queue.Queue[object] = queue.Queue(maxsize=queue_size)
+        self._stopping = threading.Event()
+        self._sleep = sleep or self._stopping.wait
+        self.pause_until = 0.0  # clock seconds: no request before then (a Retry-After)
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(OUTCOMES, 0)
         self._logged: dict[str, float] = {}
@@ -191,6 +217,7 @@ class EventSink:
             the API server; the thread is a daemon and goes with the process).
         """
         self._closed = True
+        self._stopping.set()
         deadline = time.monotonic() + timeout
         try:
             self._queue.put(_STOP, timeout=timeout)
@@ -221,6 +248,10 @@ class EventSink:
             if item is _STOP:
                 return
             assert isinstance(item, PodEvent)
+            wait = self.pause_until - self._clock()
+            if wait > 0 and not self._stopping.is_set():
+                self._sleep(min(wait, MAX_PAUSE))
+                self.pause_until = 0.0  # served (or closing: post what is queued)
             try:
                 self._handle(item)
             except Exception as exc:  # noqa: BLE001 - never let one event end the thread
@@ -275,18 +306,19 @@ class EventSink:
 
     def _name(self, pod: str) -> str:
         """``<pod>.<hex nanoseconds>``, as the kubelet names its Events (unique here even
-        within one nanosecond)."""
+        within one nanosecond), cut to a name the API server takes (`event_name`)."""
         nanos = max(int(self._wall() * 1e9), self._last_nanos + 1)
         self._last_nanos = nanos
-        return f"{pod[:253 - 17]}.{nanos:x}"
+        return event_name(pod, nanos)
 
     def _body(self, event: PodEvent, name: str, stamp: datetime.datetime) -> dict[str, Any]:
         return {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": name, "namespace": event.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": event.pod,
-                               "namespace": event.namespace, "uid": event.pod_uid},
+            "involvedObject": ({"apiVersion": "v1", "kind": "Pod", "name": event.pod,
+                                "namespace": event.namespace, "uid": event.pod_uid} if event.kind == "Pod" else
+                               {"apiVersion": "v1", "kind": event.kind, "name": event.pod, "uid": event.pod_uid}),
             "reason": event.reason,
             "message": event.message[:MAX_MESSAGE],
             "type": event.type,
@@ -300,7 +332,64 @@ class EventSink:
 
     def _refused(self, exc: Exception) -> None:
         status, detail = _refusal(exc)
-        self._outcome({403: "forbidden", 429: "throttled"}.get(status or 0, "failed"), detail)
+        outcome = {403: "forbidden", 429: "throttled", 503: "throttled"}.get(status or 0, "failed")
+        if outcome == "throttled":
+            pause = retry_after(exc)
+            if pause is None and status == 429:
+                pause = DEFAULT_PAUSE
+            if pause:
+                self.pause_until = max(self.pause_until, self._clock() + pause)
+                detail += f"; pausing for {pause:g}s"
+        self._outcome(outcome, detail)
+
+
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def event_name(pod: str, nanos: int) -> str:
+    """``<pod>.<hex nanos>`` as a valid DNS subdomain (RFC 1123, at most `MAX_NAME`
+    characters: lowercase letters, digits, ``-`` and ``.``, each dot-separated label
+    starting and ending with a letter or digit), whatever ``pod`` is.
+
+    A legal pod name is kept whole where it fits; one of 253 characters is cut, and what
+    the cut leaves at its end (``-``, ``.``) is dropped. Anything else in ``pod`` (a
+    simulated node's names) becomes ``-``.
+    """
+    suffix = f"{max(0, nanos):x}"
+    room = MAX_NAME - len(suffix) - 1
+    labels = []
+    for label in re.sub(r"[^a-z0-9.-]", "-", pod.lower()).split("."):
+        label = label.strip("-")
+        if label:
+            labels.append(label)
+    prefix = ".".join(labels)[:room].rstrip("-.") or "pod"
+    return f"{prefix}.{suffix}"
+
+
+def retry_after(exc: Exception) -> float | None:
+    """Seconds a refusal's ``Retry-After`` header asks to wait (a number of seconds, or an
+    HTTP date), at most `MAX_PAUSE`; None where it has none or none that parses."""
+    headers = getattr(exc, "headers", None)
+    try:
+        text = headers.get("Retry-After") if headers is not None else None
+    except Exception:  # noqa: BLE001 - headers of an unknown shape: no pause
+        return None
+    if not text:
+        return None
+    text = str(text).strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        seconds = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    if not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_PAUSE)
 
 
 def _refusal(exc: Exception) -> tuple[int | None, str]:

@@ -218,8 +218,8 @@ def _gpu_card(gpu: Mapping[str, Any], interval: float) -> str:
 
 
 def _attention(gpus: Sequence[Mapping[str, Any]], interval: float,
-               stuck: Sequence[Mapping[str, Any]] = ()) -> str:
-    items: list[tuple[str, str]] = []
+               stuck: Sequence[Mapping[str, Any]] = (), notes: Sequence[str] = ()) -> str:
+    items: list[tuple[str, str]] = [("warn", _e(note)) for note in notes]
     for gpu in gpus:
         name = _gpu_name(gpu)
         if not gpu.get("up", True):
@@ -266,13 +266,15 @@ def _summary(gpus: Sequence[Mapping[str, Any]]) -> str:
 
 
 def render_main(doc: Mapping[str, Any] | None, interval: float = 1.0,
-                incidents: Sequence[Mapping[str, Any]] = ()) -> str:
+                incidents: Sequence[Mapping[str, Any]] = (), notes: Sequence[str] = ()) -> str:
     """The page's ``<main>``: what the script swaps in on every refresh.
 
     Args:
         doc: a `snapshot_document` (None before the first pass).
         interval: the collection interval, seconds (a zombie is flagged after three passes).
         incidents: the incidents for the "Incidents" panel, newest first.
+        notes: what the agent cannot do beside its passes, one line each (e.g. write the
+            node's condition), listed first under "attention".
     """
     if doc is None:
         return ('<main data-seq="0" data-ts="0"><p class="none">waiting for the first collection pass'
@@ -281,7 +283,7 @@ def render_main(doc: Mapping[str, Any] | None, interval: float = 1.0,
     cards = ("".join(_gpu_card(g, interval) for g in sorted(gpus, key=health_rank))
              or '<p class="none">no GPUs found on this node</p>')
     return (f'<main data-seq="{_e(doc.get("seq", 0))}" data-ts="{_e(doc.get("timestamp", 0))}">'
-            f'{_attention(gpus, interval, doc.get("stuck") or ())}{_summary(gpus)}'
+            f'{_attention(gpus, interval, doc.get("stuck") or (), notes)}{_summary(gpus)}'
             f'{_incidents(incidents, doc.get("timestamp"))}<div class="grid">{cards}</div>'
             '</main>')
 
@@ -311,7 +313,8 @@ def _incidents(incidents: Sequence[Mapping[str, Any]], now: Any, shown: int = 20
 
 
 def render_page(doc: Mapping[str, Any] | None, node: str, interval: float, links: Iterable[str] = (),
-                version: str = __version__, incidents: Sequence[Mapping[str, Any]] = ()) -> str:
+                version: str = __version__, incidents: Sequence[Mapping[str, Any]] = (),
+                notes: Sequence[str] = ()) -> str:
     """The whole HTML document for ``doc`` (a `snapshot_document`, or None before the first pass).
 
     Args:
@@ -321,6 +324,7 @@ def render_page(doc: Mapping[str, Any] | None, node: str, interval: float, links
         links: paths listed in the footer.
         version: the agent's version, shown in the footer.
         incidents: the incidents the agent remembers, newest first (`IncidentWatch.recent_json`).
+        notes: what the agent cannot do beside its passes, one line each.
     """
     refresh = max(0.5, interval)
     asof = "n/a"
@@ -328,7 +332,7 @@ def render_page(doc: Mapping[str, Any] | None, node: str, interval: float, links
         asof = time.strftime("%H:%M:%S UTC", time.gmtime(float(doc["timestamp"])))
     return _TEMPLATE.substitute(
         title=_e(f"{node} · l9gpu"), node=_e(node), refresh_ms=int(refresh * 1000),
-        refresh_s=max(1, round(refresh)), asof=_e(asof), main=render_main(doc, interval, incidents),
+        refresh_s=max(1, round(refresh)), asof=_e(asof), main=render_main(doc, interval, incidents, notes),
         version=_e(version),
         links=" · ".join(f'<a href="{_e(p)}">{_e(p)}</a>' for p in links))
 
@@ -368,13 +372,18 @@ class SnapshotPages:
         extra_label_names: the workload label names after the id labels (``label_schema``).
         gpm_status: the backend's GPM status per (GPU index, MIG instance), read once per
             snapshot (see `snapshot_json.snapshot_document`).
+        incidents: the incidents for the "Incidents" panel, newest first.
+        notes: what the agent cannot do beside its passes, one line each (read once per
+            snapshot), listed first under "attention".
     """
 
     def __init__(self, get_snapshot: Callable[[], Snapshot | None], node: str, interval: float = 1.0,
                  extra_label_names: Sequence[str] = (),
                  gpm_status: Callable[[], Mapping[tuple[int, str], str]] | None = None,
-                 incidents: Callable[[], list[dict[str, Any]]] | None = None):
+                 incidents: Callable[[], list[dict[str, Any]]] | None = None,
+                 notes: Callable[[], Sequence[str]] | None = None):
         self._get_snapshot = get_snapshot
+        self._notes = notes
         self._incidents = incidents
         self._gpm_status = gpm_status
         self.node = node
@@ -412,7 +421,9 @@ class SnapshotPages:
             body = document_json(doc, pretty=False).encode()
         else:
             incidents = self._incidents() if self._incidents is not None else ()
-            body = render_page(doc, snap.node or self.node, self.interval, self.links, incidents=incidents).encode()
+            notes = self._notes() if self._notes is not None else ()
+            body = render_page(doc, snap.node or self.node, self.interval, self.links, incidents=incidents,
+                               notes=notes).encode()
         self.renders[kind] += 1
         hit = _View(kind, snap.seq, f'"{self._boot}-{snap.seq}-{kind}"', body, timestamp=snap.timestamp)
         self._views[kind] = hit
