@@ -230,7 +230,8 @@ def build_incident_watch(args: argparse.Namespace, log_records: Any = None, back
         from exporter.incidents.events import EventSink, default_api_factory
 
         events = EventSink(lambda: default_api_factory(args.kubeconfig), args.node_name)
-    config = IncidentConfig(history=args.incident_history, xid_hold=2.0 if kernel_log is not None else 0.0)
+    config = IncidentConfig(history=args.incident_history, xid_hold=2.0 if kernel_log is not None else 0.0,
+                            agent_pid=os.getpid())
     return IncidentWatch(args.node_name, labeller, extra_names,
                          tracker=IncidentTracker(args.node_name, config), kernel_log=kernel_log, events=events,
                          log_records=log_records, peak_window=args.peak_window)
