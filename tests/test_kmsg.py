@@ -198,10 +198,14 @@ def test_an_unreadable_file_says_permission_denied(tmp_path: Path) -> None:
 def test_auto_without_a_readable_kmsg_is_none_with_the_reason(monkeypatch, caplog) -> None:
     from exporter.incidents import kmsg
 
+    from exporter.incidents import journal
+
     monkeypatch.setattr(kmsg, "DEV_KMSG", "/nonexistent/kmsg")
+    monkeypatch.setattr(journal, "JOURNAL_DIRS", ("/nonexistent/var/log/journal", "/nonexistent/run/log/journal"))
     with caplog.at_level(logging.INFO, logger="exporter.incidents.kmsg"):
         assert open_kernel_log("auto") is None
     assert "cannot read the kernel log /nonexistent/kmsg: no such file" in caplog.text
+    assert "neither /nonexistent/var/log/journal nor /nonexistent/run/log/journal exists" in caplog.text
 
 
 # ---- the machine's own /dev/kmsg ----------------------------------------------------------

@@ -87,11 +87,12 @@ def test_xid_119_naming_nvidia_smi_blames_no_one(incidents):
     assert "nvidia-smi" in xid["detail"] and "not a cause" in xid["detail"]
 
 
-def test_without_the_kernel_log_the_xids_come_from_nvml_with_cause_unknown():
+def test_without_the_kernel_log_xid_31_names_the_pod_that_alone_held_the_gpu():
     incidents = play("incidents", 40, kernel_log=False)
     [xid] = [i for i in incidents if i["kind"] == "xid"]
-    assert (xid["xid"], xid["caused_by"], xid["cause_known"]) == (31, [], False)
-    assert "cause unknown" in xid["detail"]
+    assert (xid["xid"], owners(xid["caused_by"]), xid["cause_known"], xid["cause_basis"]) == (
+        31, ["batch/embed-backfill-7x9zq/worker"], True, "sole_holder")
+    assert "from NVML; batch/embed-backfill-7x9zq/worker alone held the GPU then" in xid["detail"]
 
 
 def test_a_vllm_pod_keeping_its_gpu_full_for_an_hour_raises_nothing(tmp_path):
