@@ -325,7 +325,7 @@ def test_a_file_rotated_under_the_reader_is_followed_to_the_new_one(tmp_path: Pa
     with KernelLog(str(log)) as reader:
         assert reader.poll() == []
         with log.open("a") as f:
-            f.write(GOOD + "\n")  # written to the old file just before it is renamed
+            f.write(GOOD.replace("3,20,", "3,2,") + "\n")  # written to the old file before it is renamed
         log.rename(tmp_path / "kmsg.1")
         log.write_text(GOOD.replace("3,20,", "3,3,") + "\n")  # a new file at the path
         assert [r.seq for r in reader.poll()] == [2, 3]
