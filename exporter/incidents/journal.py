@@ -156,7 +156,8 @@ class JournalKernelLog:
         if not isinstance(message, bytes) or not message.startswith(_PREFIX):
             return None
         try:
-            record = parse_xid(message.decode("utf-8", "replace"), self._seq, self._usec(reader))
+            line = message.split(b"\n", 1)[0]  # the kernel writes one line; a forged rest is no record
+            record = parse_xid(line.decode("utf-8", "replace"), self._seq, self._usec(reader))
         except Exception as exc:  # noqa: BLE001 - one bad entry costs itself only
             self._counts["malformed"] += 1
             if not self._bad_logged:
