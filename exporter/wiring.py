@@ -213,7 +213,8 @@ def build_incident_watch(args: argparse.Namespace, log_records: Any = None, back
     the kernel log ``--kernel-log`` names, Kubernetes Events where the API is in use and
     ``--kubernetes-events on``, the peaks over ``--peak-window``, and ``log_records`` (the
     OTLP log records of `bridge.incident_logs`, or None). With ``--kernel-log auto``, a
-    backend's own kernel log (the simulated node's) comes before the machine's."""
+    backend's own kernel log (the simulated node's, where its scenario logs Xids) comes
+    before the machine's."""
     from exporter.incidents.engine import IncidentConfig, IncidentTracker
     from exporter.incidents.kmsg import KernelLogUnavailable, open_kernel_log
     from exporter.incidents.watch import IncidentWatch

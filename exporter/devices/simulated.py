@@ -414,9 +414,10 @@ class SimulatedBackend(Backend):
     def now(self) -> float:
         return self._clock()
 
-    def kernel_log(self) -> ScenarioKernelLog:
-        """The scenario's Xids as the simulated node's kernel logs them."""
-        return ScenarioKernelLog(self)
+    def kernel_log(self) -> ScenarioKernelLog | None:
+        """The scenario's Xids as the simulated node's kernel logs them; None for a scenario
+        that logs none (``--kernel-log auto`` then reads the machine's)."""
+        return ScenarioKernelLog(self) if self.scenario is not None and self.scenario.xids else None
 
     def _xid_counts(self, index: int, t: float) -> Mapping[str, int]:
         assert self.scenario is not None
