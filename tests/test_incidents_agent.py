@@ -65,6 +65,7 @@ def test_an_xid_in_the_kernel_log_names_the_pod_that_caused_it(agent_factory, tm
     log = agent.log_path.read_text()
     line = next(json.loads(x) for x in log.splitlines() if '"incident"' in x)
     assert line["level"] == "warning" and line["incident"]["xid"] == 31
+    assert line["incident"]["cause_basis"] == "kernel_log" and "(by kernel log)" in line["message"]
     # the page's Incidents panel, newest first
     def page_with_panel() -> str | None:
         body = agent.get("/")[2].decode()
@@ -75,6 +76,7 @@ def test_an_xid_in_the_kernel_log_names_the_pod_that_caused_it(agent_factory, tm
     panel = panel[:panel.index("</section>")]
     assert '<tr data-kind="xid"><td>GPU 2</td><td>xid 31</td>' in panel
     assert "ml-research/llm-finetune-worker-0/trainer" in panel and "restart app" in panel
+    assert '<span class="basis">(kernel log)</span>' in panel
 
 
 def test_the_running_agent_posts_the_incident_as_events_on_the_pods(agent_factory, apiserver, tmp_path):
@@ -146,6 +148,7 @@ def test_with_otlp_on_each_incident_is_a_log_record_per_workload(agent_factory, 
     assert (attrs["l9gpu.incident.kind"], attrs["l9gpu.incident.role"], attrs["l9gpu.incident.xid"]) == (
         "xid", "caused", 31)
     assert attrs["l9gpu.incident.action"] == "restart_app" and attrs["l9gpu.incident.cause_known"] is True
+    assert attrs["l9gpu.incident.cause_basis"] == "kernel_log"
     assert "slurm.job.id" not in attrs
     assert "Xid 31" in caused["body"] and "llm-finetune-worker-0" in caused["body"]
     assert caused["resource"]["service.name"] == "l9gpu"
