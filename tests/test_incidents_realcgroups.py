@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cgroup_helpers import Cgroups, burstable_scope, cgroup2_unwritable, container_id, pod_uid, spawn_with_pid
 
 from exporter.attribution import build_attributor

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from journal_helpers import append_entries, journal_unavailable, kernel_entry, read_back
 
 from exporter.incidents.kmsg import KernelLogUnavailable, open_kernel_log

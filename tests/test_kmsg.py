@@ -196,9 +196,7 @@ def test_an_unreadable_file_says_permission_denied(tmp_path: Path) -> None:
 
 
 def test_auto_without_a_readable_kmsg_is_none_with_the_reason(monkeypatch, caplog) -> None:
-    from exporter.incidents import kmsg
-
-    from exporter.incidents import journal
+    from exporter.incidents import journal, kmsg
 
     monkeypatch.setattr(kmsg, "DEV_KMSG", "/nonexistent/kmsg")
     monkeypatch.setattr(journal, "JOURNAL_DIRS", ("/nonexistent/var/log/journal", "/nonexistent/run/log/journal"))

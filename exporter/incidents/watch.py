@@ -235,8 +235,8 @@ class IncidentFamilies(PrometheusCollector):
             if name in self.enabled and source is not None:
                 spec = cat.get(name)
                 counter = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
-                for outcome, count in _counts(name, source):
-                    counter.add_metric((outcome,), count)
+                for outcome, value in _counts(name, source):
+                    counter.add_metric((outcome,), value)
                 yield counter
 
     def describe(self) -> Iterator[Metric]:
