@@ -8,6 +8,15 @@ kernel log's poll) follows them as `l9gpu serve` has it do after every pass: CPU
 one `observe`, median and p99. With ``--kernel-log`` the watch polls a kmsg-format file
 that gains nothing (the cost of an idle kernel log; `/dev/kmsg` is a read(2) as cheap).
 
+Then each kernel-log reader alone, CPU time of one poll per pass: the `/dev/kmsg` reader
+(`exporter.incidents.kmsg.KernelLog`) on the machine's own /dev/kmsg where it can be
+read (a kmsg-format file otherwise) with nothing new, and on a kmsg-format file gaining
+2,000 records between two polls (a second of a busy kernel: 1 in 100 an NVIDIA Xid line);
+the journal reader (`exporter.incidents.journal.JournalKernelLog`) on a journal directory
+gaining nothing, and gaining 2,000 kernel entries between two polls, written by
+systemd-journal-remote (skipped where the binding or the tool is missing). Writing the
+records is not timed.
+
 Run: ``python benchmarks/bench_incidents.py`` (``--passes`` to change the sample size).
 """
 
@@ -71,6 +80,87 @@ def bench(snaps: list, kernel_log: Path | None) -> list[float]:
     return times[60:]  # after the first minute: the growth window is full
 
 
+RECORDS_PER_SECOND = 2000
+LOADED_PASSES = 20
+
+
+def _kernel_lines(n: int, pass_no: int) -> list[str]:
+    lines = []
+    for i in range(n):
+        if i % 100 == 0:
+            lines.append(f"NVRM: Xid (PCI:0000:3b:00): 31, pid={1000 + i}, name=python3, Ch 00000008, MMU Fault")
+        else:
+            lines.append(f"eth0: link up, 100Gbps, full duplex, flow control rx/tx ({pass_no}.{i})")
+    return lines
+
+
+def _timed_polls(reader, feed, passes: int) -> list[float]:
+    times = []
+    for n in range(passes):
+        feed(n)
+        start = time.process_time()
+        reader.poll()
+        times.append(time.process_time() - start)
+    return times
+
+
+def _report(title: str, times: list[float]) -> None:
+    times = sorted(times)
+    p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
+    print(f"  {title:<58} CPU per poll: median {statistics.median(times) * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms "
+          f"(n={len(times)})")
+
+
+def readers(tmp: Path, passes: int) -> None:
+    import os
+
+    from exporter.incidents.kmsg import KernelLog, KernelLogUnavailable
+
+    print(f"kernel-log readers alone, one poll per pass; loaded: {RECORDS_PER_SECOND} records between two polls")
+    try:
+        device = KernelLog("/dev/kmsg")
+        _report("/dev/kmsg reader, the machine's /dev/kmsg, idle", _timed_polls(device, lambda n: None, passes))
+        device.close()
+    except KernelLogUnavailable as exc:
+        print(f"  /dev/kmsg reader, the machine's /dev/kmsg: not measured ({exc})")
+    kmsg = tmp / "kmsg-readers"
+    kmsg.write_text("")
+    seq = [0]
+
+    def feed_kmsg(n: int) -> None:
+        with kmsg.open("a") as f:
+            for line in _kernel_lines(RECORDS_PER_SECOND, n):
+                seq[0] += 1
+                f.write(f"4,{seq[0]},{int(time.monotonic() * 1e6)},-;{line}\n")
+
+    with KernelLog(str(kmsg)) as log:
+        _report("/dev/kmsg reader, kmsg-format file, idle", _timed_polls(log, lambda n: None, passes))
+        _report(f"/dev/kmsg reader, kmsg-format file, {RECORDS_PER_SECOND} records a pass",
+                _timed_polls(log, feed_kmsg, LOADED_PASSES))
+    sys.path.insert(0, str(REPO / "tests"))
+    from journal_helpers import append_entries, journal_unavailable, kernel_entry
+
+    if journal_unavailable():
+        print(f"  journal reader: not measured ({journal_unavailable()})")
+        return
+    from exporter.incidents.journal import JournalKernelLog
+
+    directory = tmp / "journal" / "0123456789abcdef0123456789abcdef"
+    os.makedirs(directory)
+    path = directory / "system.journal"
+    append_entries(path, [kernel_entry("Linux version 6.8.0")])
+
+    def feed_journal(n: int) -> None:
+        now = time.monotonic()
+        append_entries(path, [kernel_entry(line, now) for line in _kernel_lines(RECORDS_PER_SECOND, n)])
+
+    with JournalKernelLog(str(tmp / "journal")) as journal:
+        _report("journal reader, idle", _timed_polls(journal, lambda n: None, passes))
+        _report(f"journal reader, {RECORDS_PER_SECOND} kernel entries a pass",
+                _timed_polls(journal, feed_journal, LOADED_PASSES))
+        assert journal.counts()["xid"] == LOADED_PASSES * RECORDS_PER_SECOND // 100
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--passes", type=int, default=600, help="passes followed (the first 60 are not timed)")
@@ -87,6 +177,7 @@ def main() -> int:
             p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
             print(f"  {title:<34} CPU per pass: median {statistics.median(times) * 1e3:.3f} ms, "
                   f"p99 {p99 * 1e3:.3f} ms (n={len(times)})")
+        readers(Path(tmp), min(args.passes, 600))
     return 0
 
 

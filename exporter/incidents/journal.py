@@ -134,27 +134,27 @@ class JournalKernelLog:
         for reader in self._readers:
             try:
                 reader.process()  # new or rotated files; returns at once
-                while budget > 0 and reader._next():
+                advance, get = reader._next, reader._get
+                while budget > 0 and advance():
                     budget -= 1
-                    record = self._entry(reader)
-                    if record is not None:
-                        records.append(record)
+                    self._counts["read"] += 1
+                    try:
+                        message = get("MESSAGE")
+                    except KeyError:
+                        self._counts["truncated"] += 1
+                        continue
+                    if message.startswith(_PREFIX):  # only NVIDIA's lines are read further
+                        record = self._entry(reader, message)
+                        if record is not None:
+                            records.append(record)
             except Exception as exc:  # noqa: BLE001 - a reader's failure is logged, never the pass's
                 if not self._error_logged:
                     self._error_logged = True
                     log.warning("reading the kernel log from the journal %s failed: %r", self.path, exc)
         return records
 
-    def _entry(self, reader: Any) -> XidRecord | None:
-        self._counts["read"] += 1
+    def _entry(self, reader: Any, message: bytes) -> XidRecord | None:
         self._seq += 1
-        try:
-            message = reader._get("MESSAGE")
-        except KeyError:
-            self._counts["truncated"] += 1
-            return None
-        if not isinstance(message, bytes) or not message.startswith(_PREFIX):
-            return None
         try:
             line = message.split(b"\n", 1)[0]  # the kernel writes one line; a forged rest is no record
             record = parse_xid(line.decode("utf-8", "replace"), self._seq, self._usec(reader))
