@@ -57,6 +57,7 @@ HOST_TOOLS = frozenset({"nvidia-smi", "nvidia-persistenced", "nv-hostengine", "d
 # How the cause of an incident is known (`Incident.cause_basis`).
 CAUSE_BASES = ("kernel_log", "sole_holder", "memory_growth")
 LIVES_PER_PID = 8
+_ATTRIBUTED = ("kubernetes", "slurm")  # `Workload.attributed`, read without a call
 GIB = 2**30
 # The reasons of the Kubernetes Events an incident posts on its pods.
 EVENT_REASONS = frozenset({"GPUMemoryExhausted", "GPUFaultCaused", "GPUFaultAffected"})
@@ -131,7 +132,7 @@ class _Holders:
     """Who held a GPU at one pass."""
 
     time: float
-    workloads: frozenset[Workload]
+    workloads: tuple[Workload, ...]  # each once
     others: bool  # a process of no workload (not the agent, not a host tool) held it too
 
 
@@ -179,6 +180,7 @@ class IncidentTracker:
         self.config = config
         self._gpus: dict[str, _Gpu] = {}
         self._pids: dict[int, list[_Life]] = {}  # pid -> the processes that held it, oldest first
+        self._open: set[int] = set()  # the pids seen on a GPU at the last pass
         self._recent: deque[Incident] = deque(maxlen=config.history)
         # NVML Xids waiting for the kernel log: (since, key, code, wall, the sole holder then)
         self._held: list[tuple[float, str, int, float, Workload | None]] = []
@@ -280,29 +282,44 @@ class IncidentTracker:
 
     def _track(self, now: float, devices: Sequence[DeviceSample], owners: Mapping[int, Workload],
                starts: Mapping[int, float], comms: Mapping[int, str]) -> None:
-        """Each PID's processes (lives) and each GPU's holders at this pass."""
+        """Each PID's processes (lives) and each GPU's holders at this pass (called for
+        every process every pass: workloads are told apart by identity, one object per
+        workload and pass, rather than hashed)."""
         seen: set[int] = set()
+        pids = self._pids
         for device in devices:
             if not device.up:
                 continue
-            workloads: set[Workload] = set()
+            workloads: dict[int, Workload] = {}
             others = False
             for p in device.processes:
-                owner = owners.get(p.pid, UNKNOWN)
-                if owner.attributed:
-                    workloads.add(owner)
-                elif not self._host_tool(p.pid, comms.get(p.pid, "")):
+                pid = p.pid
+                owner = owners.get(pid, UNKNOWN)
+                if owner.kind in _ATTRIBUTED:
+                    workloads[id(owner)] = owner
+                elif not self._host_tool(pid, comms.get(pid, "")):
                     others = True
-                if p.pid not in seen:
-                    seen.add(p.pid)
-                    self._live(p.pid, owner, starts.get(p.pid), now)
+                if pid in seen:
+                    continue
+                seen.add(pid)
+                start = starts.get(pid)
+                lives = pids.get(pid)
+                last = lives[-1] if lives else None
+                if last is not None and last.end is None and last.start == start:
+                    last.last_seen = now  # the same process, seen again: the common case
+                    if last.workload is not owner and (owner.attributed or not last.workload.attributed):
+                        last.workload = owner
+                else:
+                    self._live(pid, owner, start, now)
             state = self._gpus.setdefault(device.key, _Gpu(deque()))
-            state.passes.append(_Holders(now, frozenset(workloads), others))
+            state.passes.append(_Holders(now, tuple(workloads.values()), others))
             while state.passes and state.passes[0].time < now - self.config.pid_memory:
                 state.passes.popleft()
-        for pid, lives in self._pids.items():
-            if pid not in seen and lives[-1].end is None:
+        for pid in self._open - seen:
+            lives = pids.get(pid)
+            if lives and lives[-1].end is None:
                 lives[-1].end = now  # gone from the GPUs by this pass
+        self._open = seen
 
     def _host_tool(self, pid: int, comm: str) -> bool:
         return pid == self.config.agent_pid or comm in HOST_TOOLS
@@ -353,7 +370,7 @@ class IncidentTracker:
             if not before or not after:
                 return None
             around = [before[-1], after[0]]
-        workloads = frozenset().union(*(h.workloads for h in around)) if around else frozenset()
+        workloads = {w for h in around for w in h.workloads}
         if len(workloads) != 1 or any(h.others for h in around):
             return None
         return next(iter(workloads))
