@@ -135,18 +135,21 @@ class JournalKernelLog:
             try:
                 reader.process()  # new or rotated files; returns at once
                 advance, get = reader._next, reader._get
-                while budget > 0 and advance():
-                    budget -= 1
-                    self._counts["read"] += 1
-                    try:
-                        message = get("MESSAGE")
-                    except KeyError:
-                        self._counts["truncated"] += 1
-                        continue
-                    if message.startswith(_PREFIX):  # only NVIDIA's lines are read further
-                        record = self._entry(reader, message)
-                        if record is not None:
-                            records.append(record)
+                start = budget
+                try:
+                    while budget > 0 and advance():
+                        budget -= 1
+                        try:
+                            message = get("MESSAGE")
+                        except KeyError:
+                            self._counts["truncated"] += 1
+                            continue
+                        if message.startswith(_PREFIX):  # only NVIDIA's lines are read further
+                            record = self._entry(reader, message)
+                            if record is not None:
+                                records.append(record)
+                finally:
+                    self._counts["read"] += start - budget
             except Exception as exc:  # noqa: BLE001 - a reader's failure is logged, never the pass's
                 if not self._error_logged:
                     self._error_logged = True
