@@ -328,3 +328,27 @@ def test_a_file_rotated_under_the_reader_is_followed_to_the_new_one(tmp_path: Pa
         log.write_text(GOOD.replace("3,20,", "3,3,") + "\n")  # a new file at the path
         assert [r.seq for r in reader.poll()] == [2, 3]
         assert reader.counts()["overwritten"] == 0
+
+
+def test_a_busy_kernels_records_read_at_once_are_the_same_as_one_by_one(tmp_path: Path) -> None:
+    lines = ["6,1,1,-;first"]
+    for seq in range(2, 400):
+        if seq % 50 == 0:
+            lines.append(f"3,{seq},{seq * 1000},-;" + MMU_FAULT.replace("pid=1234", f"pid={seq}"))
+        elif seq % 77 == 0:  # a process's own words that quote a driver line are no driver line
+            lines.append(f"4,{seq},{seq * 1000},-;myapp: ;NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, y")
+        else:
+            lines.append(f"6,{seq},{seq * 1000},-;eth0: link up ({seq})")
+    log = tmp_path / "kmsg"
+    log.write_text(lines[0] + "\n")
+    with KernelLog(str(log)) as reader:
+        reader.poll()
+        with log.open("a") as f:
+            f.write("\n".join(lines[1:]) + "\n")
+        records = reader.poll()
+        assert [(r.seq, r.pid, r.boot_usec) for r in records] == [(s, s, s * 1000) for s in range(50, 400, 50)]
+        assert reader.counts() == {"read": 399, "xid": 7, "overwritten": 0, "malformed": 0, "truncated": 0}
+        with log.open("a") as f:  # a gap: read one by one, counted
+            f.write(f"6,405,1,-;after a gap\n3,406,2,-;{MMU_FAULT}\n")
+        assert [r.seq for r in reader.poll()] == [406]
+        assert reader.counts()["overwritten"] == 5

@@ -240,6 +240,11 @@ class KernelLog:
         except Exception as exc:  # noqa: BLE001 - a reader's failure is logged, never the pass's
             self._read_failed(exc)
             return []
+        if not raws:
+            return []
+        batch = self._batch(raws)
+        if batch is not None:
+            return batch
         records = []
         last, plain = self._last_seq, 0
         for raw in raws:
@@ -266,6 +271,42 @@ class KernelLog:
                 records.append(record)
         self._last_seq = last
         self._counts["read"] += plain
+        return records
+
+    def _batch(self, raws: list[bytes]) -> list[XidRecord] | None:
+        """The records of a poll read at once, in the common case: every header well formed
+        and the sequence numbers consecutive from the last one read (a busy kernel logs
+        thousands a second); None for anything else, which is read record by record."""
+        if self._last_seq is None:
+            return None
+        # each record starts after a newline (a device's end in one; a file's lines were split
+        # at them), and its message holds none: one well-formed header per record or none
+        blob = b"\n" + (b"".join(raws) if self._device else b"\n".join(raws) + b"\n")
+        seqs = _HEADERS.findall(blob)
+        first = self._last_seq + 1
+        if len(seqs) != len(raws) or list(map(int, seqs)) != list(range(first, first + len(seqs))):
+            return None
+        self._last_seq = first + len(seqs) - 1
+        self._counts["read"] += len(seqs)
+        records = []
+        marker = b";" + _NVRM
+        at = blob.find(marker)
+        while at >= 0:
+            start = blob.rfind(b"\n", 0, at) + 1
+            end = blob.find(b"\n", at)
+            if blob.find(b";", start) == at and blob[start:start + 1] != b" ":  # the message starts there
+                header = blob[start:at].split(b",")
+                try:
+                    record = parse_xid(blob[at + 1:end].decode("utf-8", "replace"), int(header[1]),
+                                       int(header[2]))
+                except Exception as exc:  # noqa: BLE001 - one bad record costs itself only
+                    self._counts["malformed"] += 1
+                    self._bad_record(exc)
+                else:
+                    if record is not None:
+                        self._counts["xid"] += 1
+                        records.append(record)
+            at = blob.find(marker, end)
         return records
 
     def close(self) -> None:
@@ -405,6 +446,9 @@ class KernelLog:
 
 
 _NVRM = b"NVRM: Xid"
+# A record's header at the start of a line, numbers within range by their length alone
+# (a timestamp of at most 15 digits is under MAX_USEC); continuation lines start with a space.
+_HEADERS = re.compile(rb"\n\d{1,10},(\d{1,18}),\d{1,15},[^;\n]*;")
 
 
 def _header_int(field: bytes, high: int, what: str) -> int:
