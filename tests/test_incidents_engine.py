@@ -290,3 +290,17 @@ def test_a_kernel_log_line_without_a_pid_falls_back_to_the_sole_holder_at_its_ti
     node.pass_(gpu({1: GIB}))
     [incident] = node.pass_(gpu({1: GIB}), records=(xid(43, None, node.now + 0.5),))
     assert incident.caused_by == (TRAINER,) and incident.cause_basis == "sole_holder"
+
+
+def test_the_sole_holder_is_taken_at_the_lines_time_not_at_the_pass_that_reads_it():
+    b = pod("b")
+    node = Node({1: TRAINER, 2: b})
+    for _ in range(5):  # the trainer alone
+        node.pass_(gpu({1: GIB}))
+    alone = node.now - 2.5
+    for _ in range(3):  # then b shares the GPU
+        node.pass_(gpu({1: GIB, 2: GIB}))
+    shared = node.now - 0.5
+    early, late = node.pass_(gpu({1: GIB, 2: GIB}), records=(xid(43, None, alone), xid(43, None, shared)))
+    assert early.caused_by == (TRAINER,) and early.cause_basis == "sole_holder"
+    assert late.caused_by == () and set(late.affected) == {TRAINER, b}

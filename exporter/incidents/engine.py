@@ -127,12 +127,13 @@ class _Life:
         return self.start if self.start is not None else self.first_seen
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Holders:
-    """Who held a GPU at one pass."""
+    """Who held a GPU over a run of passes that saw the same holders (first to last)."""
 
-    time: float
-    workloads: tuple[Workload, ...]  # each once
+    first: float
+    last: float
+    workloads: frozenset[Workload]
     others: bool  # a process of no workload (not the agent, not a host tool) held it too
 
 
@@ -148,7 +149,7 @@ class _Gpu:
     reported: bool = False
     xids: Mapping[str, int] | None = None
     reasons: frozenset[str] = frozenset()
-    passes: deque = field(default_factory=deque)  # _Holders, oldest first
+    passes: deque = field(default_factory=deque)  # _Holders of runs of passes, oldest first
 
 
 def _xid_action(code: int) -> tuple[str, str]:
@@ -312,9 +313,14 @@ class IncidentTracker:
                 else:
                     self._live(pid, owner, start, now)
             state = self._gpus.setdefault(device.key, _Gpu(deque()))
-            state.passes.append(_Holders(now, tuple(workloads.values()), others))
-            while state.passes and state.passes[0].time < now - self.config.pid_memory:
-                state.passes.popleft()
+            held = frozenset(workloads.values())
+            runs = state.passes
+            if runs and runs[-1].others == others and runs[-1].workloads == held:
+                runs[-1].last = now
+            else:
+                runs.append(_Holders(now, now, held, others))
+            while runs and runs[0].last < now - self.config.pid_memory:
+                runs.popleft()
         for pid in self._open - seen:
             lives = pids.get(pid)
             if lives and lives[-1].end is None:
@@ -359,14 +365,16 @@ class IncidentTracker:
 
     def _sole_holder(self, state: _Gpu, at: float | None = None) -> Workload | None:
         """The one workload that held the GPU at ``at`` (the passes just before and after
-        it; None: over the last two passes), None where there were more, none, or a
-        process of no workload."""
-        passes = list(state.passes)
+        it; None: the last two passes), None where there were more, none, or a process of
+        no workload."""
+        runs = list(state.passes)
+        if not runs:
+            return None
         if at is None:
-            around = passes[-2:]
+            around = runs[-2:] if runs[-1].first == runs[-1].last else runs[-1:]
         else:
-            before = [h for h in passes if h.time <= at]
-            after = [h for h in passes if h.time >= at]
+            before = [h for h in runs if h.first <= at]
+            after = [h for h in runs if h.last >= at]
             if not before or not after:
                 return None
             around = [before[-1], after[0]]
