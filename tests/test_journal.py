@@ -111,3 +111,19 @@ def test_auto_without_kmsg_reads_the_journal_and_says_so(tmp_path: Path, monkeyp
     assert isinstance(source, journal.JournalKernelLog)
     source.close()
     assert f"--kernel-log auto: reading the kernel log from the journal ({tmp_path})" in caplog.text
+
+
+def test_an_empty_journal_directory_is_followed_as_files_appear(tmp_path: Path, caplog) -> None:
+    from exporter.incidents.journal import JournalKernelLog
+
+    machine = tmp_path / MACHINE
+    machine.mkdir()
+    with caplog.at_level(logging.INFO, logger="exporter.incidents.journal"):
+        journal = JournalKernelLog(str(tmp_path))
+    assert f"the journal at {tmp_path} holds no file the agent can read yet" in caplog.text
+    with journal:
+        assert journal.poll() == []
+        append_entries(machine / "system.journal", [kernel_entry(XID_31)])  # journald starts writing
+        assert [r.xid for r in journal.poll()] == [31]
+        append_entries(machine / "system.journal", [kernel_entry(XID_13)])
+        assert [r.xid for r in journal.poll()] == [13]

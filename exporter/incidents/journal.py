@@ -67,6 +67,13 @@ def _boot_id() -> bytes:
         return b""
 
 
+def _usage(reader: Any) -> int:
+    try:
+        return int(reader.get_usage())
+    except (OSError, ValueError):
+        return 0
+
+
 class JournalKernelLog:
     """Xid records from the kernel's entries in journal files.
 
@@ -111,6 +118,9 @@ class JournalKernelLog:
                 why = os.strerror(exc.errno) if exc.errno else str(exc)
                 raise KernelLogUnavailable(f"cannot read the kernel log from the journal {path}: {why}") from None
             self._readers.append(reader)
+        if not any(_usage(r) for r in self._readers):
+            log.info("the journal at %s holds no file the agent can read yet; it is followed as files appear",
+                     self.path)
         self._boot = _boot_id()
         self._clock, self._wall = clock, wall
         self._counts = dict.fromkeys(OUTCOMES, 0)
