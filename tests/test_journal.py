@@ -127,3 +127,16 @@ def test_an_empty_journal_directory_is_followed_as_files_appear(tmp_path: Path, 
         assert [r.xid for r in journal.poll()] == [31]
         append_entries(machine / "system.journal", [kernel_entry(XID_13)])
         assert [r.xid for r in journal.poll()] == [13]
+
+
+@pytest.mark.parametrize("value, message", [
+    ("journal:relative/dir", "--kernel-log: journal:relative/dir: name the journal directory by its absolute path"),
+    ("journal:/nonexistent/journal", "--kernel-log cannot read the kernel log from the journal /nonexistent/journal: "
+                                     "no such directory"),
+])
+def test_serve_says_in_one_line_what_is_wrong_with_a_journal_value(value: str, message: str) -> None:
+    from agent import run_cli
+
+    result = run_cli(["serve", "--backend", "simulated", "--listen", "127.0.0.1:0", "--kernel-log", value])
+    assert result.returncode != 0 and message in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
