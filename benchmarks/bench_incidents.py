@@ -5,8 +5,9 @@ of the simulated node one (simulated) second apart are collected once, then the 
 watch (`exporter.incidents.watch.IncidentWatch`: the peaks of every GPU and workload, the
 tracker's memory of each PID and of each workload's memory over the last minute, the
 kernel log's poll) follows them as `l9gpu serve` has it do after every pass: CPU time of
-one `observe`, median and p99. With ``--kernel-log`` the watch polls a kmsg-format file
-that gains nothing (the cost of an idle kernel log; `/dev/kmsg` is a read(2) as cheap).
+one `observe`, median and p99: without a kernel log, with the `/dev/kmsg` reader polling a
+kmsg-format file that gains nothing (`/dev/kmsg` is a read(2) as cheap), and with the
+journal reader polling a journal directory that gains nothing.
 
 Then each kernel-log reader alone, CPU time of one poll per pass: the `/dev/kmsg` reader
 (`exporter.incidents.kmsg.KernelLog`) on the machine's own /dev/kmsg where it can be
@@ -59,7 +60,7 @@ def snapshots(path: Path, passes: int) -> list:
     return out
 
 
-def bench(snaps: list, kernel_log: Path | None) -> list[float]:
+def bench(snaps: list, kernel_log: Path | str | None) -> list[float]:
     from exporter.incidents.engine import IncidentConfig, IncidentTracker
     from exporter.incidents.kmsg import KernelLog
     from exporter.incidents.watch import IncidentWatch
@@ -67,7 +68,12 @@ def bench(snaps: list, kernel_log: Path | None) -> list[float]:
 
     names, labeller = label_schema(["team"])
     now = [1000.0]
-    log = KernelLog(str(kernel_log)) if kernel_log is not None else None
+    if isinstance(kernel_log, str):  # journal:DIR
+        from exporter.incidents.journal import JournalKernelLog
+
+        log: object = JournalKernelLog(kernel_log.partition(":")[2])
+    else:
+        log = KernelLog(str(kernel_log)) if kernel_log is not None else None
     watch = IncidentWatch("bench", labeller, names, tracker=IncidentTracker("bench", IncidentConfig()),
                           kernel_log=log, clock=lambda: now[0])
     times = []
@@ -172,10 +178,20 @@ def main() -> int:
         kmsg.write_text("6,1,1,-;an unrelated line\n")
         print(f"node: {GPUS} GPUs, {CONTAINERS} containers, {PROCESSES} processes; {args.passes} passes "
               "a second apart, the first 60 untimed")
-        for title, log in (("incident watch, no kernel log", None), ("incident watch, idle kernel log", kmsg)):
+        sources: list[tuple[str, Path | str | None]] = [("incident watch, no kernel log", None),
+                                                         ("incident watch, idle kmsg reader", kmsg)]
+        sys.path.insert(0, str(REPO / "tests"))
+        from journal_helpers import append_entries, journal_unavailable, kernel_entry
+
+        if not journal_unavailable():
+            journal = Path(tmp) / "watch-journal"
+            append_entries(journal / "0123456789abcdef0123456789abcdef" / "system.journal",
+                           [kernel_entry("Linux version 6.8.0")])
+            sources.append(("incident watch, idle journal reader", f"journal:{journal}"))
+        for title, log in sources:
             times = sorted(bench(snaps, log))
             p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
-            print(f"  {title:<34} CPU per pass: median {statistics.median(times) * 1e3:.3f} ms, "
+            print(f"  {title:<36} CPU per pass: median {statistics.median(times) * 1e3:.3f} ms, "
                   f"p99 {p99 * 1e3:.3f} ms (n={len(times)})")
         readers(Path(tmp), min(args.passes, 600))
     return 0

@@ -70,6 +70,7 @@ def append_entries(path: Path, entries: Sequence[Mapping[str, str | bytes]]) -> 
     """Write ``entries`` to the journal file ``path`` (``*.journal``) with the real tool."""
     tool = journal_remote()
     assert tool is not None, journal_unavailable()
+    path.parent.mkdir(parents=True, exist_ok=True)
     done = subprocess.run([tool, f"--output={path}", "-"], input=export_format(entries),
                           capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
