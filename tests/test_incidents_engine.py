@@ -251,7 +251,10 @@ def test_an_nvml_application_xid_on_a_gpu_one_pod_holds_names_it():
     assert incident.caused_by == (TRAINER,) and incident.cause_known and incident.cause_basis == "sole_holder"
     doc = incident_json(incident)
     assert doc["cause_basis"] == "sole_holder" and doc["caused_by"][0]["pod"] == "trainer"
-    assert [reason for _, reason, _ in event_messages(incident)] == ["GPUFaultCaused"]
+    [(_, reason, message)] = event_messages(incident)
+    assert reason == "GPUFaultCaused"
+    assert message.startswith("GPU 2 (GPU-2, node gpu-node-7) raised Xid 31 (")
+    assert message.endswith(": this container alone held the GPU then, so its process raised it")
 
 
 def test_an_nvml_application_xid_on_a_time_shared_gpu_names_no_one():

@@ -517,8 +517,12 @@ def event_messages(incident: Incident) -> list[tuple[Workload, str, str]]:
     out = []
     exhausted = incident.kind == "memory_exhausted"
     for w in incident.caused_by:
-        message = (f"{where} {what}: this container grew most before it filled" if exhausted
-                   else f"{where} {what}: this container's process raised it")
+        if exhausted:
+            message = f"{where} {what}: this container grew most before it filled"
+        elif incident.cause_basis == "sole_holder":
+            message = f"{where} {what}: this container alone held the GPU then, so its process raised it"
+        else:
+            message = f"{where} {what}: this container's process raised it"
         out.append((w, "GPUMemoryExhausted" if exhausted else "GPUFaultCaused", for_terminal(message)))
     suspect = f"; suspected cause: {describe_owner(incident.caused_by[0])}" if incident.caused_by else ""
     for w in incident.affected:
