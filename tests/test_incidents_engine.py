@@ -307,3 +307,21 @@ def test_the_sole_holder_is_taken_at_the_lines_time_not_at_the_pass_that_reads_i
     early, late = node.pass_(gpu({1: GIB, 2: GIB}), records=(xid(43, None, alone), xid(43, None, shared)))
     assert early.caused_by == (TRAINER,) and early.cause_basis == "sole_holder"
     assert late.caused_by == () and set(late.affected) == {TRAINER, b}
+
+
+def mig(index: int, instance: str, procs: dict[int, int]) -> DeviceSample:
+    return DeviceSample(index=index, uuid=f"MIG-{index}-{instance}", model="H100", pci_bus_id=BUS,
+                        gpu_instance=instance, memory_total_bytes=TOTAL // 7,
+                        memory_used_bytes=sum(procs.values()),
+                        processes=tuple(ProcessSample(pid, mem) for pid, mem in procs.items()))
+
+
+def test_on_a_mig_gpu_the_xid_of_the_gpu_names_the_one_workload_on_its_instances():
+    node = Node({1: TRAINER, 2: NOTEBOOK})
+    node.pass_(gpu({}), mig(2, "1", {1: GIB}), mig(2, "2", {}))
+    [incident] = node.pass_(gpu({}, xids={"31": 1}), mig(2, "1", {1: GIB}), mig(2, "2", {}))
+    assert incident.caused_by == (TRAINER,) and incident.cause_basis == "sole_holder"
+    # two workloads on two instances of the GPU: NVML's Xid names the GPU, not the instance
+    node.pass_(gpu({}, xids={"31": 1}), mig(2, "1", {1: GIB}), mig(2, "2", {2: GIB}))
+    [shared] = node.pass_(gpu({}, xids={"31": 2}), mig(2, "1", {1: GIB}), mig(2, "2", {2: GIB}))
+    assert shared.caused_by == () and set(shared.affected) == {TRAINER, NOTEBOOK}

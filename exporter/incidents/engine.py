@@ -207,10 +207,17 @@ class IncidentTracker:
         """
         new: list[Incident] = []
         by_bus = {_bus(d.pci_bus_id): d for d in devices if d.pci_bus_id and not d.gpu_instance}
-        self._track(now, devices, owners, starts or {}, comms or {})
+        instances = self._instances(devices)
+        self._track(now, devices, owners, starts or {}, comms or {}, instances)
         for device in devices:
             state = self._gpus.setdefault(device.key, _Gpu(deque()))
             new += self._memory_pass(now, wall, device, state, owners)
+        for key, children in instances.items():  # a MIG GPU's workloads are its instances'
+            state = self._gpus[key]
+            union = list(state.holders)
+            for child in children:
+                union += [w for w in self._gpus[child.key].holders if w not in union]
+            state.holders = tuple(union)
         for record in xid_records:
             named = by_bus.get(_bus(record.pci_bus_id)) if record.pci_bus_id else None
             if named is not None:
@@ -282,12 +289,14 @@ class IncidentTracker:
     # -- who held what, when ------------------------------------------------------------
 
     def _track(self, now: float, devices: Sequence[DeviceSample], owners: Mapping[int, Workload],
-               starts: Mapping[int, float], comms: Mapping[int, str]) -> None:
+               starts: Mapping[int, float], comms: Mapping[int, str],
+               instances: Mapping[str, list[DeviceSample]]) -> None:
         """Each PID's processes (lives) and each GPU's holders at this pass (called for
         every process every pass: workloads are told apart by identity, one object per
         workload and pass, rather than hashed)."""
         seen: set[int] = set()
         pids = self._pids
+        held_by: dict[str, tuple[dict[int, Workload], bool]] = {}
         for device in devices:
             if not device.up:
                 continue
@@ -312,6 +321,15 @@ class IncidentTracker:
                         last.workload = owner
                 else:
                     self._live(pid, owner, start, now)
+            held_by[device.key] = (workloads, others)
+        for device in devices:
+            if device.key not in held_by:
+                continue
+            workloads, others = held_by[device.key]
+            for child in instances.get(device.key, ()):  # a MIG GPU is held by its instances' holders
+                child_workloads, child_others = held_by.get(child.key, ({}, False))
+                workloads = {**workloads, **child_workloads}
+                others = others or child_others
             state = self._gpus.setdefault(device.key, _Gpu(deque()))
             held = frozenset(workloads.values())
             runs = state.passes
@@ -326,6 +344,19 @@ class IncidentTracker:
             if lives and lives[-1].end is None:
                 lives[-1].end = now  # gone from the GPUs by this pass
         self._open = seen
+
+    @staticmethod
+    def _instances(devices: Sequence[DeviceSample]) -> dict[str, list[DeviceSample]]:
+        """The MIG instances of each MIG GPU of this pass, by the GPU's key: the GPU's Xids
+        (NVML's and the kernel log's name the GPU, not the instance) hit them."""
+        by_gpu: dict[tuple[str, int], list[DeviceSample]] = {}
+        for d in devices:
+            if d.gpu_instance:
+                by_gpu.setdefault((d.vendor, d.index), []).append(d)
+        if not by_gpu:
+            return {}
+        return {d.key: by_gpu[(d.vendor, d.index)] for d in devices
+                if not d.gpu_instance and (d.vendor, d.index) in by_gpu}
 
     def _host_tool(self, pid: int, comm: str) -> bool:
         return pid == self.config.agent_pid or comm in HOST_TOOLS
