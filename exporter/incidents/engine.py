@@ -260,7 +260,7 @@ class IncidentTracker:
             state.full_since = state.last_full = None  # the episode is over
         if state.full_since is None or state.reported:
             return []
-        victims = {self._pids[pid][-1].workload for pid in exited if self._pids.get(pid)}
+        victims = {w for w in (self._before(pid, now) for pid in exited) if w is not None}
         victims |= {w for w, before in previous.items()
                     if before and work.get(w, 0) <= before * (1 - self.config.drop_ratio)}
         if not victims:
@@ -357,6 +357,14 @@ class IncidentTracker:
             return {}
         return {d.key: by_gpu[(d.vendor, d.index)] for d in devices
                 if not d.gpu_instance and (d.vendor, d.index) in by_gpu}
+
+    def _before(self, pid: int, now: float) -> Workload | None:
+        """The workload of the process that had ``pid`` before this pass (not one that took
+        the pid in it)."""
+        for life in reversed(self._pids.get(pid) or ()):
+            if life.first_seen < now:
+                return life.workload
+        return None
 
     def _host_tool(self, pid: int, comm: str) -> bool:
         return pid == self.config.agent_pid or comm in HOST_TOOLS
@@ -471,7 +479,7 @@ class IncidentTracker:
                             (sole,), tuple(w for w in state.holders if w != sole),
                             for_terminal(f"Xid {code} ({description}) from NVML; {describe_owner(sole)} alone held "
                                          "the GPU then"), True, "sole_holder")
-        why = "cause unknown" if code in APPLICATION_XIDS else "a fault of the GPU or driver, no workload's"
+        why = "cause unknown"
         if code in APPLICATION_XIDS and len(state.holders) > 1:
             why = "cause unknown: the GPU is shared and no kernel log names the process"
         return Incident("xid", wall, self.node, device.index, device.uuid, device.gpu_instance, code, action, (),
