@@ -26,7 +26,11 @@ so a line there is only as trustworthy as the node's root.
     NVRM: Xid (PCI:0000:ab:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (...)
 
 The process name is the process's own choice (its comm: up to 15 bytes, anything), and so
-is whatever follows it: both are kept escaped for a terminal (`exporter.escape`).
+is whatever follows it: both are kept escaped for a terminal (`exporter.escape`). Numbers
+are bounded by the kernel's ranges (`MAX_SEQ`, `MAX_USEC`, `MAX_PID`, `MAX_XID`): a record
+outside them is counted ``malformed`` and skipped, never an exception that costs the
+records read with it. A file replaced at its path (rotated) or rewritten in place is read
+again from its start.
 """
 
 from __future__ import annotations
@@ -162,7 +166,8 @@ def parse_xid(message: str, seq: int = 0, boot_usec: int = 0) -> XidRecord | Non
     process = _PROCESS.match(rest)
     if process is not None:
         raw_pid = process.group("pid").strip()
-        pid = bounded_int(raw_pid, 1, MAX_PID, "pid") if raw_pid.isdigit() else None
+        # pid 0 is the kernel's own context: no process
+        pid = (bounded_int(raw_pid, 0, MAX_PID, "pid") or None) if raw_pid.isdigit() else None
         raw_comm = process.group("comm")
         comm = None if raw_comm in _UNKNOWN else _unescaped(raw_comm)
         rest = process.group("text") or ""
