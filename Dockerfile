@@ -11,7 +11,7 @@ COPY bridge ./bridge
 # systemd-python (the kernel log from the host's journal) builds against libsystemd: the
 # headers, pkg-config and a compiler for the build, libsystemd0 (in the base) at run time.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libsystemd-dev pkg-config \
-    && pip install --no-cache-dir '.[all]' \
+    && pip install --no-cache-dir '.[all,journal]' \
     && apt-get purge -y --auto-remove gcc libc6-dev libsystemd-dev pkg-config \
     && rm -rf /var/lib/apt/lists/* /src
 

@@ -50,7 +50,7 @@ system-deps:
 	fi
 
 deps-test: $(PY)
-	$(PY) -m pip install --quiet -e '.[test,all]'
+	$(PY) -m pip install --quiet -e '.[test,all,journal]'
 
 test: system-deps deps-test
 	$(PY) -m pytest -q -p no:cacheprovider tests
