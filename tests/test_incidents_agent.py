@@ -273,3 +273,39 @@ def test_auto_without_kmsg_reads_the_journal_and_names_the_culprit_on_a_time_sha
         assert len(incident["affected"]) >= 3
     finally:
         agent.stop()
+
+
+def test_a_count_no_float_holds_is_clamped_and_a_failing_source_left_out_with_one_line_each(caplog):
+    import logging
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from exporter import catalogue as cat
+    from exporter.incidents import watch as watch_module
+    from exporter.incidents.watch import IncidentFamilies, IncidentWatch
+    from exporter.labels import label_schema
+
+    class Absurd:
+        def counts(self) -> dict:
+            return {"read": 10**309, "xid": 3}
+
+        def close(self) -> None:
+            return None
+
+    class Broken(Absurd):
+        def counts(self) -> dict:
+            raise RuntimeError("the source's own bug")
+
+    watch_module._unrepresentable_logged.clear()
+    names, labeller = label_schema([])
+    watch = IncidentWatch("n", labeller, names, kernel_log=Absurd(), events=Broken())
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(IncidentFamilies(watch, frozenset(s.name for s in cat.METRICS)))
+    with caplog.at_level(logging.WARNING, logger="l9gpu.incidents"):
+        for _ in range(3):  # scrape after scrape
+            text = generate_latest(registry).decode()
+    records = {s.labels["outcome"]: s.value for s in _samples(text, "l9gpu_kernel_log_records_total")}
+    assert records == {"read": float(2**53), "xid": 3.0}
+    assert _samples(text, "l9gpu_kubernetes_events_total") == []  # left out, the rest served
+    assert caplog.text.count("cannot be exported as it is; clamped to") == 1
+    assert caplog.text.count("its counts cannot be read") == 1
