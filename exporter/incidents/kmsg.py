@@ -501,7 +501,8 @@ def open_kernel_log(spec: str, from_start: bool = False) -> Any:
             except KernelLogUnavailable as exc:
                 reasons.append(str(exc))
                 continue
-            log.info("--kernel-log auto: reading the kernel log from %s (%s)", name, source.path)
+            where = name if name == source.path else f"{name} ({source.path})"
+            log.info("--kernel-log auto: reading the kernel log from %s", where)
             return source
         log.info("--kernel-log auto: %s; Xid events come from NVML only, without the process that raised "
                  "them", "; ".join(reasons))
