@@ -237,10 +237,17 @@ class IncidentTracker:
                      owners: Mapping[int, Workload]) -> list[Incident]:
         if not device.up:
             return []
-        work: dict[Workload, int] = {}
+        by_object: dict[int, list] = {}  # summed per workload object first: one hash per workload, not per process
         for p in device.processes:
             owner = owners.get(p.pid, UNKNOWN)
-            work[owner] = work.get(owner, 0) + (p.used_memory_bytes or 0)
+            entry = by_object.get(id(owner))
+            if entry is None:
+                by_object[id(owner)] = [owner, p.used_memory_bytes or 0]
+            else:
+                entry[1] += p.used_memory_bytes or 0
+        work: dict[Workload, int] = {}
+        for owner, used in by_object.values():
+            work[owner] = work.get(owner, 0) + used
         previous = state.memory[-1][1] if state.memory else {}
         exited = state.pids - {p.pid for p in device.processes}
         state.pids = frozenset(p.pid for p in device.processes)
