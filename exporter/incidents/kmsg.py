@@ -351,7 +351,7 @@ class KernelLog:
             self._read_failed(exc)
             return []
         # Continuation lines (" KEY=value") belong to the record before them.
-        return [line for line in lines if line.strip() and not line.startswith(b" ")]
+        return [line for line in lines if line and line[0] != 32 and not line.isspace()]  # 32: " "
 
     def _follow(self) -> list[bytes]:
         """The complete lines a file gained, after a rotation or a rewrite noticed: by
