@@ -310,3 +310,55 @@ def test_a_count_no_float_holds_is_clamped_and_a_failing_source_left_out_with_on
     assert _samples(text, "l9gpu_kubernetes_events_total") == []  # left out, the rest served
     assert caplog.text.count("cannot be exported as it is; clamped to") == 1
     assert caplog.text.count("its counts cannot be read") == 1
+
+
+def test_a_reader_that_raises_costs_its_records_of_that_pass_only(caplog):
+    import argparse
+    import logging
+
+    from exporter.devices.simulated import SimulatedBackend
+    from exporter.incidents.engine import IncidentConfig, IncidentTracker
+    from exporter.incidents.kmsg import parse_xid
+    from exporter.incidents.watch import IncidentWatch
+    from exporter.labels import label_schema
+
+    class Flaky:
+        def __init__(self) -> None:
+            self.polls = 0
+
+        def poll(self) -> list:
+            self.polls += 1
+            if self.polls <= 3:
+                raise OSError(5, "Input/output error")
+            line = XID_31.partition(";")[2].strip()
+            return [parse_xid(line, seq=self.polls, boot_usec=int(now[0] * 1e6))]
+
+        def counts(self) -> dict:
+            return {}
+
+        def close(self) -> None:
+            return None
+
+    from exporter.attribution import build_attributor
+    from exporter.collector import Collector
+
+    now = [1000.0]
+    backend = SimulatedBackend(None, clock=lambda: now[0])
+    backend.open()
+    attributor = build_attributor(argparse.Namespace(), [backend], backend.node_name())
+    names, labeller = label_schema([])
+    collector = Collector([backend], backend.node_name(), attributor=attributor, labeller=labeller,
+                          clock=lambda: now[0])
+    watch = IncidentWatch("n", labeller, names, tracker=IncidentTracker("n", IncidentConfig()), kernel_log=Flaky(),
+                          clock=lambda: now[0])
+    try:
+        with caplog.at_level(logging.WARNING, logger="l9gpu.incidents"):
+            for _ in range(5):
+                watch.observe(collector.collect_once())  # never raises
+                now[0] += 1.0
+    finally:
+        attributor.close()
+    assert caplog.text.count("reading the kernel log failed") == 1
+    incidents = watch.recent_json()
+    assert incidents and all(i["xid"] == 31 for i in incidents)
+    assert [w["pod"] for w in incidents[-1]["caused_by"]] == ["llm-finetune-worker-0"]
