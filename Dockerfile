@@ -8,7 +8,12 @@ WORKDIR /src
 COPY setup.cfg pyproject.toml README.md ./
 COPY exporter ./exporter
 COPY bridge ./bridge
-RUN pip install --no-cache-dir '.[all]' && rm -rf /src
+# systemd-python (the kernel log from the host's journal) builds against libsystemd: the
+# headers, pkg-config and a compiler for the build, libsystemd0 (in the base) at run time.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libsystemd-dev pkg-config \
+    && pip install --no-cache-dir '.[all,journal]' \
+    && apt-get purge -y --auto-remove gcc libc6-dev libsystemd-dev pkg-config \
+    && rm -rf /var/lib/apt/lists/* /src
 
 EXPOSE 9835
 ENV NVIDIA_VISIBLE_DEVICES=all \

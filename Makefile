@@ -33,7 +33,8 @@ demo-incidents: venv
 # their own containerd: a policy-rc.d keeps the package from starting the node-wide
 # containerd.service while it installs (a system containerd on /run/containerd would be
 # found by the agent's --cri-socket auto in other tests).
-SYSTEM_TOOLS := promtool prometheus chromium containerd ctr containerd-shim-runc-v2 runc busybox kubectl
+SYSTEM_TOOLS := promtool prometheus chromium containerd ctr containerd-shim-runc-v2 runc busybox kubectl pkg-config \
+	/lib/systemd/systemd-journal-remote
 system-deps:
 	@missing=; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
@@ -42,14 +43,14 @@ system-deps:
 			printf '#!/bin/sh\nexit 101\n' | $$SUDO tee /usr/sbin/policy-rc.d >/dev/null && $$SUDO chmod +x /usr/sbin/policy-rc.d && guard=1; \
 		fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
-			prometheus chromium containerd runc busybox-static \
+			prometheus chromium containerd runc busybox-static systemd-journal-remote libsystemd-dev pkg-config \
 			$$(command -v kubectl >/dev/null || echo kubernetes-client) >/dev/null; status=$$?; \
 		if [ -n "$$guard" ]; then $$SUDO rm -f /usr/sbin/policy-rc.d; fi; \
 		exit $$status; \
 	fi
 
 deps-test: $(PY)
-	$(PY) -m pip install --quiet -e '.[test,all]'
+	$(PY) -m pip install --quiet -e '.[test,all,journal]'
 
 test: system-deps deps-test
 	$(PY) -m pytest -q -p no:cacheprovider tests

@@ -82,6 +82,8 @@ def incident_attributes(doc: Mapping[str, Any], labels: Mapping[str, str], role:
     out["l9gpu.incident.kind"] = doc.get("kind", "")
     out["l9gpu.incident.action"] = doc.get("action", "")
     out["l9gpu.incident.cause_known"] = bool(doc.get("cause_known"))
+    if doc.get("cause_basis"):
+        out["l9gpu.incident.cause_basis"] = str(doc["cause_basis"])
     if role:
         out["l9gpu.incident.role"] = role
     if doc.get("xid") is not None:

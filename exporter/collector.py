@@ -161,9 +161,10 @@ class Collector:
         self._health, health = health_step(self._health, now, devices, {k for s in stuck for k in s.devices})
         for line in health.problems:
             log.warning("GPU health: %s", line)
+        start_of = getattr(self.attributor, "start_time", None)
         rows = tuple(
             ProcessRow(d.key, p.pid, self.attributor.comm(p.pid), owners.get(p.pid, UNKNOWN),
-                       p.used_memory_bytes, p.sm_utilization)
+                       p.used_memory_bytes, p.sm_utilization, start_of(p.pid) if start_of is not None else None)
             for d in devices if d.up for p in d.processes
         )
         backend_errors = {}

@@ -231,6 +231,7 @@ class ProcessRow:
     workload: Workload
     used_memory_bytes: int | None
     sm_utilization: float | None
+    start_time: float | None = None  # seconds since boot (/proc/<pid>/stat), None where unknown
 
 
 @dataclass(frozen=True)

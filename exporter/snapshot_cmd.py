@@ -134,7 +134,8 @@ def format_incidents(base: str, items: list[dict[str, Any]] | None, error: str =
             age = "?"
         what = str(item.get("kind", "?")) + (f" {item['xid']}" if item.get("xid") is not None else "")
         gpu = f"GPU {item.get('gpu', '?')}" + (f" MIG {item['gpu_instance']}" if item.get("gpu_instance") else "")
-        lines.append(f"  {age:>8} ago  {gpu:<6} {what:<18} caused by {names('caused_by')}; affected "
+        basis = f" ({str(item['cause_basis']).replace('_', ' ')})" if item.get("cause_basis") else ""
+        lines.append(f"  {age:>8} ago  {gpu:<6} {what:<18} caused by {names('caused_by')}{basis}; affected "
                      f"{names('affected')}; action {str(item.get('action', '')).replace('_', ' ')}")
     if len(items) > limit:
         lines.append(f"  ({len(items) - limit} older at {base.rstrip('/')}/api/v1/incidents)")

@@ -213,7 +213,8 @@ def build_incident_watch(args: argparse.Namespace, log_records: Any = None, back
     the kernel log ``--kernel-log`` names, Kubernetes Events where the API is in use and
     ``--kubernetes-events on``, the peaks over ``--peak-window``, and ``log_records`` (the
     OTLP log records of `bridge.incident_logs`, or None). With ``--kernel-log auto``, a
-    backend's own kernel log (the simulated node's) comes before the machine's."""
+    backend's own kernel log (the simulated node's, where its scenario logs Xids) comes
+    before the machine's."""
     from exporter.incidents.engine import IncidentConfig, IncidentTracker
     from exporter.incidents.kmsg import KernelLogUnavailable, open_kernel_log
     from exporter.incidents.watch import IncidentWatch
@@ -230,7 +231,8 @@ def build_incident_watch(args: argparse.Namespace, log_records: Any = None, back
         from exporter.incidents.events import EventSink, default_api_factory
 
         events = EventSink(lambda: default_api_factory(args.kubeconfig), args.node_name)
-    config = IncidentConfig(history=args.incident_history, xid_hold=2.0 if kernel_log is not None else 0.0)
+    config = IncidentConfig(history=args.incident_history, xid_hold=2.0 if kernel_log is not None else 0.0,
+                            agent_pid=os.getpid())
     return IncidentWatch(args.node_name, labeller, extra_names,
                          tracker=IncidentTracker(args.node_name, config), kernel_log=kernel_log, events=events,
                          log_records=log_records, peak_window=args.peak_window)

@@ -419,7 +419,7 @@ def test_defaults():
                              {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
                              {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]
     assert "kmsg" not in release.volumes() and "kmsg" not in release.mounts()
-    assert not any(a.startswith(("--kernel-log", "--kubernetes-events")) for a in release.container["args"])
+    assert not any(a.startswith("--kubernetes-events") for a in release.container["args"])
     assert "port-forward ds/l9gpu 9835" in release.notes
     # the page of one node: the pod selector in the hint is the DaemonSet's own
     selector = release.one("DaemonSet")["spec"]["selector"]["matchLabels"]
@@ -540,8 +540,30 @@ def test_capabilities_only_where_a_backend_needs_them(releases):
 # incidents work in exporter/cli.py; until then their renders are checked here without the
 # argument parser, and join CASES (and serve_args) when it knows them.
 
+def test_by_default_the_kernel_log_is_read_from_the_hosts_journal_unprivileged(tmp_path):
+    release = render()
+    validate_objects(release, tmp_path)
+    assert "--kernel-log=journal" in release.container["args"]
+    assert serve_args(release).kernel_log == "journal"
+    assert release.mounts()["journal-persistent"] == {"name": "journal-persistent", "mountPath": "/var/log/journal",
+                                                      "readOnly": True}
+    assert release.mounts()["journal-volatile"] == {"name": "journal-volatile", "mountPath": "/run/log/journal",
+                                                    "readOnly": True}
+    assert release.volumes()["journal-persistent"]["hostPath"] == {"path": "/var/log/journal", "type": "Directory"}
+    assert release.volumes()["journal-volatile"]["hostPath"] == {"path": "/run/log/journal", "type": "Directory"}
+    context = release.container["securityContext"]
+    assert context["privileged"] is False and context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    # a node setup with only a volatile journal
+    volatile = render(_sets("kernelLog.journal.persistent=false"))
+    assert "journal-persistent" not in volatile.volumes() and "journal-volatile" in volatile.mounts()
+    off = render(_sets("kernelLog.enabled=false"))
+    assert not any(a.startswith("--kernel-log") for a in off.container["args"])
+    assert not {"journal-persistent", "journal-volatile", "kmsg"} & set(off.volumes())
+
+
 def test_kernel_log_mounts_the_hosts_kmsg_with_cap_syslog_in_a_privileged_container(tmp_path):
-    release = render(_sets("kernelLog.enabled=true"))
+    release = render(_sets("kernelLog.source=kmsg"))
     validate_objects(release, tmp_path)
     assert "--kernel-log=/dev/kmsg" in release.container["args"]
     assert release.mounts()["kmsg"] == {"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True}
@@ -552,14 +574,15 @@ def test_kernel_log_mounts_the_hosts_kmsg_with_cap_syslog_in_a_privileged_contai
     # API server accepts only with privilege escalation allowed
     assert context["privileged"] is True and context["allowPrivilegeEscalation"] is True
     # not privileged where the runtime admits /dev/kmsg; the other capabilities kept
-    plain = render(_sets("kernelLog.enabled=true", "kernelLog.privileged=false", "backend=nvml\\,gaudi"))
+    plain = render(_sets("kernelLog.source=kmsg", "kernelLog.privileged=false", "backend=nvml\\,gaudi"))
     validate_objects(plain, tmp_path)
     context = plain.container["securityContext"]
     assert context["privileged"] is False and context["allowPrivilegeEscalation"] is False
     assert context["capabilities"]["add"] == ["SYS_PTRACE", "DAC_READ_SEARCH", "SYSLOG"]
     assert plain.mounts()["kmsg"]["readOnly"] is True
-    # off (the default): nothing of it, privileged or not
+    # from the journal (the default): never privileged
     assert render(_sets("kernelLog.privileged=true")).container["securityContext"]["privileged"] is False
+    assert "journal-persistent" not in release.volumes()
 
 
 def test_events_need_create_and_patch_on_events_and_can_be_turned_off(tmp_path):

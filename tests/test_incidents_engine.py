@@ -27,17 +27,25 @@ def gpu(procs: dict[int, int], index: int = 2, xids: dict[str, int] | None = Non
 
 
 class Node:
-    """Passes one second apart through one tracker."""
+    """Passes one second apart through one tracker (times: seconds since boot)."""
 
     def __init__(self, owners: dict[int, Workload], **config: float) -> None:
         self.tracker = IncidentTracker("gpu-node-7", IncidentConfig(**config))  # type: ignore[arg-type]
         self.owners = owners
+        self.starts: dict[int, float] = {}
+        self.comms: dict[int, str] = {}
         self.now = 1000.0
 
     def pass_(self, *devices: DeviceSample, records: tuple[XidRecord, ...] = (),
               reasons: dict[str, set[str]] | None = None) -> list:
         self.now += 1.0
-        return self.tracker.observe(self.now, 1.7e9 + self.now, devices, self.owners, records, reasons)
+        return self.tracker.observe(self.now, 1.7e9 + self.now, devices, self.owners, records, reasons,
+                                    starts=self.starts, comms=self.comms)
+
+
+def xid(code: int, pid: int | None, at: float, comm: str = "python3", text: str = "MMU Fault") -> XidRecord:
+    """A kernel-log Xid line on GPU 2 (BUS), logged ``at`` seconds since boot."""
+    return XidRecord(7, int(at * 1e6), BUS, code, pid, comm if pid is not None else None, text)
 
 
 def test_a_trainer_fills_the_gpu_and_the_notebook_that_exits_is_its_victim():
@@ -79,12 +87,14 @@ def test_a_vllm_pod_keeping_its_gpu_92_percent_full_for_an_hour_raises_nothing()
 def test_xid_31_from_a_pods_pid_names_it_even_after_the_process_exited():
     node = Node({1: TRAINER, 2: NOTEBOOK})
     node.pass_(gpu({1: 10 * GIB, 2: 10 * GIB}))
+    faulted = node.now + 0.5  # between the last pass that saw it and the first that did not
     node.pass_(gpu({2: 10 * GIB}))  # the faulting process is gone
     node.pass_(gpu({2: 10 * GIB}))
-    record = XidRecord(7, 1, BUS, 31, 1, "python3", "Ch 00000008, intr 00000000. MMU Fault")
+    record = XidRecord(7, int(faulted * 1e6), BUS, 31, 1, "python3", "Ch 00000008, intr 00000000. MMU Fault")
     [incident] = node.pass_(gpu({2: 10 * GIB}, xids={"31": 1}), records=(record,))
     assert incident.kind == "xid" and incident.xid == 31 and incident.action == "restart_app"
     assert incident.caused_by == (TRAINER,) and incident.affected == (NOTEBOOK,)
+    assert incident.cause_basis == "kernel_log" and incident_json(incident)["cause_basis"] == "kernel_log"
     assert [reason for _, reason, _ in event_messages(incident)] == ["GPUFaultCaused", "GPUFaultAffected"]
     # NVML counted the same Xid: one incident, the kernel log's
     assert node.pass_(gpu({2: 10 * GIB}, xids={"31": 1})) == []
@@ -105,7 +115,7 @@ def test_xid_79_on_a_time_shared_gpu_affects_every_pod_and_names_no_cause():
 def test_xid_119_naming_nvidia_smi_has_no_cause():
     node = Node({1: TRAINER})
     node.pass_(gpu({1: GIB}))
-    record = XidRecord(9, 1, BUS, 119, 4242, "nvidia-smi", "Timeout after 6s of waiting for RPC response")
+    record = xid(119, 4242, node.now, "nvidia-smi", "Timeout after 6s of waiting for RPC response")
     [incident] = node.pass_(gpu({1: GIB}), records=(record,))
     assert incident.caused_by == () and incident.affected == (TRAINER,)
     assert "nvidia-smi" in incident.detail and "not a cause" in incident.detail
@@ -115,15 +125,17 @@ def test_an_nvml_xid_waits_for_the_kernel_log_line_when_one_is_read():
     node = Node({1: TRAINER}, xid_hold=2.0)
     node.pass_(gpu({1: GIB}))
     assert node.pass_(gpu({1: GIB}, xids={"13": 1})) == []  # held: the log may name the process
-    record = XidRecord(3, 1, BUS, 13, 1, "python", "Graphics SM Warp Exception")
+    record = xid(13, 1, node.now, "python", "Graphics SM Warp Exception")
     [incident] = node.pass_(gpu({1: GIB}, xids={"13": 1}), records=(record,))
-    assert incident.caused_by == (TRAINER,)
+    assert incident.caused_by == (TRAINER,) and incident.cause_basis == "kernel_log"
     assert node.pass_(gpu({1: GIB}, xids={"13": 1})) == [] and node.pass_(gpu({1: GIB}, xids={"13": 1})) == []
     # no line comes: reported from NVML after the hold
     assert node.pass_(gpu({1: GIB}, xids={"13": 2})) == []
     node.pass_(gpu({1: GIB}, xids={"13": 2}))
     [late] = node.pass_(gpu({1: GIB}, xids={"13": 2}))
-    assert late.xid == 13 and late.caused_by == () and late.affected == (TRAINER,)
+    # without the line, the trainer is still named: it alone held the GPU
+    assert late.xid == 13 and late.caused_by == (TRAINER,) and late.affected == ()
+    assert late.cause_basis == "sole_holder" and "ml/trainer/main alone held the GPU" in late.detail
 
 
 def test_a_gpu_lost_reason_affects_whoever_held_it():
@@ -152,3 +164,164 @@ def test_peaks_catch_a_spike_between_two_scrapes_and_forget_it_after_the_window(
     assert peaks.peaks() == {"GPU-2": 11}  # the spike at t=2 left the window
     peaks.observe(70.0, [])
     assert peaks.peaks() == {}  # a series not fed for a window is forgotten
+
+
+# ---- who held a PID when: the record's time decides ------------------------------------
+
+def test_a_pid_reused_after_the_fault_blames_the_process_that_held_it_then():
+    a, b = pod("a"), pod("b")
+    node = Node({1: a, 2: NOTEBOOK})
+    node.starts = {1: 900.0, 2: 800.0}
+    node.pass_(gpu({1: GIB, 2: GIB}))
+    faulted = node.now + 0.2
+    node.pass_(gpu({2: GIB}))  # a's process exits after its Xid 31
+    node.owners, node.starts = {1: b, 2: NOTEBOOK}, {1: faulted + 3.0, 2: 800.0}  # 3 s later b gets the PID
+    node.pass_(gpu({2: GIB}))
+    node.now = faulted + 3.5
+    node.pass_(gpu({1: GIB, 2: GIB}))
+    [incident] = node.pass_(gpu({1: GIB, 2: GIB}), records=(xid(31, 1, faulted),))  # read after b started
+    assert incident.caused_by == (a,) and incident.cause_basis == "kernel_log"
+    assert b in incident.affected and a not in incident.affected
+    # a record stamped after b started is b's
+    [later] = node.pass_(gpu({1: GIB, 2: GIB}), records=(xid(31, 1, node.now - 0.5),))
+    assert later.caused_by == (b,)
+
+
+def test_a_record_stamped_before_the_process_started_names_no_one():
+    b = pod("b")
+    node = Node({1: b, 2: NOTEBOOK})
+    node.starts = {1: 1005.0, 2: 800.0}
+    node.now = 1010.0
+    node.pass_(gpu({1: GIB, 2: GIB}))
+    [incident] = node.pass_(gpu({1: GIB, 2: GIB}), records=(xid(31, 1, 1003.0),))
+    # the GPU was shared, so no sole holder either
+    assert incident.caused_by == () and not incident.cause_known and incident.cause_basis == ""
+    assert "no process with pid 1 was seen on a GPU at the record's time" in incident.detail
+
+
+def test_a_record_within_the_clock_margin_of_a_pid_changing_hands_names_no_one():
+    a, b = pod("a"), pod("b")
+    node = Node({1: a, 2: NOTEBOOK})
+    node.starts = {1: 900.0, 2: 800.0}
+    node.pass_(gpu({1: GIB, 2: GIB}))
+    node.owners, node.starts = {1: b, 2: NOTEBOOK}, {1: node.now + 0.5, 2: 800.0}
+    node.pass_(gpu({1: GIB, 2: GIB}))
+    [incident] = node.pass_(gpu({1: GIB, 2: GIB}), records=(xid(31, 1, node.starts[1] - 0.2),))
+    assert incident.caused_by == () and "pid 1 changed hands near the record's time" in incident.detail
+
+
+def test_without_start_times_a_record_before_the_first_pass_that_saw_the_pid_names_no_one():
+    node = Node({1: TRAINER, 2: NOTEBOOK})
+    node.pass_(gpu({1: GIB, 2: GIB}))
+    [before] = node.pass_(gpu({1: GIB, 2: GIB}), records=(xid(31, 1, node.now - 30),))
+    assert before.caused_by == ()
+    [after] = node.pass_(gpu({1: GIB, 2: GIB}), records=(xid(31, 1, node.now - 0.5),))
+    assert after.caused_by == (TRAINER,)
+
+
+def test_a_replay_from_a_file_start_names_only_processes_known_at_each_records_time():
+    a, b = pod("a"), pod("b")
+    node = Node({1: a, 2: NOTEBOOK})
+    node.starts = {1: 1001.5, 2: 800.0}
+    for _ in range(5):
+        node.pass_(gpu({1: GIB, 2: GIB}))
+    node.owners, node.starts = {1: b, 2: NOTEBOOK}, {1: 1010.0, 2: 800.0}
+    node.now = 1011.0
+    node.pass_(gpu({1: GIB, 2: GIB}))
+    # the whole file at once: one record from before a started, one of a, one of b
+    out = node.pass_(gpu({1: GIB, 2: GIB}), records=(xid(31, 1, 1000.0), xid(31, 1, 1003.0), xid(31, 1, 1011.5)))
+    assert [i.caused_by for i in out] == [(), (a,), (b,)]
+
+
+def test_a_record_from_the_future_names_no_one():
+    node = Node({1: TRAINER, 2: NOTEBOOK})
+    node.pass_(gpu({1: GIB, 2: GIB}))
+    [incident] = node.pass_(gpu({1: GIB, 2: GIB}), records=(xid(31, 1, node.now + 3600),))
+    assert incident.caused_by == ()
+
+
+# ---- the sole holder -------------------------------------------------------------------
+
+def test_an_nvml_application_xid_on_a_gpu_one_pod_holds_names_it():
+    node = Node({1: TRAINER, 7: Workload(kind="host"), 8: Workload(kind="host")})
+    node.comms = {7: "nvidia-smi", 8: "python3"}
+    node.tracker.config = IncidentConfig(agent_pid=8)  # the agent itself reads the GPU too
+    node.pass_(gpu({1: GIB, 7: GIB // 8, 8: GIB // 8}))
+    [incident] = node.pass_(gpu({1: GIB, 8: GIB // 8}, xids={"31": 1}))
+    assert incident.caused_by == (TRAINER,) and incident.cause_known and incident.cause_basis == "sole_holder"
+    doc = incident_json(incident)
+    assert doc["cause_basis"] == "sole_holder" and doc["caused_by"][0]["pod"] == "trainer"
+    [(_, reason, message)] = event_messages(incident)
+    assert reason == "GPUFaultCaused"
+    assert message.startswith("GPU 2 (GPU-2, node gpu-node-7) raised Xid 31 (")
+    assert message.endswith(": this container alone held the GPU then, so its process raised it")
+
+
+def test_an_nvml_application_xid_on_a_time_shared_gpu_names_no_one():
+    node = Node({1: TRAINER, 2: NOTEBOOK})
+    node.pass_(gpu({1: GIB, 2: GIB}))
+    [incident] = node.pass_(gpu({1: GIB, 2: GIB}, xids={"31": 1}))
+    assert incident.caused_by == () and incident.cause_basis == "" and incident_json(incident)["cause_basis"] is None
+    assert "the GPU is shared and no kernel log names the process" in incident.detail
+
+
+def test_a_process_of_no_workload_beside_the_pod_leaves_the_cause_unknown():
+    node = Node({1: TRAINER, 9: Workload(kind="host")})
+    node.comms = {9: "my-host-job"}
+    node.pass_(gpu({1: GIB, 9: GIB}))
+    [incident] = node.pass_(gpu({1: GIB, 9: GIB}, xids={"31": 1}))
+    assert incident.caused_by == ()
+
+
+def test_a_pod_that_left_just_before_the_xid_still_shares_the_blame():
+    # the notebook held the GPU at the pass before: two holders around the Xid, no sole one
+    node = Node({1: TRAINER, 2: NOTEBOOK})
+    node.pass_(gpu({1: GIB, 2: GIB}))
+    [incident] = node.pass_(gpu({1: GIB}, xids={"13": 1}))
+    assert incident.caused_by == ()
+
+
+def test_a_device_fault_names_no_sole_holder():
+    node = Node({1: TRAINER})
+    node.pass_(gpu({1: GIB}))
+    [incident] = node.pass_(gpu({1: GIB}, xids={"79": 1}))
+    assert incident.caused_by == () and incident.affected == (TRAINER,)
+
+
+def test_a_kernel_log_line_without_a_pid_falls_back_to_the_sole_holder_at_its_time():
+    node = Node({1: TRAINER})
+    node.pass_(gpu({1: GIB}))
+    [incident] = node.pass_(gpu({1: GIB}), records=(xid(43, None, node.now + 0.5),))
+    assert incident.caused_by == (TRAINER,) and incident.cause_basis == "sole_holder"
+
+
+def test_the_sole_holder_is_taken_at_the_lines_time_not_at_the_pass_that_reads_it():
+    b = pod("b")
+    node = Node({1: TRAINER, 2: b})
+    for _ in range(5):  # the trainer alone
+        node.pass_(gpu({1: GIB}))
+    alone = node.now - 2.5
+    for _ in range(3):  # then b shares the GPU
+        node.pass_(gpu({1: GIB, 2: GIB}))
+    shared = node.now - 0.5
+    early, late = node.pass_(gpu({1: GIB, 2: GIB}), records=(xid(43, None, alone), xid(43, None, shared)))
+    assert early.caused_by == (TRAINER,) and early.cause_basis == "sole_holder"
+    assert late.caused_by == () and set(late.affected) == {TRAINER, b}
+
+
+def mig(index: int, instance: str, procs: dict[int, int]) -> DeviceSample:
+    return DeviceSample(index=index, uuid=f"MIG-{index}-{instance}", model="H100", pci_bus_id=BUS,
+                        gpu_instance=instance, memory_total_bytes=TOTAL // 7,
+                        memory_used_bytes=sum(procs.values()),
+                        processes=tuple(ProcessSample(pid, mem) for pid, mem in procs.items()))
+
+
+def test_on_a_mig_gpu_the_xid_of_the_gpu_names_the_one_workload_on_its_instances():
+    node = Node({1: TRAINER, 2: NOTEBOOK})
+    node.pass_(gpu({}), mig(2, "1", {1: GIB}), mig(2, "2", {}))
+    [incident] = node.pass_(gpu({}, xids={"31": 1}), mig(2, "1", {1: GIB}), mig(2, "2", {}))
+    assert incident.caused_by == (TRAINER,) and incident.cause_basis == "sole_holder"
+    # two workloads on two instances of the GPU: NVML's Xid names the GPU, not the instance
+    node.pass_(gpu({}, xids={"31": 1}), mig(2, "1", {1: GIB}), mig(2, "2", {2: GIB}))
+    [shared] = node.pass_(gpu({}, xids={"31": 2}), mig(2, "1", {1: GIB}), mig(2, "2", {2: GIB}))
+    assert shared.caused_by == () and set(shared.affected) == {TRAINER, NOTEBOOK}

@@ -196,12 +196,14 @@ def test_an_unreadable_file_says_permission_denied(tmp_path: Path) -> None:
 
 
 def test_auto_without_a_readable_kmsg_is_none_with_the_reason(monkeypatch, caplog) -> None:
-    from exporter.incidents import kmsg
+    from exporter.incidents import journal, kmsg
 
     monkeypatch.setattr(kmsg, "DEV_KMSG", "/nonexistent/kmsg")
+    monkeypatch.setattr(journal, "JOURNAL_DIRS", ("/nonexistent/var/log/journal", "/nonexistent/run/log/journal"))
     with caplog.at_level(logging.INFO, logger="exporter.incidents.kmsg"):
         assert open_kernel_log("auto") is None
     assert "cannot read the kernel log /nonexistent/kmsg: no such file" in caplog.text
+    assert "neither /nonexistent/var/log/journal nor /nonexistent/run/log/journal exists" in caplog.text
 
 
 # ---- the machine's own /dev/kmsg ----------------------------------------------------------
@@ -262,3 +264,91 @@ def test_from_start_reads_what_is_buffered(kmsg_writer: int) -> None:
     with log:
         (record,) = _collect(log, marker, 1)
     assert (record.xid, record.pid, record.comm) == (13, 2857, "python")
+
+
+# ---- hostile and absurd records ------------------------------------------------------------
+
+GOOD = "3,20,5000000,-;" + MMU_FAULT
+
+
+@pytest.mark.parametrize("bad", [
+    "3,21,5000001,-;NVRM: Xid (PCI:0000:3b:00): " + "9" * 5000 + ", pid=1, name=x, y",  # an Xid of 5000 digits
+    "3,21,5000001,-;NVRM: Xid (PCI:0000:3b:00): 31, pid=" + "7" * 5000 + ", name=x, y",  # a pid of 5000 digits
+    "3,21,5000001,-;NVRM: Xid (PCI:0000:3b:00): 70000, pid=1, name=x, y",  # no Xid code is that high
+    "3,21,5000001,-;NVRM: Xid (PCI:0000:3b:00): 31, pid=99999999, name=x, y",  # over PID_MAX_LIMIT
+    "3,-5,5000001,-;" + MMU_FAULT,  # a negative sequence number
+    "3," + str(2**64) + ",5000001,-;" + MMU_FAULT,  # beyond a u64
+    "3," + str(10**309) + ",5000001,-;" + MMU_FAULT,  # beyond a float
+    "3,21,-1,-;" + MMU_FAULT,  # a negative timestamp
+    "3,21," + str(2**64) + ",-;" + MMU_FAULT,  # a timestamp beyond the kernel's clock
+    "99999999999,21,5000001,-;" + MMU_FAULT,  # a priority beyond an int
+    "3,21,5000001;" + MMU_FAULT,  # a header one field short
+    "3,٣١,5000001,-;" + MMU_FAULT,  # digits of another script
+])
+def test_a_record_outside_the_kernels_ranges_is_counted_and_costs_only_itself(tmp_path: Path, bad: str,
+                                                                              caplog) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text(GOOD + "\n" + bad + "\n" + GOOD.replace("3,20,", "3,22,") + "\n")
+    with KernelLog(str(log)) as reader, caplog.at_level(logging.WARNING):
+        records = reader.poll()
+        assert [r.seq for r in records] == [20, 22]  # the records read with it are kept
+        counts = reader.counts()
+    assert counts["malformed"] == 1 and counts["xid"] == 2 and counts["read"] == 3
+    assert counts["overwritten"] <= 1 and all(v <= 2**53 for v in counts.values())
+    assert "Traceback" not in caplog.text
+    assert caplog.text.count("a record skipped") == 1
+
+
+def test_a_sequence_jump_beyond_any_ring_buffer_is_malformed_not_overwritten(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text(f"6,5,1,-;a\n6,{2**62},2,-;b\n6,6,3,-;c\n")
+    with KernelLog(str(log)) as reader:
+        reader.poll()
+        assert reader.counts()["overwritten"] == 0 and reader.counts()["malformed"] == 1
+
+
+def test_a_file_rewritten_in_place_past_the_old_offset_loses_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text("6,1,1,-;first line of the old file\n")
+    with KernelLog(str(log)) as reader:
+        assert reader.poll() == []
+        with log.open("r+") as f:  # rewritten from scratch, longer than what was read
+            f.write(GOOD + "\n" + GOOD.replace("3,20,", "3,21,") + "\n")
+        assert [r.seq for r in reader.poll()] == [20, 21]
+
+
+def test_a_file_rotated_under_the_reader_is_followed_to_the_new_one(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text("6,1,1,-;old\n")
+    with KernelLog(str(log)) as reader:
+        assert reader.poll() == []
+        with log.open("a") as f:
+            f.write(GOOD.replace("3,20,", "3,2,") + "\n")  # written to the old file before it is renamed
+        log.rename(tmp_path / "kmsg.1")
+        log.write_text(GOOD.replace("3,20,", "3,3,") + "\n")  # a new file at the path
+        assert [r.seq for r in reader.poll()] == [2, 3]
+        assert reader.counts()["overwritten"] == 0
+
+
+def test_a_busy_kernels_records_read_at_once_are_the_same_as_one_by_one(tmp_path: Path) -> None:
+    lines = ["6,1,1,-;first"]
+    for seq in range(2, 400):
+        if seq % 50 == 0:
+            lines.append(f"3,{seq},{seq * 1000},-;" + MMU_FAULT.replace("pid=1234", f"pid={seq}"))
+        elif seq % 77 == 0:  # a process's own words that quote a driver line are no driver line
+            lines.append(f"4,{seq},{seq * 1000},-;myapp: ;NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, y")
+        else:
+            lines.append(f"6,{seq},{seq * 1000},-;eth0: link up ({seq})")
+    log = tmp_path / "kmsg"
+    log.write_text(lines[0] + "\n")
+    with KernelLog(str(log)) as reader:
+        reader.poll()
+        with log.open("a") as f:
+            f.write("\n".join(lines[1:]) + "\n")
+        records = reader.poll()
+        assert [(r.seq, r.pid, r.boot_usec) for r in records] == [(s, s, s * 1000) for s in range(50, 400, 50)]
+        assert reader.counts() == {"read": 399, "xid": 7, "overwritten": 0, "malformed": 0, "truncated": 0}
+        with log.open("a") as f:  # a gap: read one by one, counted
+            f.write(f"6,405,1,-;after a gap\n3,406,2,-;{MMU_FAULT}\n")
+        assert [r.seq for r in reader.poll()] == [406]
+        assert reader.counts()["overwritten"] == 5

@@ -1,5 +1,5 @@
 """What setup.cfg installs is what the agent uses: every package of ``install_requires``
-and of the runtime extras (``k8s``, ``otlp``, ``amd``, ``report``, ``all``) is imported
+and of the runtime extras (``k8s``, ``otlp``, ``amd``, ``report``, ``journal``, ``all``) is imported
 somewhere in the shipped code (exporter/, bridge/), so that no extra drags in a package
 nothing uses (the ``test`` extra is the tests' own)."""
 
@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RUNTIME_EXTRAS = ("k8s", "otlp", "amd", "report", "all")
+RUNTIME_EXTRAS = ("k8s", "otlp", "amd", "report", "journal", "all")
 
 
 def _requirements() -> dict[str, set[str]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import yaml
@@ -22,8 +23,47 @@ from exporter.labels import label_schema
 GIB = 2**30
 
 
-def play(scenario: str | None, seconds: float, step: float = 1.0, kernel_log: bool = True) -> list[dict]:
-    """Run the node for ``seconds`` of its time, a pass every ``step``; the incidents, oldest first."""
+class JournalNode:
+    """The simulated node's kernel log kept by journald: each of the scenario's Xid lines,
+    once its time has come, written to a journal file by systemd-journal-remote (as a
+    kernel record, stamped on the node's clock) and read back by the journal reader."""
+
+    def __init__(self, backend: SimulatedBackend, directory: Path):
+        from journal_helpers import append_entries, kernel_entry
+
+        from exporter.incidents.journal import JournalKernelLog
+
+        self._append, self._entry = append_entries, kernel_entry
+        self.backend, self.path, self.next = backend, directory / "system.journal", 0
+        append_entries(self.path, [kernel_entry("Linux version 6.8.0 (the node boots)", backend.start_time())])
+        self.reader = JournalKernelLog(str(directory))
+
+    def poll(self) -> list:
+        from exporter.devices.simulated import _pci_bus_id
+
+        scenario = self.backend.scenario
+        assert scenario is not None
+        t = self.backend.elapsed(self.backend.now())
+        due = []
+        while self.next < len(scenario.xids) and scenario.xids[self.next].at <= t:
+            spec = scenario.xids[self.next]
+            self.next += 1
+            due.append(self._entry(spec.kernel_line(_pci_bus_id(spec.gpu)), self.backend.start_time() + spec.at))
+        if due:
+            self._append(self.path, due)
+        return self.reader.poll()
+
+    def counts(self) -> dict:
+        return self.reader.counts()
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def play(scenario: str | None, seconds: float, step: float = 1.0, kernel_log: bool = True,
+         journal: Path | None = None) -> list[dict]:
+    """Run the node for ``seconds`` of its time, a pass every ``step``; the incidents, oldest
+    first. The kernel log is the node's own, or (``journal``) kept in a journal there."""
     now = [1000.0]
     backend = SimulatedBackend(scenario, clock=lambda: now[0])
     backend.open()
@@ -32,14 +72,16 @@ def play(scenario: str | None, seconds: float, step: float = 1.0, kernel_log: bo
     names, labeller = label_schema(["team"])
     collector = Collector([backend], node, attributor=attributor, labeller=labeller, clock=lambda: now[0])
     config = IncidentConfig(xid_hold=2.0 if kernel_log else 0.0)
+    source = (JournalNode(backend, journal) if journal is not None else backend.kernel_log()) if kernel_log else None
     watch = IncidentWatch(node, labeller, names, tracker=IncidentTracker(node, config),
-                          kernel_log=backend.kernel_log() if kernel_log else None, clock=lambda: now[0])
+                          kernel_log=source, clock=lambda: now[0])
     try:
         while now[0] - 1000.0 <= seconds:
             watch.observe(collector.collect_once())
             now[0] += step
     finally:
         attributor.close()
+        watch.close()
     return list(reversed(watch.recent_json()))
 
 
@@ -50,6 +92,21 @@ def owners(workloads: list[dict]) -> list[str]:
 @pytest.fixture(scope="module")
 def incidents() -> list[dict]:
     return play("incidents", 130)
+
+
+def test_each_story_plays_the_same_with_the_kernel_log_kept_in_the_journal(incidents, tmp_path):
+    from journal_helpers import journal_unavailable
+
+    if journal_unavailable():
+        pytest.skip(journal_unavailable())
+    from_journal = play("incidents", 130, journal=tmp_path)
+
+    def story(i: dict) -> tuple:
+        return (i["kind"], i["gpu"], i["xid"], owners(i["caused_by"]), sorted(owners(i["affected"])),
+                i["cause_basis"], i["action"], i["detail"])
+
+    assert [story(i) for i in from_journal] == [story(i) for i in incidents]
+    assert [i["cause_basis"] for i in from_journal] == ["kernel_log", "memory_growth", None, None]
 
 
 def test_the_incidents_scenario_plays_each_story_once_in_its_order(incidents):
@@ -87,11 +144,12 @@ def test_xid_119_naming_nvidia_smi_blames_no_one(incidents):
     assert "nvidia-smi" in xid["detail"] and "not a cause" in xid["detail"]
 
 
-def test_without_the_kernel_log_the_xids_come_from_nvml_with_cause_unknown():
+def test_without_the_kernel_log_xid_31_names_the_pod_that_alone_held_the_gpu():
     incidents = play("incidents", 40, kernel_log=False)
     [xid] = [i for i in incidents if i["kind"] == "xid"]
-    assert (xid["xid"], xid["caused_by"], xid["cause_known"]) == (31, [], False)
-    assert "cause unknown" in xid["detail"]
+    assert (xid["xid"], owners(xid["caused_by"]), xid["cause_known"], xid["cause_basis"]) == (
+        31, ["batch/embed-backfill-7x9zq/worker"], True, "sole_holder")
+    assert "from NVML; batch/embed-backfill-7x9zq/worker alone held the GPU then" in xid["detail"]
 
 
 def test_a_vllm_pod_keeping_its_gpu_full_for_an_hour_raises_nothing(tmp_path):

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 # Nothing else from environ is kept, logged or exported.
 SLURM_ENV_ALLOWED: frozenset[str] = frozenset(
     {"SLURM_JOB_ID", "SLURM_JOB_USER", "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT"})
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/<pid>/stat's unit
 _ENVIRON_LIMIT = 256 * 1024  # bytes; environ is rarely over a few KiB
 
 
@@ -392,3 +393,12 @@ class ProcCache:
     def comm(self, pid: int) -> str:
         entry = self._entries.get(pid)
         return entry.comm if entry else ""
+
+    def start_seconds(self, pid: int) -> float | None:
+        """When the process cached for ``pid`` started, seconds since boot (the clock of
+        ``time.monotonic()`` and of the kernel log's stamps); None where unknown or where
+        the proc root is no real procfs (a fixture tree's start times are made up)."""
+        entry = self._entries.get(pid)
+        if entry is None or not self._real_procfs:
+            return None
+        return entry.start_time / CLOCK_TICKS

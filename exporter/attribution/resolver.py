@@ -178,6 +178,10 @@ class ProcAttributor:
     def comm(self, pid: int) -> str:
         return self.cache.comm(pid)
 
+    def start_time(self, pid: int) -> float | None:
+        """When the process started, seconds since boot (None where unknown)."""
+        return self.cache.start_seconds(pid)
+
     def allocations(self, devices: Sequence[DeviceSample]) -> tuple[AllocationRow, ...] | None:
         """The kubelet's device allocations joined to this pass's GPUs (None when unknown).
 

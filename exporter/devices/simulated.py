@@ -414,9 +414,10 @@ class SimulatedBackend(Backend):
     def now(self) -> float:
         return self._clock()
 
-    def kernel_log(self) -> ScenarioKernelLog:
-        """The scenario's Xids as the simulated node's kernel logs them."""
-        return ScenarioKernelLog(self)
+    def kernel_log(self) -> ScenarioKernelLog | None:
+        """The scenario's Xids as the simulated node's kernel logs them; None for a scenario
+        that logs none (``--kernel-log auto`` then reads the machine's)."""
+        return ScenarioKernelLog(self) if self.scenario is not None and self.scenario.xids else None
 
     def _xid_counts(self, index: int, t: float) -> Mapping[str, int]:
         assert self.scenario is not None
@@ -425,6 +426,10 @@ class SimulatedBackend(Backend):
             if spec.gpu == index and spec.at <= t:
                 counts[str(spec.xid)] = counts.get(str(spec.xid), 0) + 1
         return frozen_mapping(counts)
+
+    def start_time(self) -> float:
+        """When the backend opened, on its clock (that of the passes)."""
+        return self._start
 
     def elapsed(self, now: float) -> float:
         """Seconds since the backend opened, at pass time ``now``."""
@@ -516,8 +521,9 @@ class ScenarioKernelLog:
         while self._next < len(scenario.xids) and scenario.xids[self._next].at <= t:
             spec = scenario.xids[self._next]
             self._next += 1
+            # stamped on the node's clock (the passes'), as the kernel stamps its records
             record = parse_xid(spec.kernel_line(_pci_bus_id(spec.gpu)), seq=self._next,
-                               boot_usec=int(spec.at * 1e6))
+                               boot_usec=int((self._backend.start_time() + spec.at) * 1e6))
             self._counts["read"] += 1
             if record is not None:
                 self._counts["xid"] += 1

@@ -1,11 +1,19 @@
 """Incidents from the passes: who filled a GPU, who raised a fault, who was hurt (pure).
 
 `IncidentTracker.observe` is called once per pass with what the pass saw (devices, the
-owner of every PID, the kernel log's new Xid lines, each GPU's active health reasons) and
-returns the incidents the pass started. It remembers, for a while, which workload held
-which PID on which GPU (a process that raised an Xid is often gone when the line is read)
-and each workload's memory on each GPU over the last minute. docs/INCIDENTS.md says what
-each kind means and where the inference can be wrong.
+owner, start time and name of every PID, the kernel log's new Xid lines, each GPU's active
+health reasons) and returns the incidents the pass started. It remembers, for a while,
+which process held which PID when (a process that raised an Xid is often gone when the
+line is read, and its PID may already be another's), which workloads held each GPU at each
+pass, and each workload's memory on each GPU over the last minute. docs/INCIDENTS.md says
+what each kind means and where the inference can be wrong.
+
+Who held a PID at a kernel-log record's time: each process seen with the PID is a *life*
+that begins when the process started (``/proc/<pid>/stat``; where that is unknown, at the
+first pass that saw it) and ends no later than the next process with that PID started (or
+the first pass that no longer saw it). The record names the life that covers its time,
+when exactly one does and no other comes within ``clock_margin`` of it; otherwise the
+cause is unknown. A process that started after the record is never named.
 
 Kinds:
 - ``memory_exhausted`` (inferred: NVML reports no out-of-memory): the GPU's free memory
@@ -14,9 +22,12 @@ Kinds:
   memory grew most over the minute before is the suspected cause. A GPU kept full by
   design (vLLM preallocates ~90%) raises nothing by being full: it takes an exit or a drop.
   One episode of a full GPU is one incident.
-- ``xid``: from NVML's XID events (cause unknown) or the kernel log's ``NVRM: Xid`` line,
-  which names the process for application Xids: its workload caused it. Xid 119 names
-  whoever made the call (nvidia-smi, the agent), never a cause.
+- ``xid``: from NVML's XID events or the kernel log's ``NVRM: Xid`` line, which names the
+  process for application Xids: its workload caused it (``cause_basis`` ``kernel_log``).
+  Without that, an application Xid on a GPU (or MIG instance) that exactly one workload
+  held at the time, the agent and host tools such as nvidia-smi aside, names that workload
+  (``sole_holder``); on a time-shared GPU the cause stays unknown. Xid 119 names whoever
+  made the call (nvidia-smi, the agent), never a cause.
 - ``gpu_lost``, ``row_remap_failure``, ``nvlink_errors``, ``stuck_in_driver_call``: when
   that health reason first becomes active on a GPU; every workload on it is affected.
 """
@@ -24,8 +35,9 @@ Kinds:
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from exporter.escape import for_terminal
@@ -40,6 +52,12 @@ REASON_KINDS = ("gpu_lost", "row_remap_failure", "nvlink_errors", "stuck_in_driv
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 69, 94, 109})
 # Xids whose named process is the caller that noticed (nvidia-smi, the agent): not a cause.
 CALLER_XIDS = frozenset({119})
+# Host tools that open a GPU briefly to read it: never a workload that shares it.
+HOST_TOOLS = frozenset({"nvidia-smi", "nvidia-persistenced", "nv-hostengine", "dcgmi", "nvtop", "nvitop"})
+# How the cause of an incident is known (`Incident.cause_basis`).
+CAUSE_BASES = ("kernel_log", "sole_holder", "memory_growth")
+LIVES_PER_PID = 8
+_ATTRIBUTED = ("kubernetes", "slurm")  # `Workload.attributed`, read without a call
 GIB = 2**30
 # The reasons of the Kubernetes Events an incident posts on its pods.
 EVENT_REASONS = frozenset({"GPUMemoryExhausted", "GPUFaultCaused", "GPUFaultAffected"})
@@ -58,6 +76,9 @@ class IncidentConfig:
         history: incidents kept in memory (``--incident-history``).
         xid_hold: seconds an NVML Xid waits for the kernel log's line (which names the
             process) before it is reported without it; 0 without a kernel log.
+        clock_margin: seconds by which the kernel log's clock and the passes' may differ: a
+            record that close to the moment a PID changed hands names no one.
+        agent_pid: the agent's own PID, which holds a GPU only to read it (not a workload).
     """
 
     free_ratio: float = 0.02
@@ -68,6 +89,8 @@ class IncidentConfig:
     pid_memory: float = 600.0
     history: int = 256
     xid_hold: float = 0.0
+    clock_margin: float = 1.0
+    agent_pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +109,32 @@ class Incident:
     affected: tuple[Workload, ...]
     detail: str
     cause_known: bool
+    cause_basis: str = ""  # one of CAUSE_BASES where the cause is known, else ""
+
+
+@dataclass
+class _Life:
+    """One process that held a PID on a GPU, as the passes saw it (times: seconds since
+    boot, the passes' clock)."""
+
+    workload: Workload
+    start: float | None  # from /proc/<pid>/stat; None where unknown
+    first_seen: float
+    last_seen: float
+    end: float | None = None  # it held the PID no later than this; None: still holds it
+
+    def begin(self) -> float:
+        return self.start if self.start is not None else self.first_seen
+
+
+@dataclass
+class _Holders:
+    """Who held a GPU over a run of passes that saw the same holders (first to last)."""
+
+    first: float
+    last: float
+    workloads: frozenset[Workload]
+    others: bool  # a process of no workload (not the agent, not a host tool) held it too
 
 
 @dataclass
@@ -100,6 +149,7 @@ class _Gpu:
     reported: bool = False
     xids: Mapping[str, int] | None = None
     reasons: frozenset[str] = frozenset()
+    passes: deque = field(default_factory=deque)  # _Holders of runs of passes, oldest first
 
 
 def _xid_action(code: int) -> tuple[str, str]:
@@ -130,9 +180,11 @@ class IncidentTracker:
         self.node = node
         self.config = config
         self._gpus: dict[str, _Gpu] = {}
-        self._pids: dict[int, tuple[Workload, str, float]] = {}  # pid -> owner, device key, last seen
+        self._pids: dict[int, list[_Life]] = {}  # pid -> the processes that held it, oldest first
+        self._open: set[int] = set()  # the pids seen on a GPU at the last pass
         self._recent: deque[Incident] = deque(maxlen=config.history)
-        self._held: list[tuple[float, str, int, float]] = []  # NVML Xids waiting: (since, key, code, wall)
+        # NVML Xids waiting for the kernel log: (since, key, code, wall, the sole holder then)
+        self._held: list[tuple[float, str, int, float, Workload | None]] = []
         self._from_log: dict[tuple[str, int], float] = {}  # (device key, xid) -> when the log named it
 
     def recent(self) -> tuple[Incident, ...]:
@@ -140,13 +192,32 @@ class IncidentTracker:
         return tuple(reversed(self._recent))
 
     def observe(self, now: float, wall: float, devices: Sequence[DeviceSample], owners: Mapping[int, Workload],
-                xid_records: Sequence[Any] = (), reasons: Mapping[str, set[str]] | None = None) -> list[Incident]:
-        """Fold one pass in; the incidents it started, oldest first."""
+                xid_records: Sequence[Any] = (), reasons: Mapping[str, set[str]] | None = None,
+                starts: Mapping[int, float] | None = None, comms: Mapping[int, str] | None = None) -> list[Incident]:
+        """Fold one pass in; the incidents it started, oldest first.
+
+        Args:
+            now: the pass's time, seconds since boot (``time.monotonic()``: the clock of
+                the kernel log's stamps and of process start times).
+            wall: the pass's wall-clock time (the incidents' time).
+            owners: the workload of each GPU process's PID.
+            xid_records: the kernel log's new Xid records (`kmsg.XidRecord`).
+            starts: each PID's process start, seconds since boot, where known.
+            comms: each PID's process name, where known (host tools are no workload).
+        """
         new: list[Incident] = []
         by_bus = {_bus(d.pci_bus_id): d for d in devices if d.pci_bus_id and not d.gpu_instance}
+        instances = self._instances(devices)
+        self._track(now, devices, owners, starts or {}, comms or {}, instances)
         for device in devices:
             state = self._gpus.setdefault(device.key, _Gpu(deque()))
             new += self._memory_pass(now, wall, device, state, owners)
+        for key, children in instances.items():  # a MIG GPU's workloads are its instances'
+            state = self._gpus[key]
+            union = list(state.holders)
+            for child in children:
+                union += [w for w in self._gpus[child.key].holders if w not in union]
+            state.holders = tuple(union)
         for record in xid_records:
             named = by_bus.get(_bus(record.pci_bus_id)) if record.pci_bus_id else None
             if named is not None:
@@ -166,11 +237,17 @@ class IncidentTracker:
                      owners: Mapping[int, Workload]) -> list[Incident]:
         if not device.up:
             return []
-        work: dict[Workload, int] = {}
+        by_object: dict[int, list] = {}  # summed per workload object first: one hash per workload, not per process
         for p in device.processes:
             owner = owners.get(p.pid, UNKNOWN)
-            self._pids[p.pid] = (owner, device.key, now)
-            work[owner] = work.get(owner, 0) + (p.used_memory_bytes or 0)
+            entry = by_object.get(id(owner))
+            if entry is None:
+                by_object[id(owner)] = [owner, p.used_memory_bytes or 0]
+            else:
+                entry[1] += p.used_memory_bytes or 0
+        work: dict[Workload, int] = {}
+        for owner, used in by_object.values():
+            work[owner] = work.get(owner, 0) + used
         previous = state.memory[-1][1] if state.memory else {}
         exited = state.pids - {p.pid for p in device.processes}
         state.pids = frozenset(p.pid for p in device.processes)
@@ -190,7 +267,7 @@ class IncidentTracker:
             state.full_since = state.last_full = None  # the episode is over
         if state.full_since is None or state.reported:
             return []
-        victims = {self._pids[pid][0] for pid in exited if pid in self._pids}
+        victims = {w for w in (self._before(pid, now) for pid in exited) if w is not None}
         victims |= {w for w, before in previous.items()
                     if before and work.get(w, 0) <= before * (1 - self.config.drop_ratio)}
         if not victims:
@@ -214,7 +291,143 @@ class IncidentTracker:
             detail += f"; {describe_owner(caused[0])} grew {suspect[1] / GIB:.1f} GiB over the minute before"
         return Incident("memory_exhausted", wall, self.node, device.index, device.uuid, device.gpu_instance, None,
                         "restart_app", caused, tuple(sorted((w for w in victims if w.attributed), key=describe_owner)),
-                        for_terminal(detail), bool(caused))
+                        for_terminal(detail), bool(caused), "memory_growth" if caused else "")
+
+    # -- who held what, when ------------------------------------------------------------
+
+    def _track(self, now: float, devices: Sequence[DeviceSample], owners: Mapping[int, Workload],
+               starts: Mapping[int, float], comms: Mapping[int, str],
+               instances: Mapping[str, list[DeviceSample]]) -> None:
+        """Each PID's processes (lives) and each GPU's holders at this pass (called for
+        every process every pass: workloads are told apart by identity, one object per
+        workload and pass, rather than hashed)."""
+        seen: set[int] = set()
+        pids = self._pids
+        held_by: dict[str, tuple[dict[int, Workload], bool]] = {}
+        for device in devices:
+            if not device.up:
+                continue
+            workloads: dict[int, Workload] = {}
+            others = False
+            for p in device.processes:
+                pid = p.pid
+                owner = owners.get(pid, UNKNOWN)
+                if owner.kind in _ATTRIBUTED:
+                    workloads[id(owner)] = owner
+                elif not self._host_tool(pid, comms.get(pid, "")):
+                    others = True
+                if pid in seen:
+                    continue
+                seen.add(pid)
+                start = starts.get(pid)
+                lives = pids.get(pid)
+                last = lives[-1] if lives else None
+                if last is not None and last.end is None and last.start == start:
+                    last.last_seen = now  # the same process, seen again: the common case
+                    if last.workload is not owner and (owner.attributed or not last.workload.attributed):
+                        last.workload = owner
+                else:
+                    self._live(pid, owner, start, now)
+            held_by[device.key] = (workloads, others)
+        for device in devices:
+            if device.key not in held_by:
+                continue
+            workloads, others = held_by[device.key]
+            for child in instances.get(device.key, ()):  # a MIG GPU is held by its instances' holders
+                child_workloads, child_others = held_by.get(child.key, ({}, False))
+                workloads = {**workloads, **child_workloads}
+                others = others or child_others
+            state = self._gpus.setdefault(device.key, _Gpu(deque()))
+            held = frozenset(workloads.values())
+            runs = state.passes
+            if runs and runs[-1].others == others and runs[-1].workloads == held:
+                runs[-1].last = now
+            else:
+                runs.append(_Holders(now, now, held, others))
+            while runs and runs[0].last < now - self.config.pid_memory:
+                runs.popleft()
+        for pid in self._open - seen:
+            lives = pids.get(pid)
+            if lives and lives[-1].end is None:
+                lives[-1].end = now  # gone from the GPUs by this pass
+        self._open = seen
+
+    @staticmethod
+    def _instances(devices: Sequence[DeviceSample]) -> dict[str, list[DeviceSample]]:
+        """The MIG instances of each MIG GPU of this pass, by the GPU's key: the GPU's Xids
+        (NVML's and the kernel log's name the GPU, not the instance) hit them."""
+        by_gpu: dict[tuple[str, int], list[DeviceSample]] = {}
+        for d in devices:
+            if d.gpu_instance:
+                by_gpu.setdefault((d.vendor, d.index), []).append(d)
+        if not by_gpu:
+            return {}
+        return {d.key: by_gpu[(d.vendor, d.index)] for d in devices
+                if not d.gpu_instance and (d.vendor, d.index) in by_gpu}
+
+    def _before(self, pid: int, now: float) -> Workload | None:
+        """The workload of the process that had ``pid`` before this pass (not one that took
+        the pid in it)."""
+        for life in reversed(self._pids.get(pid) or ()):
+            if life.first_seen < now:
+                return life.workload
+        return None
+
+    def _host_tool(self, pid: int, comm: str) -> bool:
+        return pid == self.config.agent_pid or comm in HOST_TOOLS
+
+    def _live(self, pid: int, owner: Workload, start: float | None, now: float) -> None:
+        lives = self._pids.setdefault(pid, [])
+        last = lives[-1] if lives else None
+        if last is not None and start == last.start and (last.end is None or start is not None):
+            # the same process (seen again, or back on a GPU after a while)
+            last.last_seen, last.end = now, None
+            if owner.attributed or not last.workload.attributed:
+                last.workload = owner
+            return
+        if last is not None:
+            # Another process has the PID now. With its start known, the one before held
+            # the PID until then at the latest; without it, only until last seen.
+            bound = start if start is not None else last.last_seen
+            last.end = min(last.end, bound) if last.end is not None else bound
+        lives.append(_Life(owner, start, now, now))
+        del lives[:-LIVES_PER_PID]
+
+    def _holder(self, pid: int, at: float | None) -> tuple[Workload | None, str]:
+        """The workload whose process held ``pid`` at time ``at`` (None where that cannot
+        be told), and why not where it cannot."""
+        lives = self._pids.get(pid) or []
+        if at is None:
+            return None, "the record's time is unknown"
+        margin = self.config.clock_margin
+        covering = [life for life in lives if life.begin() <= at <= (math.inf if life.end is None else life.end)]
+        near = [life for life in lives
+                if life.begin() - margin <= at <= (math.inf if life.end is None else life.end) + margin]
+        if len(covering) == 1 and len(near) == 1:
+            return covering[0].workload, ""
+        if not near:
+            return None, f"no process with pid {pid} was seen on a GPU at the record's time"
+        return None, f"pid {pid} changed hands near the record's time"
+
+    def _sole_holder(self, state: _Gpu, at: float | None = None) -> Workload | None:
+        """The one workload that held the GPU at ``at`` (the passes just before and after
+        it; None: the last two passes), None where there were more, none, or a process of
+        no workload."""
+        runs = list(state.passes)
+        if not runs:
+            return None
+        if at is None:
+            around = runs[-2:] if runs[-1].first == runs[-1].last else runs[-1:]
+        else:
+            before = [h for h in runs if h.first <= at]
+            after = [h for h in runs if h.last >= at]
+            if not before or not after:
+                return None
+            around = [before[-1], after[0]]
+        workloads = {w for h in around for w in h.workloads}
+        if len(workloads) != 1 or any(h.others for h in around):
+            return None
+        return next(iter(workloads))
 
     # -- faults -------------------------------------------------------------------------
 
@@ -222,18 +435,31 @@ class IncidentTracker:
         state = self._gpus.get(device.key) or _Gpu(deque())
         action, description = _xid_action(record.xid)
         self._from_log[(device.key, record.xid)] = now
-        known = self._pids.get(record.pid) if record.pid is not None else None
-        owner = known[0] if known is not None else None
+        at = getattr(record, "time", None)
+        if at is not None and at > now:
+            # logged before it was read: later than this pass only by the clocks' difference
+            at = now if at <= now + self.config.clock_margin else None
         caused: tuple[Workload, ...] = ()
-        if record.xid in APPLICATION_XIDS and owner is not None and owner.attributed:
-            caused = (owner,)
+        basis = why = ""
+        if record.xid in APPLICATION_XIDS:
+            owner, why = self._holder(record.pid, at) if record.pid is not None else (None, "")
+            if owner is not None and owner.attributed:
+                caused, basis = (owner,), "kernel_log"
+            elif owner is None:
+                sole = self._sole_holder(state, at) if at is not None else None
+                if sole is not None:
+                    caused, basis = (sole,), "sole_holder"
+                    why = f"{why}; {describe_owner(sole)} alone held the GPU then" if why else \
+                        f"{describe_owner(sole)} alone held the GPU then"
         affected = tuple(w for w in state.holders if w not in caused)
         who = f"pid {record.pid} ({record.comm})" if record.pid is not None else "no process"
         if record.xid in CALLER_XIDS:
             who += ", the caller that noticed, not a cause"
+        if why:
+            who += f" ({why})"
         detail = for_terminal(f"Xid {record.xid} ({description}) from the kernel log, {who}: {record.text}"[:400])
         return Incident("xid", wall, self.node, device.index, device.uuid, device.gpu_instance, record.xid, action,
-                        caused, affected, detail, bool(caused))
+                        caused, affected, detail, bool(caused), basis)
 
     def _nvml_xids(self, now: float, wall: float, device: DeviceSample, state: _Gpu) -> list[Incident]:
         counts = dict(device.xid_errors)
@@ -245,27 +471,37 @@ class IncidentTracker:
             if count <= before.get(code_text, 0) or not code_text.isdigit():
                 continue
             code = int(code_text)
+            sole = self._sole_holder(state) if code in APPLICATION_XIDS else None
             if self.config.xid_hold > 0:
-                self._held.append((now, device.key, code, wall))
+                self._held.append((now, device.key, code, wall, sole))
             elif (device.key, code) not in self._from_log:
-                out.append(self._nvml_incident(wall, device, state, code))
+                out.append(self._nvml_incident(wall, device, state, code, sole))
         return out
 
-    def _nvml_incident(self, wall: float, device: DeviceSample, state: _Gpu, code: int) -> Incident:
+    def _nvml_incident(self, wall: float, device: DeviceSample, state: _Gpu, code: int,
+                       sole: Workload | None) -> Incident:
         action, description = _xid_action(code)
+        if sole is not None:
+            return Incident("xid", wall, self.node, device.index, device.uuid, device.gpu_instance, code, action,
+                            (sole,), tuple(w for w in state.holders if w != sole),
+                            for_terminal(f"Xid {code} ({description}) from NVML; {describe_owner(sole)} alone held "
+                                         "the GPU then"), True, "sole_holder")
+        why = "cause unknown"
+        if code in APPLICATION_XIDS and len(state.holders) > 1:
+            why = "cause unknown: the GPU is shared and no kernel log names the process"
         return Incident("xid", wall, self.node, device.index, device.uuid, device.gpu_instance, code, action, (),
-                        state.holders, f"Xid {code} ({description}) from NVML; cause unknown", False)
+                        state.holders, f"Xid {code} ({description}) from NVML; {why}", False)
 
     def _release_held(self, now: float, devices: Mapping[str, DeviceSample]) -> list[Incident]:
         out, keep = [], []
-        for since, key, code, wall in self._held:
+        for since, key, code, wall, sole in self._held:
             claimed = self._from_log.get((key, code))
             if claimed is not None and claimed >= since - self.config.xid_hold:
                 continue  # the kernel log's line told it, with the process
             if now - since < self.config.xid_hold:
-                keep.append((since, key, code, wall))
+                keep.append((since, key, code, wall, sole))
             elif key in devices:
-                out.append(self._nvml_incident(wall, devices[key], self._gpus[key], code))
+                out.append(self._nvml_incident(wall, devices[key], self._gpus[key], code, sole))
         self._held = keep
         return out
 
@@ -283,7 +519,7 @@ class IncidentTracker:
 
     def _forget(self, now: float) -> None:
         horizon = now - self.config.pid_memory
-        for pid in [pid for pid, (_, _, seen) in self._pids.items() if seen < horizon]:
+        for pid in [pid for pid, lives in self._pids.items() if lives[-1].last_seen < horizon]:
             del self._pids[pid]
         for key in [key for key, seen in self._from_log.items() if seen < now - 60.0]:
             del self._from_log[key]
@@ -306,7 +542,8 @@ def incident_json(incident: Incident, extra_names: Sequence[str] = ()) -> dict[s
         "xid": incident.xid, "action": incident.action,
         "caused_by": [workload_json(w) for w in incident.caused_by],
         "affected": [workload_json(w) for w in incident.affected],
-        "cause_known": incident.cause_known, "detail": incident.detail,
+        "cause_known": incident.cause_known, "cause_basis": incident.cause_basis or None,
+        "detail": incident.detail,
     }
 
 
@@ -326,8 +563,12 @@ def event_messages(incident: Incident) -> list[tuple[Workload, str, str]]:
     out = []
     exhausted = incident.kind == "memory_exhausted"
     for w in incident.caused_by:
-        message = (f"{where} {what}: this container grew most before it filled" if exhausted
-                   else f"{where} {what}: this container's process raised it")
+        if exhausted:
+            message = f"{where} {what}: this container grew most before it filled"
+        elif incident.cause_basis == "sole_holder":
+            message = f"{where} {what}: this container alone held the GPU then, so its process raised it"
+        else:
+            message = f"{where} {what}: this container's process raised it"
         out.append((w, "GPUMemoryExhausted" if exhausted else "GPUFaultCaused", for_terminal(message)))
     suspect = f"; suspected cause: {describe_owner(incident.caused_by[0])}" if incident.caused_by else ""
     for w in incident.affected:

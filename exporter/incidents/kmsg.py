@@ -26,7 +26,11 @@ so a line there is only as trustworthy as the node's root.
     NVRM: Xid (PCI:0000:ab:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (...)
 
 The process name is the process's own choice (its comm: up to 15 bytes, anything), and so
-is whatever follows it: both are kept escaped for a terminal (`exporter.escape`).
+is whatever follows it: both are kept escaped for a terminal (`exporter.escape`). Numbers
+are bounded by the kernel's ranges (`MAX_SEQ`, `MAX_USEC`, `MAX_PID`, `MAX_XID`): a record
+outside them is counted ``malformed`` and skipped, never an exception that costs the
+records read with it. A file replaced at its path (rotated) or rewritten in place is read
+again from its start.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass
+from typing import Any
 
 from exporter.escape import for_terminal
 
@@ -52,6 +57,36 @@ MAX_RECORDS_PER_POLL = 4096
 
 # The outcomes `KernelLog.counts` reports, by reason.
 OUTCOMES = ("read", "xid", "overwritten", "malformed", "truncated")
+
+# The kernel's ranges for a record's numbers: anything outside is no record of its own
+# and is counted ``malformed`` (a hostile or broken writer, never a reason to fail).
+MAX_SEQ = 2**63 - 1  # a u64 counter that starts at 0 at boot; 2**63 records is centuries of logging
+MAX_USEC = 2**53  # microseconds since boot: 285 years, and exact as a float
+MAX_PID = 4_194_304  # PID_MAX_LIMIT on 64-bit kernels
+MAX_XID = 65_535  # NVIDIA's catalog is in the hundreds
+MAX_PRIO = 2**31 - 1  # facility * 8 + level
+# A jump in sequence numbers of more than this between two records is no overwritten
+# stretch of a real ring buffer (32 MiB at most: under 2**21 records): malformed.
+MAX_GAP = 2**32
+# Counts are clamped here: a float (the exposition's type) holds every integer up to it.
+MAX_COUNT = 2**53
+
+
+class MalformedRecord(ValueError):
+    """A record whose numbers are outside the kernel's ranges (counted, then skipped)."""
+
+
+def bounded_int(text: str, low: int, high: int, what: str) -> int:
+    """``text`` as a whole number within [low, high]; `MalformedRecord` otherwise (also for
+    thousands of digits, read no further than the range needs)."""
+    text = text.strip()
+    digits = text[1:] if text[:1] in "+-" else text
+    if not digits.isdigit() or not digits.isascii() or len(digits) > len(str(max(abs(low), abs(high)))) + 1:
+        raise MalformedRecord(f"{what} {text[:24]!r} is not a number in {low}-{high}")
+    value = int(text)
+    if not low <= value <= high:
+        raise MalformedRecord(f"{what} {value} is outside {low}-{high}")
+    return value
 
 _XID = re.compile(
     r"^NVRM: Xid \((?:PCI:)?(?P<domain>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<device>[0-9a-fA-F]{2})"
@@ -72,7 +107,9 @@ class XidRecord:
 
     Attributes:
         seq: the kernel log's sequence number of the record.
-        boot_usec: when it was logged, microseconds since boot (CLOCK_MONOTONIC).
+        boot_usec: when it was logged, microseconds since boot (CLOCK_MONOTONIC); -1
+            where the reader could not tell (a journal entry of another boot with no
+            wall-clock stamp).
         pci_bus_id: the GPU in NVML's form, ``00000000:3B:00.0``.
         xid: the Xid code.
         pid: the process the driver named, None where it named none (or ``<unknown>``).
@@ -88,6 +125,12 @@ class XidRecord:
     pid: int | None
     comm: str | None
     text: str
+
+    @property
+    def time(self) -> float | None:
+        """When it was logged, seconds since boot on the clock of ``time.monotonic()``
+        (the clock of the agent's passes); None when the reader could not tell."""
+        return self.boot_usec / 1e6 if self.boot_usec >= 0 else None
 
 
 def _unescaped(text: str) -> str:
@@ -110,6 +153,9 @@ def parse_xid(message: str, seq: int = 0, boot_usec: int = 0) -> XidRecord | Non
     Args:
         message: the record's message (after the ``;``), as the kernel hands it out.
         seq, boot_usec: the record's sequence number and time, kept in the result.
+
+    Raises:
+        MalformedRecord: an Xid line whose Xid code or pid is outside the kernel's ranges.
     """
     match = _XID.match(message.rstrip("\n"))
     if match is None:
@@ -120,14 +166,15 @@ def parse_xid(message: str, seq: int = 0, boot_usec: int = 0) -> XidRecord | Non
     process = _PROCESS.match(rest)
     if process is not None:
         raw_pid = process.group("pid").strip()
-        pid = int(raw_pid) if raw_pid.isdigit() else None
+        # pid 0 is the kernel's own context: no process
+        pid = (bounded_int(raw_pid, 0, MAX_PID, "pid") or None) if raw_pid.isdigit() else None
         raw_comm = process.group("comm")
         comm = None if raw_comm in _UNKNOWN else _unescaped(raw_comm)
         rest = process.group("text") or ""
     return XidRecord(seq=seq, boot_usec=boot_usec,
                      pci_bus_id=normalise_pci_bus_id(match.group("domain"), match.group("bus"),
                                                      match.group("device"), match.group("function")),
-                     xid=int(match.group("xid")), pid=pid, comm=comm, text=_unescaped(rest))
+                     xid=bounded_int(match.group("xid"), 0, MAX_XID, "Xid"), pid=pid, comm=comm, text=_unescaped(rest))
 
 
 def _open_error(path: str, exc: OSError) -> KernelLogUnavailable:
@@ -174,26 +221,97 @@ class KernelLog:
         self._closed = False
         self._pending = b""  # a file's last line, until its newline is written
         self._offset = 0  # how far a file was read
+        self._identity = _identity(os.fstat(self._fd))
+        self._edge = b""  # a file's bytes just before the offset, to notice a rewrite in place
         self._last_seq: int | None = None
         self._counts = dict.fromkeys(OUTCOMES, 0)
         self._error_logged = False
+        self._bad_logged = False
 
     def counts(self) -> dict[str, int]:
         """Records by outcome since opening: ``read`` (every record), ``xid`` (Xid lines
         among them), ``overwritten`` (records the kernel dropped before they were read),
-        ``malformed`` (a header that is not kmsg's), ``truncated`` (no ``;``: cut short)."""
-        return dict(self._counts)
+        ``malformed`` (a header that is not kmsg's, or a number outside the kernel's
+        ranges), ``truncated`` (no ``;``: cut short). Each at most `MAX_COUNT`."""
+        return {k: min(v, MAX_COUNT) for k, v in self._counts.items()}
 
     def poll(self) -> list[XidRecord]:
-        """The Xid records logged since the last poll (never blocks)."""
+        """The Xid records logged since the last poll (never blocks, never raises: a
+        record that cannot be read is counted ``malformed`` and the others kept)."""
         if self._closed:
             return []
-        raws = self._read_device() if self._device else self._read_file()
+        try:
+            raws = self._read_device() if self._device else self._read_file()
+        except Exception as exc:  # noqa: BLE001 - a reader's failure is logged, never the pass's
+            self._read_failed(exc)
+            return []
+        if not raws:
+            return []
+        batch = self._batch(raws)
+        if batch is not None:
+            return batch
         records = []
+        last, plain = self._last_seq, 0
         for raw in raws:
-            record = self._record(raw)
+            # The common case inline (a busy kernel logs thousands a second): a well-formed
+            # header, the next sequence number, a message that is no NVIDIA line.
+            header, sep, rest = raw.partition(b";")
+            fields = header.split(b",", 3)
+            if (sep and len(fields) == 4 and last is not None and not rest.startswith(_NVRM)
+                    and fields[1].isdigit() and len(fields[1]) <= 19 and int(fields[1]) == last + 1
+                    and fields[0].isdigit() and len(fields[0]) <= 10
+                    and fields[2].isdigit() and len(fields[2]) <= 16 and int(fields[2]) <= MAX_USEC):
+                last += 1
+                plain += 1
+                continue
+            self._last_seq = last
+            try:
+                record = self._record(raw)
+            except Exception as exc:  # noqa: BLE001 - one bad record costs itself only
+                self._counts["malformed"] += 1
+                self._bad_record(exc)
+                record = None
+            last = self._last_seq
             if record is not None:
                 records.append(record)
+        self._last_seq = last
+        self._counts["read"] += plain
+        return records
+
+    def _batch(self, raws: list[bytes]) -> list[XidRecord] | None:
+        """The records of a poll read at once, in the common case: every header well formed
+        and the sequence numbers consecutive from the last one read (a busy kernel logs
+        thousands a second); None for anything else, which is read record by record."""
+        if self._last_seq is None:
+            return None
+        # each record starts after a newline (a device's end in one; a file's lines were split
+        # at them), and its message holds none: one well-formed header per record or none
+        blob = b"\n" + (b"".join(raws) if self._device else b"\n".join(raws) + b"\n")
+        seqs = _HEADERS.findall(blob)
+        first = self._last_seq + 1
+        if len(seqs) != len(raws) or list(map(int, seqs)) != list(range(first, first + len(seqs))):
+            return None
+        self._last_seq = first + len(seqs) - 1
+        self._counts["read"] += len(seqs)
+        records = []
+        marker = b";" + _NVRM
+        at = blob.find(marker)
+        while at >= 0:
+            start = blob.rfind(b"\n", 0, at) + 1
+            end = blob.find(b"\n", at)
+            if blob.find(b";", start) == at and blob[start:start + 1] != b" ":  # the message starts there
+                header = blob[start:at].split(b",")
+                try:
+                    record = parse_xid(blob[at + 1:end].decode("utf-8", "replace"), int(header[1]),
+                                       int(header[2]))
+                except Exception as exc:  # noqa: BLE001 - one bad record costs itself only
+                    self._counts["malformed"] += 1
+                    self._bad_record(exc)
+                else:
+                    if record is not None:
+                        self._counts["xid"] += 1
+                        records.append(record)
+            at = blob.find(marker, end)
         return records
 
     def close(self) -> None:
@@ -228,73 +346,169 @@ class KernelLog:
 
     def _read_file(self) -> list[bytes]:
         try:
-            if os.fstat(self._fd).st_size < self._offset:  # rewritten from scratch
-                self._offset, self._pending, self._last_seq = 0, b"", None
-                os.lseek(self._fd, 0, os.SEEK_SET)
-            chunks: list[bytes] = []
-            size = 0
-            while size < READ_SIZE * 64:  # bounded like a device's poll; the rest comes next time
-                chunk = os.read(self._fd, READ_SIZE * 4)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            self._offset += size
+            lines = self._follow()
         except OSError as exc:
             self._read_failed(exc)
             return []
-        lines = (self._pending + b"".join(chunks)).split(b"\n")
-        self._pending = lines.pop()  # "" after a final newline, else a line still being written
         # Continuation lines (" KEY=value") belong to the record before them.
-        return [line for line in lines if line.strip() and not line.startswith(b" ")]
+        return [line for line in lines if line and line[0] != 32 and not line.isspace()]  # 32: " "
 
-    def _read_failed(self, exc: OSError) -> None:
+    def _follow(self) -> list[bytes]:
+        """The complete lines a file gained, after a rotation or a rewrite noticed: by
+        identity (another file now at the path: the rest of the old one is read, then the
+        new one from its start), by size (shorter than what was read) or by content (the
+        bytes before the offset changed: rewritten in place, even when it grew past it)."""
+        out: list[bytes] = []
+        current = _stat_path(self.path)
+        if current is not None and _identity(current) != self._identity:
+            out += self._read_chunks()  # what the old file still had (logrotate renamed it)
+            if self._pending:
+                out.append(self._pending)
+            try:
+                fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as exc:
+                self._read_failed(exc)
+                return out
+            os.close(self._fd)
+            self._fd = fd
+            self._identity = _identity(os.fstat(fd))
+            self._restart()
+        elif self._rewritten():
+            self._restart()
+            os.lseek(self._fd, 0, os.SEEK_SET)
+        return out + self._read_chunks()
+
+    def _rewritten(self) -> bool:
+        size = os.fstat(self._fd).st_size
+        if size < self._offset:
+            return True
+        if not self._edge:
+            return False
+        return os.pread(self._fd, len(self._edge), self._offset - len(self._edge)) != self._edge
+
+    def _restart(self) -> None:
+        self._offset, self._pending, self._last_seq, self._edge = 0, b"", None, b""
+
+    def _read_chunks(self) -> list[bytes]:
+        chunks: list[bytes] = []
+        size = 0
+        while size < READ_SIZE * 64:  # bounded like a device's poll; the rest comes next time
+            chunk = os.read(self._fd, READ_SIZE * 4)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if not size:
+            return []
+        self._offset += size
+        data = b"".join(chunks)
+        self._edge = (self._edge + data)[-64:]
+        lines = (self._pending + data).split(b"\n")
+        self._pending = lines.pop()  # "" after a final newline, else a line still being written
+        return lines
+
+    def _read_failed(self, exc: BaseException) -> None:
         if not self._error_logged:
             self._error_logged = True
-            log.warning("reading the kernel log %s failed: %s", self.path, os.strerror(exc.errno or 0) or exc)
+            why = os.strerror(exc.errno or 0) if isinstance(exc, OSError) and exc.errno else repr(exc)
+            log.warning("reading the kernel log %s failed: %s", self.path, why)
+
+    def _bad_record(self, exc: BaseException) -> None:
+        if not self._bad_logged:
+            self._bad_logged = True
+            log.warning("kernel log %s: a record skipped (%s); more are only counted as malformed",
+                        self.path, str(exc)[:200])
 
     def _record(self, raw: bytes) -> XidRecord | None:
         """The Xid of one raw record (header, message, continuation lines), counted."""
         self._counts["read"] += 1
-        text = raw.decode("utf-8", "replace")
-        header, sep, rest = text.partition(";")
+        header, sep, rest = raw.partition(b";")
         if not sep:
             self._counts["truncated"] += 1
             return None
-        fields = header.split(",")
+        fields = header.split(b",")
         try:
             if len(fields) < 4:
-                raise ValueError(header)
-            int(fields[0])
-            seq, boot_usec = int(fields[1]), int(fields[2])
-        except ValueError:
+                raise MalformedRecord(f"header {header[:40]!r}")
+            _header_int(fields[0], MAX_PRIO, "priority")
+            seq = _header_int(fields[1], MAX_SEQ, "sequence number")
+            boot_usec = _header_int(fields[2], MAX_USEC, "timestamp")
+            if self._last_seq is not None and seq > self._last_seq + MAX_GAP:
+                raise MalformedRecord(f"sequence number {seq} jumps from {self._last_seq}")
+            # only an NVIDIA line is decoded and parsed: the rest of a busy kernel's log is counted
+            record = (parse_xid(rest.split(b"\n", 1)[0].decode("utf-8", "replace"), seq, boot_usec)
+                      if rest.startswith(_NVRM) else None)
+        except MalformedRecord as exc:
             self._counts["malformed"] += 1
+            self._bad_record(exc)
             return None
         if self._last_seq is not None and seq > self._last_seq + 1:
             self._counts["overwritten"] += seq - self._last_seq - 1
         self._last_seq = seq
-        record = parse_xid(rest.split("\n", 1)[0], seq, boot_usec)
         if record is not None:
             self._counts["xid"] += 1
         return record
 
 
-def open_kernel_log(spec: str, from_start: bool = False) -> KernelLog | None:
-    """The kernel log ``--kernel-log`` names: ``auto``, ``off`` or a path.
+_NVRM = b"NVRM: Xid"
+# A record's header at the start of a line, numbers within range by their length alone
+# (a timestamp of at most 15 digits is under MAX_USEC); continuation lines start with a space.
+_HEADERS = re.compile(rb"\n\d{1,10},(\d{1,18}),\d{1,15},[^;\n]*;")
 
-    ``auto`` is ``/dev/kmsg`` where it can be read, else None (the reason logged at
-    info: the Xids still come from NVML, without the process); ``off`` is None; a path
-    is a device or a file (`KernelLog`).
+
+def _header_int(field: bytes, high: int, what: str) -> int:
+    """A number of a record's header, 0 to ``high`` (`MalformedRecord` otherwise)."""
+    if field.isdigit() and len(field) <= 19:  # ASCII digits only, and at most 2**63's
+        value = int(field)
+        if value <= high:
+            return value
+    return bounded_int(field.decode("ascii", "replace"), 0, high, what)  # raises, saying why
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _stat_path(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def open_kernel_log(spec: str, from_start: bool = False) -> Any:
+    """The kernel log ``--kernel-log`` names: ``auto``, ``off``, ``journal[:DIR]`` or a path.
+
+    ``auto`` tries ``/dev/kmsg``, then the host's journal (`journal.JournalKernelLog`:
+    ``/var/log/journal`` and ``/run/log/journal``), then runs without, and logs once at
+    info which it uses (and why not the others: the Xids then come from NVML, without the
+    process); ``off`` is None; ``journal`` reads the journal's default directories and
+    ``journal:DIR`` the one named; a path is a device or a file (`KernelLog`).
 
     Raises:
-        KernelLogUnavailable: a path that cannot be read (the message says why).
+        KernelLogUnavailable: the source named cannot be read (the message says why).
     """
     if spec == "off":
         return None
     if spec == "auto":
-        try:
-            return KernelLog(DEV_KMSG, from_start=from_start)
-        except KernelLogUnavailable as exc:
-            log.info("%s; Xid events come from NVML only, without the process that raised them", exc)
-            return None
+        from exporter.incidents.journal import JournalKernelLog
+
+        reasons = []
+        for name, opener in ((DEV_KMSG, lambda: KernelLog(DEV_KMSG, from_start=from_start)),
+                             ("the journal", lambda: JournalKernelLog(None, from_start=from_start))):
+            try:
+                source = opener()
+            except KernelLogUnavailable as exc:
+                reasons.append(str(exc))
+                continue
+            where = name if name == source.path else f"{name} ({source.path})"
+            log.info("--kernel-log auto: reading the kernel log from %s", where)
+            return source
+        log.info("--kernel-log auto: %s; Xid events come from NVML only, without the process that raised "
+                 "them", "; ".join(reasons))
+        return None
+    if spec == "journal" or spec.startswith("journal:"):
+        from exporter.incidents.journal import JournalKernelLog
+
+        return JournalKernelLog(spec.partition(":")[2] or None, from_start=from_start)
     return KernelLog(spec, from_start=from_start)

@@ -23,16 +23,17 @@ class _WindowMax:
     def __init__(self) -> None:
         self._queue: deque[tuple[float, int]] = deque()  # (time, value), values decreasing
 
-    def add(self, now: float, value: int, window: float) -> None:
+    def add(self, now: float, value: int) -> None:
+        """Add a value (`expire` follows, once per pass for every series)."""
         queue = self._queue
         while queue and queue[-1][1] <= value:
             queue.pop()
         queue.append((now, value))
-        self.expire(now, window)
 
-    def expire(self, now: float, window: float) -> None:
+    def expire(self, horizon: float) -> None:
+        """Forget the values added before ``horizon``."""
         queue = self._queue
-        while queue and queue[0][0] < now - window:
+        while queue and queue[0][0] < horizon:
             queue.popleft()
 
     @property
@@ -51,16 +52,20 @@ class PeakSeries(Generic[K]):
         self._series: dict[K, _WindowMax] = {}
 
     def observe(self, now: float, values: Iterable[tuple[K, int]]) -> None:
+        all_series = self._series
         for key, value in values:
-            series = self._series.get(key)
+            series = all_series.get(key)
             if series is None:
-                series = self._series[key] = _WindowMax()
-            series.add(now, value, self.window)
-        for key in list(self._series):
-            series = self._series[key]
-            series.expire(now, self.window)
-            if series.value is None:
-                del self._series[key]
+                series = all_series[key] = _WindowMax()
+            series.add(now, value)
+        horizon = now - self.window
+        gone = []
+        for key, series in all_series.items():
+            series.expire(horizon)
+            if not series._queue:
+                gone.append(key)
+        for key in gone:
+            del all_series[key]
 
     def peaks(self) -> Mapping[K, int]:
         out: dict[K, int] = {}

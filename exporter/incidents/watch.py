@@ -62,6 +62,7 @@ class IncidentWatch:
         self._devices: dict[str, DeviceSample] = {}
         self._lock = threading.Lock()
         self._counts: dict[tuple[tuple[str, ...], str, str], int] = {}
+        self._poll_failed = False
 
     def observe(self, snap: Snapshot) -> None:
         """Fold one published snapshot in (the collector thread's hook)."""
@@ -73,11 +74,31 @@ class IncidentWatch:
                                            if u.present and u.memory_used_bytes is not None))
         if self.tracker is None:
             return
-        records = self.kernel_log.poll() if self.kernel_log is not None else ()
-        owners: dict[int, Workload] = {row.pid: row.workload for row in snap.processes}
+        records = self._poll()
+        owners: dict[int, Workload] = {}
+        starts: dict[int, float] = {}
+        comms: dict[int, str] = {}
+        for row in snap.processes:
+            owners[row.pid] = row.workload
+            comms[row.pid] = row.comm
+            if row.start_time is not None:
+                starts[row.pid] = row.start_time
         reasons = {key: set(verdict.reason_names) for key, verdict in snap.health.items()}
-        for incident in self.tracker.observe(now, snap.timestamp, snap.devices, owners, records, reasons):
+        for incident in self.tracker.observe(now, snap.timestamp, snap.devices, owners, records, reasons,
+                                             starts=starts, comms=comms):
             self._record(incident)
+
+    def _poll(self) -> Sequence[Any]:
+        """The kernel log's new Xid records; nothing (logged once) where the reader fails."""
+        if self.kernel_log is None:
+            return ()
+        try:
+            return self.kernel_log.poll()
+        except Exception as exc:  # noqa: BLE001 - a reader's failure never reaches the pass
+            if not self._poll_failed:
+                self._poll_failed = True
+                log.warning("reading the kernel log failed: %r; its records are skipped", exc)
+            return ()
 
     def _record(self, incident: Any) -> None:
         from exporter.incidents.engine import event_messages, incident_json
@@ -141,8 +162,41 @@ def _summary(doc: Mapping[str, Any]) -> str:
         return ", ".join(w.get("owner", "") for w in doc.get(key) or ()) or "-"
 
     xid = f" Xid {doc['xid']}" if doc.get("xid") is not None else ""
-    return (f"{doc.get('kind')}{xid} on GPU {doc.get('gpu')} ({doc.get('uuid')}): caused by {names('caused_by')}; "
+    basis = f" (by {str(doc['cause_basis']).replace('_', ' ')})" if doc.get("cause_basis") else ""
+    return (f"{doc.get('kind')}{xid} on GPU {doc.get('gpu')} ({doc.get('uuid')}): caused by {names('caused_by')}"
+            f"{basis}; "
             f"affected {names('affected')}; action {doc.get('action')}; {doc.get('detail', '')}")
+
+
+_unrepresentable_logged: set[str] = set()
+
+
+def _counts(name: str, source: Any) -> list[tuple[str, float]]:
+    """A source's counts as the exposition's floats: a count that is none (or beyond what a
+    float holds exactly) is clamped, logged once per family; a source that fails is skipped
+    (logged once): the scrape never fails for them."""
+    try:
+        counts = list(source.counts().items())
+    except Exception as exc:  # noqa: BLE001 - a broken source costs its own family only
+        if name not in _unrepresentable_logged:
+            _unrepresentable_logged.add(name)
+            log.warning("%s: its counts cannot be read (%r); left out", name, exc)
+        return []
+    out = []
+    for outcome, count in counts:
+        try:
+            value = float(min(max(int(count), 0), 2**53))
+        except (TypeError, ValueError, OverflowError):
+            value = None
+        if value is None or value != count:
+            if name not in _unrepresentable_logged:
+                _unrepresentable_logged.add(name)
+                log.warning("%s{outcome=%r}: count %.40s cannot be exported as it is; clamped to %s", name,
+                            str(outcome), str(count), value if value is not None else "nothing")
+            if value is None:
+                continue
+        out.append((str(outcome), value))
+    return out
 
 
 class IncidentFamilies(PrometheusCollector):
@@ -181,8 +235,8 @@ class IncidentFamilies(PrometheusCollector):
             if name in self.enabled and source is not None:
                 spec = cat.get(name)
                 counter = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
-                for outcome, count in source.counts().items():
-                    counter.add_metric((outcome,), float(count))
+                for outcome, value in _counts(name, source):
+                    counter.add_metric((outcome,), value)
                 yield counter
 
     def describe(self) -> Iterator[Metric]:

@@ -303,6 +303,9 @@ def _incidents(incidents: Sequence[Mapping[str, Any]], now: Any, shown: int = 20
             kind += f" {_e(incident['xid'])}"
         age = duration(float(now) - float(incident.get("time", now))) if isinstance(now, (int, float)) else "n/a"
         cause = names("caused_by", incident) if incident.get("cause_known") else "unknown"
+        if incident.get("cause_known") and incident.get("cause_basis"):
+            basis = _e(str(incident["cause_basis"]).replace("_", " "))
+            cause += f' <span class="basis">({basis})</span>'
         rows.append(f'<tr data-kind="{_e(incident.get("kind", ""))}"><td>GPU {_e(incident.get("gpu", "?"))}</td>'
                     f'<td>{kind}</td><td>{cause}</td><td>{names("affected", incident)}</td>'
                     f'<td>{_e(str(incident.get("action", "")).replace("_", " "))}</td><td class="n">{age} ago</td>'

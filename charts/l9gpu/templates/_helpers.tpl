@@ -88,7 +88,7 @@ privileged with allowPrivilegeEscalation false, so that goes too).
 {{- if has "gaudi" (splitList "," .Values.backend) -}}
 {{- $needed = concat $needed (list "SYS_PTRACE" "DAC_READ_SEARCH") -}}
 {{- end -}}
-{{- if .Values.kernelLog.enabled -}}
+{{- if and .Values.kernelLog.enabled (eq .Values.kernelLog.source "kmsg") -}}
 {{- $needed = append $needed "SYSLOG" -}}
 {{- if .Values.kernelLog.privileged -}}
 {{- $_ := set $context "privileged" true -}}
