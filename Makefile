@@ -5,10 +5,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-LISTEN ?= 0.0.0.0:9835
+# The demos listen on loopback only; LISTEN=0.0.0.0:9835 (or an address) serves them to others.
+LISTEN ?= 127.0.0.1:9835
 PORT := $(lastword $(subst :, ,$(LISTEN)))
 
-.PHONY: demo demo-incidents test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart clean
+.PHONY: demo demo-incidents test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart dist clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -96,6 +97,13 @@ docs:
 # archive URLs absolute; without it they are relative to wherever the folder is served.
 chart: deps-test
 	$(PY) charts/package.py dist/charts $(if $(CHART_URL),--url $(CHART_URL))
+
+# The agent as a wheel built from this checkout, dist/l9gpu_agent-<version>-py3-none-any.whl,
+# for machines that install it with pip (the package index's "l9gpu" is another project).
+dist: $(PY)
+	rm -rf build  # setuptools would pack files left there by an older build
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+	@ls dist/l9gpu_agent-*.whl
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

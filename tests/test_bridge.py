@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("opentelemetry.sdk.metrics", reason="opentelemetry-sdk is not installed (pip install 'l9gpu[otlp]')")
+pytest.importorskip("opentelemetry.sdk.metrics", reason="opentelemetry-sdk is not installed (pip install '.[otlp]' in l9gpu's checkout)")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.grpc", reason="opentelemetry-exporter-otlp-proto-grpc missing")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="opentelemetry-exporter-otlp-proto-http missing")
 pytest.importorskip("opentelemetry.proto", reason="opentelemetry-proto is not installed")

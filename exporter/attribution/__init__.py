@@ -149,7 +149,7 @@ def _pod_watcher(args: argparse.Namespace, node: str, index: Any) -> Any:
         watcher = PodWatcher(api_client, node, index)
     except ImportError:
         if mode == "on":
-            raise ValueError("--kubernetes on needs the kubernetes package (pip install 'l9gpu[k8s]' "
+            raise ValueError("--kubernetes on needs the kubernetes package (pip install '.[k8s]' in l9gpu's checkout "
                              "or pip install kubernetes)") from None
         log.warning("the kubernetes package is not installed: pods are identified by UID only")
         return None
