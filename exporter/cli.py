@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any, Sequence
 
@@ -27,11 +28,19 @@ from exporter.parsing import argtype, parse_listen, parse_positive_duration
 ENV_PREFIX = "L9GPU_"
 DEFAULT_LISTEN = "0.0.0.0:9835"
 DEFAULT_INCIDENTS_FROM = "http://127.0.0.1:9835"
+_NEGATIVE_VALUE = re.compile(r"-[0-9.][^=]*")
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one clear line, not the usage dump
         raise UsageError(f"{self.prog}: {message}")
+
+    def _parse_optional(self, arg_string: str) -> Any:
+        # "-1s" is a (negative) value, not a flag: no flag begins with a digit, so the value's
+        # own parser says what is wrong with it instead of "expected one argument".
+        if _NEGATIVE_VALUE.fullmatch(arg_string):
+            return None
+        return super()._parse_optional(arg_string)
 
 
 def _add_device_args(parser: argparse.ArgumentParser) -> None:
