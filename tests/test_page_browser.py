@@ -33,6 +33,7 @@ class Dom(HTMLParser):
         self.gpus: dict[str, str] = {}  # section id -> its text
         self.rows: list[tuple[str, dict[str, str | None], str]] = []  # (section id, tr attrs, text)
         self.attention: list[str] = []
+        self.summary = ""
         self.main: dict[str, str | None] = {}
         self._stack: list[tuple[str, dict[str, str | None]]] = []
         self._texts: list[list[str]] = []
@@ -55,6 +56,8 @@ class Dom(HTMLParser):
             section = next((a.get("id") for t, a in reversed(self._stack) if t == "section"), None)
             if open_tag == "section" and "gpu" in (attrs.get("class") or ""):
                 self.gpus[attrs.get("id") or ""] = text
+            elif open_tag == "p" and attrs.get("class") == "summary":
+                self.summary = text
             elif open_tag == "tr":
                 self.rows.append((section or "", attrs, text))
             elif open_tag == "li" and any(t == "ul" and a.get("class") == "attention" for t, a in self._stack):
@@ -109,6 +112,9 @@ def test_dom_holds_every_pod_and_flags_the_zombie(agent, tmp_path):
     assert "degraded · reset gpu" in dom.gpus["gpu-4"] and "healthy" in dom.gpus["gpu-0"]
     assert "NVIDIA H100 80GB HBM3" in dom.gpus["gpu-0"] and "/ 80.0 GiB" in dom.gpus["gpu-0"]
     assert "power" in dom.gpus["gpu-0"] and "°C" in dom.gpus["gpu-0"]
+    # each workload once, whatever number of GPUs it uses: the vLLM pod (GPUs 0-1), the trainer
+    # (2-5), the three small pods, the Slurm step and the notebook on 6, the reservation on 7
+    assert dom.summary.startswith("8 of 8 GPUs up · 8 workloads · memory"), dom.summary
 
 
 @pytest.mark.parametrize("name,width,height", [("laptop", 1440, 1300), ("phone", 390, 2600)])

@@ -251,9 +251,15 @@ def _attention(gpus: Sequence[Mapping[str, Any]], interval: float,
     return '<ul class="attention">' + "".join(f'<li class="{c}">{t}</li>' for c, t in items) + "</ul>"
 
 
+def _workload_key(w: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Who a workload row is: the same on every GPU it uses (a trainer on four GPUs has four rows)."""
+    return tuple(w.get(key) for key in ("kind", "owner", "namespace", "pod", "container", "pod_uid",
+                                        "slurm_job_id", "slurm_step"))
+
+
 def _summary(gpus: Sequence[Mapping[str, Any]]) -> str:
     up = [g for g in gpus if g.get("up", True)]
-    workloads = sum(len(g.get("workloads") or ()) for g in up)
+    workloads = len({_workload_key(w) for g in up for w in g.get("workloads") or ()})
     used = sum(g.get("memory_used_bytes") or 0 for g in up)
     total = sum(g.get("memory_total_bytes") or 0 for g in up)
     power = [g["power_watts"] for g in up if g.get("power_watts") is not None]
