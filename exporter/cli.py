@@ -110,8 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: 5s)")
     snap.add_argument("--incidents-from", default=DEFAULT_INCIDENTS_FROM, metavar="URL|off",
                       help="also print the recent GPU incidents the agent serving this node remembers, read from "
-                           "its /api/v1/incidents (default: %(default)s, the agent's own port when run in its pod; "
-                           "off: none)")
+                           "its /api/v1/incidents, and show its health verdicts, which know each GPU's history "
+                           "(an agent of another node is not read; default: %(default)s, the agent's own port when "
+                           "run in its pod; off: none, the verdicts are this one pass's)")
     snap.add_argument("--timings", action="store_true",
                       help="also time every vendor library call of a first and a steady pass, to see why a pass "
                            "is slow on this node's driver (NVIDIA)")
