@@ -248,3 +248,45 @@ def test_no_external_assets(agent):
         page = resp.read().decode()
     assert "src=" not in page and "<link" not in page and "@import" not in page and "url(" not in page
     assert len(page.encode()) < 64 * 1024
+
+
+def test_a_gpu_fallen_off_the_bus_is_down_on_metrics_and_the_page(tmp_path):
+    """After Xid 79 the simulated driver answers every call about the GPU with GPU_IS_LOST,
+    as a real one does: /metrics and the page show it down, with nobody's share on it."""
+    need_chromium()
+    doc = yaml.safe_load((REPO / "exporter" / "scenarios" / "incidents.yaml").read_text())
+    doc["xids"] = [{"at": "1s", "gpu": 3, "xid": 79, "text": "GPU has fallen off the bus."}]
+    scenario = tmp_path / "lost.yaml"
+    scenario.write_text(yaml.safe_dump(doc))
+    agent = AgentProcess(["--backend", "simulated", "--scenario", str(scenario), "--kernel-log", "auto",
+                          "--interval", "250ms"], log_path=tmp_path / "agent.log")
+    agent.start()
+    try:
+        def gpu_up() -> dict[str, float]:
+            return {labels["gpu"]: value for labels, value in agent.samples().get("gpu_up", [])}
+
+        wait_until(lambda: gpu_up().get("3") == 0.0, what="GPU 3 down on /metrics")
+        samples = agent.samples()
+        assert gpu_up() == {"0": 1.0, "1": 1.0, "2": 1.0, "3": 0.0}
+        for family in ("gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_power_watts"):
+            assert {labels["gpu"] for labels, _ in samples[family]} == {"0", "1", "2"}, family
+        # the three pods on it have no share of a GPU that answers nothing
+        assert not [labels for labels, _ in samples["container_gpu_utilization_ratio"] if labels["gpu"] == "3"]
+        assert [v for labels, v in samples["gpu_xid_errors_total"] if labels["gpu"] == "3"] == [1.0]
+        assert [v for labels, v in samples["l9gpu_backend_errors_total"] if labels["reason"] == "gpu_lost"][0] > 0
+        assert [v for labels, v in samples["gpu_health"] if labels["gpu"] == "3" and labels["state"] == "unhealthy"] \
+            == [1.0]
+
+        result = dump_dom(agent.url + "/", tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        dom = Dom(result.stdout)
+        card = dom.gpus["gpu-3"]
+        section = result.stdout[result.stdout.index('id="gpu-3"'):].split("</section>")[0]
+        assert '<span class="state">down</span>' in section and "GPU is lost" in card
+        assert result.stdout.count('<span class="state">down</span>') == 1
+        assert "util" not in card and "%" not in card  # no utilisation, no pods' SM shares
+        assert any(item.startswith("GPU 3 is down: GPU is lost") for item in dom.attention), dom.attention
+        assert any(item.startswith("GPU 3 is unhealthy (gpu_lost") and "reboot node" in item for item in dom.attention)
+        assert dom.summary.startswith("3 of 4 GPUs up"), dom.summary
+    finally:
+        agent.stop()
