@@ -288,5 +288,8 @@ def test_a_gpu_fallen_off_the_bus_is_down_on_metrics_and_the_page(tmp_path):
         assert any(item.startswith("GPU 3 is down: GPU is lost") for item in dom.attention), dom.attention
         assert any(item.startswith("GPU 3 is unhealthy (gpu_lost") and "reboot node" in item for item in dom.attention)
         assert dom.summary.startswith("3 of 4 GPUs up"), dom.summary
+        # the Incidents panel: "GPU 3" never wraps between its two words
+        wait_until(lambda: '<td>GPU&nbsp;3</td>' in dump_dom(agent.url + "/", tmp_path).stdout,
+                   what="the Xid 79 incident on the page")
     finally:
         agent.stop()

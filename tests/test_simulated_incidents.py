@@ -85,6 +85,15 @@ def test_xid_79_on_the_time_shared_gpu_hurts_all_three_pods_and_blames_none(inci
     assert sorted(owners(lost["affected"])) == sorted(owners(xid["affected"]))
 
 
+def test_each_incident_is_one_log_line_naming_it_once(caplog):
+    caplog.set_level(logging.WARNING, logger="l9gpu.incidents")
+    play("incidents", 95)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("GPU incident: ")]
+    assert [line.split(" on GPU ")[0] for line in lines] == [
+        "GPU incident: Xid 31", "GPU incident: memory_exhausted", "GPU incident: Xid 79", "GPU incident: gpu_lost"]
+    assert not any("xid Xid" in line for line in lines)
+
+
 def test_xid_119_naming_nvidia_smi_blames_no_one(incidents):
     [xid] = [i for i in incidents if i["xid"] == 119]
     assert xid["caused_by"] == [] and owners(xid["affected"]) == ["batch/embed-backfill-7x9zq/worker"]

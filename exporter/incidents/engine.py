@@ -228,7 +228,8 @@ class IncidentTracker:
         if record.xid in APPLICATION_XIDS and owner is not None and owner.attributed:
             caused = (owner,)
         affected = tuple(w for w in state.holders if w not in caused)
-        who = f"pid {record.pid} ({record.comm})" if record.pid is not None else "no process"
+        who = (f"pid {record.pid} ({record.comm or 'name unknown'})" if record.pid is not None
+               else "no process")
         if record.xid in CALLER_XIDS:
             who += ", the caller that noticed, not a cause"
         detail = for_terminal(f"Xid {record.xid} ({description}) from the kernel log, {who}: {record.text}"[:400])

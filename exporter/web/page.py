@@ -307,7 +307,7 @@ def _incidents(incidents: Sequence[Mapping[str, Any]], now: Any, shown: int = 20
             kind += f" {_e(incident['xid'])}"
         age = duration(float(now) - float(incident.get("time", now))) if isinstance(now, (int, float)) else "n/a"
         cause = names("caused_by", incident) if incident.get("cause_known") else "unknown"
-        rows.append(f'<tr data-kind="{_e(incident.get("kind", ""))}"><td>GPU {_e(incident.get("gpu", "?"))}</td>'
+        rows.append(f'<tr data-kind="{_e(incident.get("kind", ""))}"><td>GPU&nbsp;{_e(incident.get("gpu", "?"))}</td>'
                     f'<td>{kind}</td><td>{cause}</td><td>{names("affected", incident)}</td>'
                     f'<td>{_e(str(incident.get("action", "")).replace("_", " "))}</td><td class="n">{age} ago</td>'
                     f'<td class="detail">{_e(incident.get("detail", ""))}</td></tr>')
