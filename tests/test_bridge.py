@@ -367,6 +367,47 @@ def test_a_hung_exporter_never_blocks_the_caller_and_stop_is_bounded():
         exporter.release.set()
 
 
+def _dead_endpoint() -> str:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_failed_export_leaves_nothing_behind_for_the_garbage_collector(protocol):
+    """The SDK's exporter leaves each failed batch in a reference cycle (its RpcError, the
+    traceback's frames holding the batch's protobuf request and, over gRPC, the channel it
+    closed): the pusher frees it at once, so memory does not wait on the cyclic GC's
+    schedule while the endpoint is down."""
+    import gc
+
+    from bridge.cli import build_exporter
+
+    endpoint = _dead_endpoint()
+    settings = bconfig.resolve(Namespace(otlp_endpoint=endpoint if protocol == "grpc" else f"http://{endpoint}",
+                                         otlp_protocol=protocol, otlp_insecure=True, otlp_timeout=0.15), env={})
+    registry = CollectorRegistry()
+    registry.register(ExportCounter())
+    Counter("work_done", "Work.", ["gpu"], registry=registry).labels("0").inc()
+    pusher = OtlpPusher(registry, build_exporter(settings), RESOURCE, interval=60, timeout=0.15)
+
+    def left_over() -> list[str]:
+        return sorted(type(o).__name__ for o in gc.get_objects()
+                      if type(o).__name__ in ("ExportMetricsServiceRequest", "_InactiveRpcError", "Channel", "frame"))
+
+    gc.collect()
+    before = left_over()
+    gc.disable()  # only what the pusher frees itself is freed
+    try:
+        for _ in range(3):
+            assert pusher.export_once() is False
+        assert left_over() == before
+    finally:
+        gc.enable()
+        pusher.stop(timeout=1.0)
+
+
 # ---- end to end against real receivers --------------------------------------------
 
 STATIC = ("gpu_info", "gpu_memory_total_bytes", "gpu_power_limit_watts", "gpu_up", "l9gpu_build_info",
