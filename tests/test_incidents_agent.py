@@ -59,7 +59,7 @@ def test_an_xid_in_the_kernel_log_names_the_pod_that_caused_it(agent_factory, tm
     page = wait_until(page_with_panel, what="the page's Incidents panel")
     panel = page[page.index('<section class="incidents">'):]
     panel = panel[:panel.index("</section>")]
-    assert '<tr data-kind="xid"><td>GPU 2</td><td>xid 31</td>' in panel
+    assert '<tr data-kind="xid"><td>GPU&nbsp;2</td><td>xid 31</td>' in panel  # never wrapped
     assert "ml-research/llm-finetune-worker-0/trainer" in panel and "restart app" in panel
 
 
