@@ -87,9 +87,9 @@ gpu-wheels:
 	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_17_x86_64 -d .whl nvitop-exporter==1.7.2 nvitop==1.7.2
 
-docs:
-	$(PYTHON) -m exporter.catalogue > docs/METRICS.md
-	$(PYTHON) -m exporter inference-rules -o alerts/l9gpu-inference.rules.yaml
+docs: venv
+	$(PY) -m exporter.catalogue > docs/METRICS.md
+	$(PY) -m exporter inference-rules -o alerts/l9gpu-inference.rules.yaml
 	cp alerts/l9gpu.rules.yaml alerts/l9gpu-inference.rules.yaml charts/l9gpu/files/
 
 # The Helm chart as a static Helm repository: dist/charts/l9gpu-<version>.tgz and index.yaml
