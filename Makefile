@@ -5,10 +5,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-LISTEN ?= 0.0.0.0:9835
+# The demos listen on loopback only; LISTEN=0.0.0.0:9835 (or an address) serves them to others.
+LISTEN ?= 127.0.0.1:9835
 PORT := $(lastword $(subst :, ,$(LISTEN)))
 
-.PHONY: demo demo-incidents test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart clean
+.PHONY: demo demo-incidents test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart dist clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -88,9 +89,9 @@ gpu-wheels:
 	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_17_x86_64 -d .whl nvitop-exporter==1.7.2 nvitop==1.7.2
 
-docs:
-	$(PYTHON) -m exporter.catalogue > docs/METRICS.md
-	$(PYTHON) -m exporter inference-rules -o alerts/l9gpu-inference.rules.yaml
+docs: venv
+	$(PY) -m exporter.catalogue > docs/METRICS.md
+	$(PY) -m exporter inference-rules -o alerts/l9gpu-inference.rules.yaml
 	cp alerts/l9gpu.rules.yaml alerts/l9gpu-inference.rules.yaml charts/l9gpu/files/
 
 # The Helm chart as a static Helm repository: dist/charts/l9gpu-<version>.tgz and index.yaml
@@ -98,6 +99,13 @@ docs:
 # archive URLs absolute; without it they are relative to wherever the folder is served.
 chart: deps-test
 	$(PY) charts/package.py dist/charts $(if $(CHART_URL),--url $(CHART_URL))
+
+# The agent as a wheel built from this checkout, dist/l9gpu_agent-<version>-py3-none-any.whl,
+# for machines that install it with pip (the package index's "l9gpu" is another project).
+dist: $(PY)
+	rm -rf build  # setuptools would pack files left there by an older build
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+	@ls dist/l9gpu_agent-*.whl
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

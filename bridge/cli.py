@@ -114,7 +114,7 @@ def build_exporter(settings: OtlpSettings, signal: str = METRICS, endpoint: str 
     except ImportError as exc:
         package = "grpc" if settings.protocol == GRPC else "http"
         raise ValueError(f"OTLP push over {settings.protocol} needs opentelemetry-exporter-otlp-proto-{package} "
-                         f"(pip install 'l9gpu[otlp]'): {exc}") from None
+                         f"(pip install '.[otlp]' in l9gpu's checkout): {exc}") from None
     target = endpoint or settings.endpoint
     try:
         if settings.protocol == GRPC:
@@ -203,4 +203,4 @@ def incident_logs_from_args(args: argparse.Namespace, node: str) -> Any:
 
 
 def _sdk_missing(exc: ImportError) -> ValueError:
-    return ValueError(f"OTLP push needs opentelemetry-sdk (pip install 'l9gpu[otlp]'): {exc}")
+    return ValueError(f"OTLP push needs opentelemetry-sdk (pip install '.[otlp]' in l9gpu's checkout): {exc}")

@@ -52,6 +52,10 @@ class _Reporting:
                 error = "the exporter reported a failure"
         except Exception as exc:  # noqa: BLE001 - the SDK's worker thread must go on
             result, ok, error = None, False, f"{type(exc).__name__}: {exc}"
+        if not ok:
+            from bridge.push import free_failed_batch
+
+            free_failed_batch()  # the SDK leaves a failed batch in a reference cycle
         with self._lock:
             if ok and self._failing:
                 log.info("OTLP incident log records to %s are delivered again", self._description)

@@ -10,6 +10,7 @@ the export timeout; a failed batch is counted in ``l9gpu_otlp_exports_total{resu
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -96,6 +97,8 @@ class OtlpPusher:
             except Exception as exc:  # noqa: BLE001 - a push must never end the agent
                 ok, error = False, f"{type(exc).__name__}: {exc}"
             self.counter.add_result(ok)
+            if not ok:
+                free_failed_batch()
             if ok and self._failing:
                 log.info("OTLP export to %s works again", self._description)
             elif not ok and not self._failing:
@@ -142,6 +145,20 @@ class OtlpPusher:
             log.debug("OTLP exporter shutdown: %s", exc)
         if self._thread is not None:
             self._thread.join(rest)
+
+
+def free_failed_batch() -> int:
+    """Free what a failed export left for the cyclic garbage collector; the objects freed.
+
+    The SDK's OTLP exporters keep each failed batch in a reference cycle: the export's
+    result holds the error, whose traceback holds the export's frames, which hold the
+    result, the batch's protobuf request and, over gRPC, the channel the exporter closed
+    to reconnect. Left to the collector's schedule (thresholds count Python objects, not
+    the native memory behind them), several such batches pile up while an endpoint is down
+    and the agent's memory rises and falls with them. Collected here, on the push thread,
+    once per failed export (at most once per --otlp-interval).
+    """
+    return gc.collect()
 
 
 def register_counter(registry: CollectorRegistry, counter: ExportCounter) -> Any:

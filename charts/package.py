@@ -47,7 +47,7 @@ def package_chart(dest: Path, url: str | None = None, chart: Path = CHART) -> tu
         import helm_python
     except ImportError as exc:  # an optional test/release dependency
         raise PackagingError(f"helm-python-sdk is needed to package the chart ({exc}); "
-                             "pip install 'l9gpu[test]'") from None
+                             "pip install '.[test]' in l9gpu's checkout") from None
     report = helm_python.lint(chart, strict=True)
     problems = [f"{m['path']}: {m['error']}" for m in report["messages"] if m["severity"] >= _WARNING]
     problems += report.get("errors") or []

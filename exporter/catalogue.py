@@ -524,6 +524,50 @@ def _fmt_scale(scale: float) -> str:
     return f" (× {scale:g})"
 
 
+# docs/METRICS.md's sections, one per scope, in this order. `markdown` refuses a family
+# whose scope has none, so no family can be left out of the reference.
+SECTIONS: dict[str, str] = {
+    DEVICE: "Device",
+    HEALTH: "Health (per GPU; a MIG instance has its parent's; see docs/HEALTH.md)",
+    WORKLOAD: "Workload",
+    WORKLOAD_GPM: "Workload: GPM activity on a GPU or MIG instance used by one workload",
+    INCIDENT: "Incidents (per workload and GPU; see docs/INCIDENTS.md)",
+    UNATTRIBUTED: "Unattributed (per GPU)",
+    PROCESS: "Per process (opt-in: `--process-metrics`)",
+    SELF: "Agent self-metrics",
+}
+
+
+def _dcgm_section() -> list[str]:
+    """The series `--metric-schema dcgm` serves, from the DCGM field table (exporter/dcgm.py)."""
+    from exporter import dcgm
+
+    out = ["## DCGM-compatible names (`--metric-schema dcgm`)", "",
+           "Served instead of (or, with `--metric-schema l9gpu,dcgm`, beside) the families above, with "
+           "dcgm-exporter's units and labels; the labels, the per-workload series and the fields left out are "
+           "in docs/MIGRATING-FROM-DCGM.md.", "",
+           "| name | type | unit | from l9gpu |", "|---|---|---|---|"]
+    out += [f"| `{field.name}` | {field.type} | {field.unit or '—'} | {field.l9gpu} |"
+            for field in dcgm.FIELDS if field.type != "label"]
+    return out + [""]
+
+
+def _runtime_section() -> list[str]:
+    """The agent process's own families, from the prometheus_client collectors it registers
+    beside its own (exporter/wiring.py): CPU, memory and file descriptors, the Python runtime."""
+    from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    families = sorted(registry.collect(), key=lambda family: family.name)
+    out = ["## The agent process (prometheus_client)", "", "| name | type | description |", "|---|---|---|"]
+    out += [f"| `{family.name}{'_total' if family.type == COUNTER else ''}` | {family.type} | "
+            f"{family.documentation} |" for family in families]
+    return out + [""]
+
+
 def markdown() -> str:
     """Render the catalogue as docs/METRICS.md."""
     out = [
@@ -538,28 +582,26 @@ def markdown() -> str:
         "device cannot provide are omitted, never exported as 0.",
         "",
     ]
-    sections = [
-        (DEVICE, "Device"), (HEALTH, "Health (per GPU; a MIG instance has its parent's; see docs/HEALTH.md)"),
-        (WORKLOAD, "Workload"),
-        (WORKLOAD_GPM, "Workload: GPM activity on a GPU or MIG instance used by one workload"),
-        (UNATTRIBUTED, "Unattributed (per GPU)"),
-        (PROCESS, "Per process (opt-in: `--process-metrics`)"), (SELF, "Agent self-metrics"),
-    ]
-    for scope, title in sections:
+    untitled = sorted({spec.scope for spec in METRICS} - set(SECTIONS))
+    if untitled:  # every family is listed: a new scope needs its section
+        raise ValueError(f"docs/METRICS.md has no section for the families of scope {untitled}")
+    for scope, title in SECTIONS.items():
         out += [f"## {title}", "", "| name | type | unit (OTLP) | labels | description | DCGM exporter equivalent |",
                 "|---|---|---|---|---|---|"]
         for spec in METRICS:
             if spec.scope != scope:
                 continue
-            base = {DEVICE: D, HEALTH: D, WORKLOAD: W, WORKLOAD_GPM: W, PROCESS: PROCESS_LABELS}.get(scope, ())
+            base = {DEVICE: D, HEALTH: D, WORKLOAD: W, WORKLOAD_GPM: W, INCIDENT: W,
+                    PROCESS: PROCESS_LABELS}.get(scope, ())
             extra = spec.labels[len(base):] if base and spec.labels[: len(base)] == base else spec.labels
             labels = {DEVICE: "device", HEALTH: "device", WORKLOAD: "workload", WORKLOAD_GPM: "workload",
-                      PROCESS: "workload"}.get(scope, "")
+                      INCIDENT: "workload", PROCESS: "workload"}.get(scope, "")
             label_text = ", ".join(filter(None, [f"*{labels}*" if labels else ""] + [f"`{x}`" for x in extra]))
             dcgm = f"`{spec.dcgm[0]}`{_fmt_scale(spec.dcgm[1])}" if spec.dcgm[0] else ""
             help_text = spec.help + (f" Note: {spec.vendors_note}." if spec.vendors_note else "")
             out.append(f"| `{spec.name}` | {spec.type} | {spec.ucum} | {label_text} | {help_text} | {dcgm} |")
         out.append("")
+    out += _dcgm_section() + _runtime_section()
     out += list(GPM_DOC)
     out += ["## Per vendor", "", "What each family means on each backend; \u2014 where the vendor cannot provide it "
             "(the series is absent, never 0).", "", "| family | " + " | ".join(VENDORS) + " |",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any, Sequence
 
@@ -27,11 +28,19 @@ from exporter.parsing import argtype, parse_listen, parse_positive_duration
 ENV_PREFIX = "L9GPU_"
 DEFAULT_LISTEN = "0.0.0.0:9835"
 DEFAULT_INCIDENTS_FROM = "http://127.0.0.1:9835"
+_NEGATIVE_VALUE = re.compile(r"-[0-9.][^=]*")
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one clear line, not the usage dump
         raise UsageError(f"{self.prog}: {message}")
+
+    def _parse_optional(self, arg_string: str) -> Any:
+        # "-1s" is a (negative) value, not a flag: no flag begins with a digit, so the value's
+        # own parser says what is wrong with it instead of "expected one argument".
+        if _NEGATIVE_VALUE.fullmatch(arg_string):
+            return None
+        return super()._parse_optional(arg_string)
 
 
 def _add_device_args(parser: argparse.ArgumentParser) -> None:
@@ -104,8 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: 5s)")
     snap.add_argument("--incidents-from", default=DEFAULT_INCIDENTS_FROM, metavar="URL|off",
                       help="also print the recent GPU incidents the agent serving this node remembers, read from "
-                           "its /api/v1/incidents (default: %(default)s, the agent's own port when run in its pod; "
-                           "off: none)")
+                           "its /api/v1/incidents, and show its health verdicts, which know each GPU's history "
+                           "(an agent of another node is not read; default: %(default)s, the agent's own port when "
+                           "run in its pod; off: none, the verdicts are this one pass's)")
     snap.add_argument("--timings", action="store_true",
                       help="also time every vendor library call of a first and a steady pass, to see why a pass "
                            "is slow on this node's driver (NVIDIA)")

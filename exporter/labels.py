@@ -10,6 +10,7 @@ here, so the order a series' values are in is decided once.
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Mapping, Sequence
 
 from exporter.model import DeviceSample, Workload
@@ -49,6 +50,29 @@ def workload_id_values(workload: Workload) -> tuple[str, ...]:
 def default_labeller(workload: Workload) -> tuple[str, ...]:
     """The labeller without configured extras: `workload_id_values` alone."""
     return workload_id_values(workload)
+
+
+# A Kubernetes label key (apimachinery's IsQualifiedName): an optional prefix, a DNS
+# subdomain of at most 253 characters, and "/", then a name of at most 63 characters.
+_LABEL_KEY_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+LABEL_KEY_GRAMMAR = ("a Kubernetes label key is a name of at most 63 letters, digits, '-', '_' or '.' that begins "
+                     "and ends with a letter or digit, optionally after a DNS subdomain prefix and '/' "
+                     "(e.g. team, app.kubernetes.io/name)")
+
+
+def parse_pod_label_key(text: str) -> str:
+    """A ``--pod-label KEY``: the key as given, when it can be a Kubernetes label key.
+
+    Raises:
+        ValueError: naming the label-key grammar, for a key no pod can carry (``bad label!``).
+    """
+    prefix, slash, name = text.rpartition("/")
+    valid = (len(name) <= 63 and _LABEL_KEY_NAME.fullmatch(name) is not None
+             and (not slash or (0 < len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix) is not None)))
+    if not valid:
+        raise ValueError(f"invalid pod label key {text!r}: {LABEL_KEY_GRAMMAR}")
+    return text
 
 
 def sanitize_label_name(key: str) -> str:

@@ -30,6 +30,8 @@ def parse_duration_or_seconds(text: str) -> float:
     value = str(text).strip()
     if not value:
         raise ValueError("empty duration; use e.g. 500ms, 2s, 1m")
+    if value.startswith("-"):
+        raise ValueError(f"invalid duration {text!r}: a negative duration is not allowed; use e.g. 500ms, 2s, 1m")
     try:
         seconds = float(value)
     except ValueError:

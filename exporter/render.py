@@ -146,8 +146,8 @@ def _device_family(spec: cat.MetricSpec, snapshot: Snapshot,
             seconds = snapshot.device_capacity_seconds.get(device.key)
             if seconds is not None:
                 family.add_metric(labels, seconds)
-        elif not device.up:
-            continue
+        elif not device.up and spec.source != "xid_errors":
+            continue  # a down GPU keeps only its XID counts (`DeviceSample.down`): Xid 79 takes it down
         elif spec.source.startswith("gpm."):
             gpm_value = device.gpm.get(spec.source[len("gpm."):])
             if gpm_value is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from exporter.devices import joined_name
@@ -64,18 +65,26 @@ def snapshot(args: argparse.Namespace) -> int:
                                      for call, (c, w, cpu, m) in calls.items()} for name, calls in passes}
         sys.stdout.write(document_json(doc))
     else:
-        print(format_table(snap, statuses))
-        attention = format_attention(snapshot_document(snap, extra_names, statuses))
+        source = getattr(args, "incidents_from", "off")
+        agent = (ask_node_agent(source, snap.node, min(args.timeout, INCIDENTS_WAIT))
+                 if source and source != "off" else None)
+        verdicts = agent.health if agent is not None else None
+        print(format_table(snap, statuses, verdicts))
+        doc = snapshot_document(snap, extra_names, statuses)
+        if verdicts is not None:  # "needs a look" lists what the agent's page lists
+            for gpu in doc["gpus"]:
+                gpu["health"] = verdicts.get(gpu.get("uuid"), gpu.get("health"))
+        attention = format_attention(doc)
         if attention:
             print()
             print(attention)
         for call in snap.stuck:  # a stuck GPU is in the table, down; this lists the other parts
             if not call.devices:
                 print(f"{call.what}: stuck in {call.call} for {call.seconds:.1f} s")
-        source = getattr(args, "incidents_from", "off")
-        if source and source != "off":
-            print()
-            print(format_incidents(source, *fetch_incidents(source, min(args.timeout, INCIDENTS_WAIT))))
+        print()
+        print(format_health_source(agent))
+        if agent is not None:
+            print(format_incidents(agent.base, agent.incidents, agent.error))
         if args.timings:
             print()
             print(format_timings(passes) if timed else
@@ -86,14 +95,57 @@ def snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
-def fetch_incidents(base: str, timeout: float) -> tuple[list[dict[str, Any]] | None, str]:
-    """The incidents the agent at ``base`` remembers (its ``/api/v1/incidents``), newest
-    first, or None and why not, in a few words."""
+@dataclass(frozen=True)
+class NodeAgent:
+    """What the agent serving this node says, read from its API, or why nothing is used.
+
+    Attributes:
+        base: its URL (``--incidents-from``).
+        incidents: the incidents it remembers, newest first (None: unknown, see ``error``).
+        health: its health verdicts (the ``health`` objects of /api/v1/snapshot) by GPU UUID:
+            they know each GPU's history, which one pass does not (None: not known).
+        error: why its incidents are not shown, in a few words ("" when they are).
+    """
+
+    base: str
+    incidents: list[dict[str, Any]] | None
+    health: dict[str, Any] | None = None
+    error: str = ""
+
+
+def ask_node_agent(base: str, node: str, timeout: float) -> NodeAgent:
+    """Read the incidents and health verdicts of the agent at ``base``, if it serves ``node``.
+
+    An agent of another node (a forwarded port, a wrong ``--incidents-from``) is not used:
+    its incidents and verdicts are about other GPUs."""
+    incidents, error, served = fetch_incidents(base, timeout)
+    if incidents is None:
+        return NodeAgent(base, None, error=error)
+    if served != node:
+        return NodeAgent(base, None, error=f"it serves node {served or '(unnamed)'}, not {node}: its incidents and "
+                                           "health verdicts are not this node's")
+    doc, _ = _fetch_json(base, "/api/v1/snapshot", timeout)
+    gpus = doc.get("gpus") if isinstance(doc, dict) and doc.get("node") == node else None
+    health = ({gpu["uuid"]: gpu.get("health") for gpu in gpus
+               if isinstance(gpu, dict) and isinstance(gpu.get("uuid"), str) and gpu.get("health")}
+              if isinstance(gpus, list) else None)
+    return NodeAgent(base, incidents, health=health)
+
+
+def format_health_source(agent: NodeAgent | None) -> str:
+    """Whose the HEALTH column's verdicts are: the node's agent's, or this one pass's."""
+    if agent is not None and agent.health is not None:
+        return for_terminal(f"health: the verdicts of the agent at {agent.base}, which knows each GPU's history")
+    return "health: from this one pass; a condition that must last (a narrowed PCIe link) is judged by the node's agent"
+
+
+def _fetch_json(base: str, path: str, timeout: float) -> tuple[Any, str]:
+    """``base + path`` read as JSON, or None and why not, in a few words."""
     import json
     import urllib.error
     import urllib.request
 
-    url = base.rstrip("/") + "/api/v1/incidents"
+    url = base.rstrip("/") + path
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the node's own agent: no proxy
     try:
         with opener.open(url, timeout=timeout) as response:
@@ -107,10 +159,20 @@ def fetch_incidents(base: str, timeout: float) -> tuple[list[dict[str, Any]] | N
         return None, f"no agent answered ({getattr(reason, 'strerror', None) or reason})"
     except (OSError, ValueError) as exc:
         return None, f"no answer it could read ({getattr(exc, 'strerror', None) or exc})"
+    return doc, ""
+
+
+def fetch_incidents(base: str, timeout: float) -> tuple[list[dict[str, Any]] | None, str, str | None]:
+    """The incidents the agent at ``base`` remembers (its ``/api/v1/incidents``), newest
+    first, or None and why not, in a few words; and the node it serves."""
+    doc, error = _fetch_json(base, "/api/v1/incidents", timeout)
+    if doc is None:
+        return None, error, None
     items = doc.get("incidents") if isinstance(doc, dict) else None
     if not isinstance(items, list):
-        return None, "its answer holds no incidents list"
-    return [i for i in items if isinstance(i, dict)], ""
+        return None, "its answer holds no incidents list", None
+    node = doc.get("node")
+    return [i for i in items if isinstance(i, dict)], "", node if isinstance(node, str) else None
 
 
 def format_incidents(base: str, items: list[dict[str, Any]] | None, error: str = "",
@@ -191,17 +253,24 @@ def _allocations_by_device(snap: Any) -> dict[str, list[Any]]:
     return by_device
 
 
-def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None) -> str:
+def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None,
+                 verdicts: Mapping[str, Any] | None = None) -> str:
     """A plain-text table: one line per GPU, then its GPM activity (or why it has none) and
     one indented line per process and allocation.
+
+    ``verdicts`` are the health verdicts of the agent serving the node, by GPU UUID (the
+    ``health`` objects of its /api/v1/snapshot): the HEALTH column shows them. Without them
+    it shows this pass's own verdicts, and its title says they are from one pass.
 
     Process names, pod, namespace and container names and Slurm fields are chosen by the
     node's users, and device names and errors come from the driver: every line is passed
     through `escape.for_terminal`, so a control character is printed as ``\\x1b`` and the
     like, never sent to the operator's terminal.
     """
+    title = "HEALTH" if verdicts is not None else "HEALTH (1 PASS)"
+    width = max(10, len(title))
     lines = [f"node {snap.node}",
-             f"{'GPU':<4} {'MODEL':<28} {'UTIL':>5} {'MEMORY GiB':>14} {'POWER W':>8}  {'HEALTH':<10} PROCESSES",
+             f"{'GPU':<4} {'MODEL':<28} {'UTIL':>5} {'MEMORY GiB':>14} {'POWER W':>8}  {title:<{width}} PROCESSES",
              f"       {'PID':<12} {'COMMAND':<16} {'MEMORY':>10}  {'SM':>7}  OWNER"]
     by_device: dict[str, list[Any]] = {}
     for row in snap.processes:
@@ -218,7 +287,10 @@ def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None) ->
         rows = by_device.get(d.key, [])
         verdict = snap.health.get(d.key)
         health = verdict.state if verdict is not None else "-"
-        lines.append(f"{gpu:<4} {d.model[:28]:<28} {util:>5} {mem:>14} {power:>8}  {health:<10} {len(rows)}")
+        agents = (verdicts or {}).get(d.uuid)
+        if isinstance(agents, Mapping) and isinstance(agents.get("state"), str):
+            health = agents["state"]
+        lines.append(f"{gpu:<4} {d.model[:28]:<28} {util:>5} {mem:>14} {power:>8}  {health:<{width}} {len(rows)}")
         gpm_line = _gpm_line(d, (gpm or {}).get((d.index, d.gpu_instance)))
         if gpm_line:
             lines.append(gpm_line)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("opentelemetry.sdk.metrics", reason="opentelemetry-sdk is not installed (pip install 'l9gpu[otlp]')")
+pytest.importorskip("opentelemetry.sdk.metrics", reason="opentelemetry-sdk is not installed (pip install '.[otlp]' in l9gpu's checkout)")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.grpc", reason="opentelemetry-exporter-otlp-proto-grpc missing")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="opentelemetry-exporter-otlp-proto-http missing")
 pytest.importorskip("opentelemetry.proto", reason="opentelemetry-proto is not installed")
@@ -367,6 +367,47 @@ def test_a_hung_exporter_never_blocks_the_caller_and_stop_is_bounded():
         exporter.release.set()
 
 
+def _dead_endpoint() -> str:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_failed_export_leaves_nothing_behind_for_the_garbage_collector(protocol):
+    """The SDK's exporter leaves each failed batch in a reference cycle (its RpcError, the
+    traceback's frames holding the batch's protobuf request and, over gRPC, the channel it
+    closed): the pusher frees it at once, so memory does not wait on the cyclic GC's
+    schedule while the endpoint is down."""
+    import gc
+
+    from bridge.cli import build_exporter
+
+    endpoint = _dead_endpoint()
+    settings = bconfig.resolve(Namespace(otlp_endpoint=endpoint if protocol == "grpc" else f"http://{endpoint}",
+                                         otlp_protocol=protocol, otlp_insecure=True, otlp_timeout=0.15), env={})
+    registry = CollectorRegistry()
+    registry.register(ExportCounter())
+    Counter("work_done", "Work.", ["gpu"], registry=registry).labels("0").inc()
+    pusher = OtlpPusher(registry, build_exporter(settings), RESOURCE, interval=60, timeout=0.15)
+
+    def left_over() -> list[str]:
+        return sorted(type(o).__name__ for o in gc.get_objects()
+                      if type(o).__name__ in ("ExportMetricsServiceRequest", "_InactiveRpcError", "Channel", "frame"))
+
+    gc.collect()
+    before = left_over()
+    gc.disable()  # only what the pusher frees itself is freed
+    try:
+        for _ in range(3):
+            assert pusher.export_once() is False
+        assert left_over() == before
+    finally:
+        gc.enable()
+        pusher.stop(timeout=1.0)
+
+
 # ---- end to end against real receivers --------------------------------------------
 
 STATIC = ("gpu_info", "gpu_memory_total_bytes", "gpu_power_limit_watts", "gpu_up", "l9gpu_build_info",
@@ -462,12 +503,27 @@ def _counter(agent, result):
     return values[0] if values else 0.0
 
 
+def _rss_floor_kib(agent, result: str, exports: int = 5) -> int:
+    """The agent's least RSS while ``exports`` more exports end with ``result``: what it
+    keeps between exports. A single reading may catch a batch in flight (its points and
+    protobuf request, about 2.5 MB here, freed when the export ends) and so swings by that
+    much from one reading to the next."""
+    until = _counter(agent, result) + exports
+    floor = _rss_kib(agent.proc.pid)
+    while True:
+        for _ in range(10):
+            floor = min(floor, _rss_kib(agent.proc.pid))
+            time.sleep(0.005)  # readings spread over the exports, not a wait for them
+        if _counter(agent, result) >= until:
+            return floor
+
+
 def test_receiver_outage_drops_and_counts_batches_then_pushing_resumes(receiver, agent_factory):
     agent = agent_factory("--backend", "simulated", "--interval", "500ms", "--otlp-endpoint", receiver.endpoint,
                           "--otlp-protocol", receiver.protocol, "--otlp-interval", "200ms", "--otlp-timeout", "150ms",
                           *(["--otlp-insecure"] if receiver.protocol == "grpc" else []))
     receiver.wait_for(5)
-    rss_before = _rss_kib(agent.proc.pid)
+    rss_before = _rss_floor_kib(agent, "success")
     failures_before = _counter(agent, "failure")
     receiver.stop()
     # Down: /metrics keeps answering while batches fail (the black-hole test below shows
@@ -475,10 +531,11 @@ def test_receiver_outage_drops_and_counts_batches_then_pushing_resumes(receiver,
     # (the first failures still grow the heap to its high-water mark: measure after them)
     wait_until(lambda: "gpu_up" in agent.scrape() and _counter(agent, "failure") >= failures_before + 15,
                what="15 failed exports")
-    rss_down = _rss_kib(agent.proc.pid)
+    rss_down = _rss_floor_kib(agent, "failure")
     wait_until(lambda: "gpu_up" in agent.scrape() and _counter(agent, "failure") >= failures_before + 35,
                what="20 more failed exports")
-    assert _rss_kib(agent.proc.pid) - rss_down < 2 * 1024, (rss_down, _rss_kib(agent.proc.pid))
+    rss_later = _rss_floor_kib(agent, "failure")
+    assert rss_later - rss_down < 2 * 1024, (rss_down, rss_later)
     receiver.clear()
     receiver.start()
     got = receiver.wait_for(3)
@@ -486,7 +543,7 @@ def test_receiver_outage_drops_and_counts_batches_then_pushing_resumes(receiver,
     assert agent.proc.poll() is None
     successes = _counter(agent, "success")
     wait_until(lambda: _counter(agent, "success") > successes, what="more successful exports")
-    rss_after = _rss_kib(agent.proc.pid)
+    rss_after = _rss_floor_kib(agent, "success")
     assert rss_after - rss_before < 8 * 1024, (rss_before, rss_after)  # no queue of dropped batches
 
 

@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from exporter import catalogue as cat
 from exporter.model import DeviceSample, Snapshot
@@ -76,3 +77,85 @@ def test_opt_in_families_are_off_by_default_and_unknown_names_are_rejected():
     assert "gpu_power_watts" in defaults
     with pytest.raises(ValueError, match="unknown metric 'gpu_bogus'"):
         cat.enabled_names(["gpu_bogus"])
+
+
+# --- docs/METRICS.md lists everything the agent serves and every series an alert asks for --
+
+RULES = sorted((DOC.parent.parent / "alerts").glob("*.rules.yaml"))
+
+
+def documented() -> set[str]:
+    """The family names docs/METRICS.md lists (the first column of its tables)."""
+    return set(re.findall(r"^\| `([A-Za-z_:][A-Za-z0-9_:]*)` \|", DOC.read_text(encoding="utf-8"), re.M))
+
+
+def test_every_family_of_the_catalogue_has_its_section():
+    assert {spec.name for spec in cat.METRICS} <= documented()
+    assert {spec.scope for spec in cat.METRICS} <= set(cat.SECTIONS)
+
+
+def test_a_family_of_a_scope_without_a_section_cannot_be_left_out(monkeypatch):
+    orphan = cat.MetricSpec("gpu_orphan_ratio", cat.GAUGE, "ratio", "A family of a new scope.", (), "new_scope")
+    monkeypatch.setattr(cat, "METRICS", cat.METRICS + (orphan,))
+    with pytest.raises(ValueError, match="no section for the families of scope"):
+        cat.markdown()
+
+
+def _served(agent) -> set[str]:
+    return set(re.findall(r"^# TYPE (\S+)", agent.scrape(), re.M))
+
+
+# Every way of running the agent that adds families: the demo node with every opt-in family,
+# both schemas and OTLP push on (its export counter; nothing listens there), and the
+# incidents demo with its kernel log.
+EVERYTHING_ON = ["--metric-schema", "l9gpu,dcgm", "--process-metrics", "--pod-label", "team",
+                 "--otlp-endpoint", "127.0.0.1:9", "--otlp-insecure", "--otlp-interval", "200ms",
+                 *(arg for spec in cat.METRICS if not spec.default_enabled for arg in ("--enable-metric", spec.name))]
+
+
+@pytest.mark.parametrize("scenario", [[], ["--scenario", "incidents", "--kernel-log", "auto"]],
+                         ids=["demo", "incidents-demo"])
+def test_every_family_the_agent_serves_is_documented(agent_factory, scenario):
+    pytest.importorskip("opentelemetry.sdk.metrics", reason="the OTLP push needs opentelemetry-sdk")
+    agent = agent_factory("--backend", "simulated", "--interval", "200ms", *scenario, *EVERYTHING_ON)
+    # the OTLP export counter appears with the first push
+    wait_until(lambda: "l9gpu_otlp_exports_total" in _served(agent), what="an OTLP export")
+    served = _served(agent)
+    assert {"container_gpu_incidents_total", "gpu_memory_peak_bytes", "DCGM_FI_DEV_FB_USED",
+            "gpu_process_memory_used_bytes", "process_resident_memory_bytes"} <= served
+    if scenario:
+        assert "l9gpu_kernel_log_records_total" in served
+    assert sorted(served - documented()) == [], "docs/METRICS.md leaves out families the agent serves"
+
+
+def _queried_series(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects (not its functions, keywords or labels)."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # label values, regexes
+    expr = re.sub(r"\{[^}]*\}", " ", expr)  # label matchers
+    expr = re.sub(r"\[[^\]]*\]", " ", expr)  # ranges
+    expr = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)
+    names = re.findall(r"(?<![\w:.])([A-Za-z_:][A-Za-z0-9_:]*)(?![\w:])(?!\s*\()", expr)
+    keywords = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left",
+                "group_right", "inf", "nan"}
+    return {name for name in names if name.lower() not in keywords}
+
+
+def test_the_series_extraction_reads_promql():
+    assert _queried_series('sum by (namespace) (rate(container_gpu_usage_seconds_total{namespace!=""}[5m]))') \
+        == {"container_gpu_usage_seconds_total"}
+    assert _queried_series('a:b:rate5m / on (pod) group_left () (gpu_up == 0) and bool x_total offset 5m') \
+        == {"a:b:rate5m", "gpu_up", "x_total"}
+
+
+@pytest.mark.parametrize("rules_file", RULES, ids=lambda p: p.name)
+def test_every_series_a_shipped_alert_queries_is_documented(rules_file):
+    """An alert's series is one the agent serves (listed in docs/METRICS.md) or a recording
+    rule of the shipped rules files."""
+    yaml = pytest.importorskip("yaml")
+    rules = [rule for path in RULES for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]]
+    records = {rule["record"] for rule in rules if "record" in rule}
+    alerts = [rule for group in yaml.safe_load(rules_file.read_text())["groups"] for rule in group["rules"]
+              if "alert" in rule]
+    queried = {name for rule in alerts for name in _queried_series(rule["expr"])}
+    assert sorted(queried - documented() - records) == [], \
+        f"{rules_file.name}'s alerts query series docs/METRICS.md does not list"

@@ -28,7 +28,7 @@ import pytest
 import yaml
 from agent import run_cli
 
-helm = pytest.importorskip("helm_python", reason="helm-python-sdk renders the chart (pip install 'l9gpu[test]')")
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk renders the chart (pip install '.[test]' in l9gpu's checkout)")
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate checks rendered objects")
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,6 +18,16 @@ from agent import AgentProcess, run_cli
     (["serve", "--backend", "simulated", "--disable-metric", "gpu_nope"], "unknown metric 'gpu_nope'"),
     (["snapshot", "--backend", "simulated", "--scenario", "/nonexistent.yaml"], "cannot read scenario"),
     (["snapshot", "--backend", "simulated", "--proc-root", "/nonexistent"], "--proc-root /nonexistent is not a proc"),
+    # a negative value is read as the flag's value, whichever way it is written
+    (["serve", "--interval", "-1s"], "argument --interval: invalid duration '-1s': a negative duration is not allowed"),
+    (["serve", "--interval=-1s"], "argument --interval: invalid duration '-1s': a negative duration is not allowed"),
+    (["serve", "--workload-grace", "-5m"], "invalid duration '-5m': a negative duration is not allowed"),
+    # a key no pod can carry, named with the grammar (not exported as label_bad_label_)
+    (["serve", "--backend", "simulated", "--pod-label", "bad label!"],
+     "argument --pod-label: invalid pod label key 'bad label!': a Kubernetes label key is a name of at most 63"),
+    (["serve", "--backend", "simulated", "--pod-label", "example.com/"], "invalid pod label key 'example.com/'"),
+    (["serve", "--backend", "simulated", "--pod-label", "Bad_Prefix/team"], "invalid pod label key 'Bad_Prefix/team'"),
+    (["serve", "--backend", "simulated", "--pod-label", "x" * 64], "invalid pod label key"),
 ])
 def test_bad_flags_exit_2_with_one_clear_line(args, message):
     result = run_cli(args)
@@ -32,6 +42,18 @@ def test_bad_environment_value_names_the_variable():
     result = run_cli(["serve", "--backend", "simulated"], env={"L9GPU_INTERVAL": "soon"})
     assert result.returncode == 2
     assert "L9GPU_INTERVAL" in result.stderr and "invalid duration" in result.stderr
+
+
+def test_pod_label_keys_kubernetes_allows_are_taken():
+    result = run_cli(["snapshot", "--backend", "simulated", "--json", "--pod-label", "team",
+                      "--pod-label", "app.kubernetes.io/name", "--pod-label", "A-b_c.9"])
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_bad_pod_label_in_the_environment_names_the_variable():
+    result = run_cli(["serve", "--backend", "simulated"], env={"L9GPU_POD_LABEL": "team,bad label!"})
+    assert result.returncode == 2
+    assert "L9GPU_POD_LABEL" in result.stderr and "invalid pod label key 'bad label!'" in result.stderr
 
 
 def test_auto_without_gpus_points_to_the_demo():

@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 import pytest
 
-grpc = pytest.importorskip("grpc", reason="grpcio is not installed (pip install 'l9gpu[k8s]')")
+grpc = pytest.importorskip("grpc", reason="grpcio is not installed (pip install '.[k8s]' in l9gpu's checkout)")
 pytest.importorskip("exporter.attribution.cri_api_pb2", reason="protobuf is not installed")
 
 import containerd_runtime as runtime  # noqa: E402

@@ -281,6 +281,57 @@ def test_every_repository_path_a_doc_names_exists(doc):
     assert not unknown, f"{doc.relative_to(REPO)} names files that do not exist: {sorted(unknown)}"
 
 
+# --- installing l9gpu -----------------------------------------------------------------------
+
+# The names this project could be fetched by from the package index: none is this project
+# there (the index's "l9gpu" is another project's agent), so every install is from the
+# checkout or from the wheel `make dist` builds from it.
+OWN_DISTRIBUTIONS = frozenset({"l9gpu", "l9gpu-agent"})
+PIP_INSTALL = re.compile(r"(?:\bpip3?|python3? -m pip|\buv pip|\bpipx)\s+install\s+([^\n;&|)#`]*)")
+# Where else users read install commands: the agent's messages, the image and the Makefile.
+INSTALL_SOURCES = sorted([*(REPO / "exporter").rglob("*.py"), *(REPO / "bridge").rglob("*.py"),
+                          REPO / "charts" / "package.py", REPO / "Makefile", REPO / "Dockerfile",
+                          *(REPO / "benchmarks").glob("*.sh")])
+
+
+def fetched_from_the_index(text: str) -> set[str]:
+    """The requirements of each `pip install` in text that name this project by its name
+    (so pip would look it up on the package index) rather than a path or a wheel file."""
+    found = set()
+    for match in PIP_INSTALL.finditer(text):
+        for token in match.group(1).split():
+            token = token.strip("'\"\\")
+            if not token or token.startswith("-") or token.startswith((".", "/", "~", "$")) or "/" in token \
+                    or token.endswith((".whl", ".tar.gz", ".zip")):
+                continue
+            name = re.split(r"[\[<>=!~;@ ]", token, maxsplit=1)[0]
+            if re.sub(r"[-_.]+", "-", name).lower() in OWN_DISTRIBUTIONS:
+                found.add(token)
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_doc_installs_l9gpu_from_the_package_index(doc):
+    fetched = {token for chunk in code(doc) for token in fetched_from_the_index(chunk)}
+    assert not fetched, (f"{doc.relative_to(REPO)} installs {sorted(fetched)} from the package index, where "
+                         "l9gpu is another project: install from the checkout ('.[all]') or the wheel of make dist")
+
+
+@pytest.mark.parametrize("source", INSTALL_SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_message_installs_l9gpu_from_the_package_index(source):
+    fetched = fetched_from_the_index(source.read_text())
+    assert not fetched, f"{source.relative_to(REPO)} tells users to install {sorted(fetched)} from the package index"
+
+
+def test_the_install_check_tells_the_index_from_the_checkout():
+    assert fetched_from_the_index("pip install 'l9gpu[all]'") == {"l9gpu[all]"}
+    assert fetched_from_the_index("python -m pip install --upgrade l9gpu-agent==0.2.0") == {"l9gpu-agent==0.2.0"}
+    assert fetched_from_the_index("pip install L9GPU_agent") == {"L9GPU_agent"}
+    assert not fetched_from_the_index("pip install '.[all]' && pip install -e '.[test,all]'")
+    assert not fetched_from_the_index("pip install 'l9gpu_agent-0.2.0-py3-none-any.whl[all]' dist/*.whl")
+    assert not fetched_from_the_index("pip install --target /tmp/peer-site nvitop-exporter==1.7.2")
+
+
 def test_the_checks_catch_what_does_not_exist(tmp_path):
     """The lookups above refuse made-up names (so a check cannot pass by matching nothing)."""
     fake = "`--no-such-flag` `make nothing` `gpu_no_such_ratio` `GPUNoSuchAlert` `exporter/no_such.py`" \

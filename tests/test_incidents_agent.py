@@ -74,7 +74,7 @@ def test_an_xid_in_the_kernel_log_names_the_pod_that_caused_it(agent_factory, tm
     page = wait_until(page_with_panel, what="the page's Incidents panel")
     panel = page[page.index('<section class="incidents">'):]
     panel = panel[:panel.index("</section>")]
-    assert '<tr data-kind="xid"><td>GPU 2</td><td>xid 31</td>' in panel
+    assert '<tr data-kind="xid"><td>GPU&nbsp;2</td><td>xid 31</td>' in panel  # never wrapped
     assert "ml-research/llm-finetune-worker-0/trainer" in panel and "restart app" in panel
     assert '<span class="basis">(kernel log)</span>' in panel
 
@@ -185,6 +185,55 @@ def test_snapshot_prints_the_incidents_the_nodes_agent_remembers(agent_factory, 
         f"recent incidents: unknown, the agent at {agent.url}: no agent answered (Connection refused)")
     quiet = run_cli(["snapshot", "--backend", "simulated", "--incidents-from", "off"])
     assert "recent incidents" not in quiet.stdout
+
+
+def _row(table: str, gpu: int) -> str:
+    return next(line for line in table.splitlines() if line.startswith(f"{gpu} "))
+
+
+def test_snapshot_shows_the_verdicts_of_the_agent_serving_the_node(agent_factory):
+    """The page shows GPU 3 degraded (its narrowed PCIe link has lasted): so does the snapshot
+    that reads the agent, in its table and its "needs a look"; one pass alone cannot tell."""
+    from agent import run_cli
+
+    agent = agent_factory("--backend", "simulated", "--interval", "200ms")
+
+    def gpu_3_health() -> str | None:
+        doc = json.loads(agent.get("/api/v1/snapshot")[2])
+        return next(((g.get("health") or {}).get("state") for g in doc["gpus"] if g["index"] == 3), None)
+
+    wait_until(lambda: gpu_3_health() == "degraded", what="the agent's verdict on GPU 3")
+    result = run_cli(["snapshot", "--backend", "simulated", "--incidents-from", agent.url])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "HEALTH     PROCESSES" in lines[1] and "1 PASS" not in lines[1]
+    assert "  degraded  " in _row(result.stdout, 3) and "  degraded  " in _row(result.stdout, 4)
+    assert "  healthy  " in _row(result.stdout, 2)
+    assert any(line.startswith("  GPU 3 is degraded (action: inspect hardware): the PCIe link") for line in lines)
+    assert f"health: the verdicts of the agent at {agent.url}, which knows each GPU's history" in lines
+    # without the agent, the column says whose verdict it is: this pass's, which has no history
+    alone = run_cli(["snapshot", "--backend", "simulated", "--incidents-from", "off"])
+    assert "HEALTH (1 PASS) PROCESSES" in alone.stdout.splitlines()[1]
+    assert "  healthy  " in _row(alone.stdout, 3) and "GPU 3 is degraded" not in alone.stdout
+    assert alone.stdout.rstrip().splitlines()[-1].startswith("health: from this one pass;")
+
+
+def test_snapshot_does_not_print_another_nodes_incidents(agent_factory, tmp_path):
+    from agent import run_cli
+
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(XID_31)
+    other = agent_factory("--backend", "simulated", "--interval", "200ms", "--kernel-log", str(kmsg),
+                          "--node-name", "gpu-node-9")
+    wait_until(lambda: json.loads(other.get("/api/v1/incidents")[2])["incidents"], what="the other node's Xid")
+    result = run_cli(["snapshot", "--backend", "simulated", "--incidents-from", other.url])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("node sim-node-01\n")
+    assert "xid 31" not in result.stdout and "llm-finetune" not in result.stdout.split("needs a look")[-1]
+    assert result.stdout.rstrip().splitlines()[-1] == (
+        f"recent incidents: unknown, the agent at {other.url}: it serves node gpu-node-9, not sim-node-01: "
+        "its incidents and health verdicts are not this node's")
+    assert "HEALTH (1 PASS)" in result.stdout.splitlines()[1]  # nor its verdicts
 
 
 def test_recent_incidents_are_listed_newest_first_escaped_and_bounded():

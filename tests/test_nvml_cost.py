@@ -13,6 +13,7 @@ import math
 
 import pytest
 from fake_pynvml import (
+    DEFAULT_COST,
     H200_COSTS,
     NVML_ERROR_NOT_SUPPORTED,
     FakeGpu,
@@ -373,11 +374,23 @@ def test_snapshot_timings_show_what_each_call_costs(monkeypatch, capsys):
                  "--cri-socket", "off", "--pod-resources-socket", "off", "--timings", "--process-metrics"]) == 0
     out = capsys.readouterr().out
     first, steady = out.split("first pass: ")[1].split("steady pass: ")
-    rows = {line.split()[0]: line.split() for line in steady.splitlines()[2:] if line.strip()}
-    # The costliest call of a steady pass is the per-process utilisation (1.5 ms on an H200):
-    # costs are real CPU time, so the figures cannot come out below them, however busy the machine.
-    assert float(rows["nvmlDeviceGetProcessesUtilizationInfo"][4]) >= 1.4
-    assert next(iter(rows)) == "nvmlDeviceGetProcessesUtilizationInfo"
+    rows = {line.split()[0]: line.split() for line in steady.splitlines()[2:] if line.startswith("  nvml")}
+    # What a steady pass asks, and how often: the GPU's values, its processes and their
+    # samples (per-process series on), the XID events and the two GPM samples' metrics.
+    assert {name: int(row[1]) for name, row in rows.items()} == {
+        "nvmlDeviceGetProcessesUtilizationInfo": 1, "nvmlDeviceGetComputeRunningProcesses_v3": 1,
+        "nvmlGpmSampleGet": 1, "nvmlGpmMetricsGet": 1, "nvmlEventSetWait": 1, "nvmlDeviceGetClockInfo": 2,
+        "nvmlDeviceGetFieldValues": 1, "nvmlDeviceGetMemoryInfo": 1, "nvmlDeviceGetUtilizationRates": 1,
+        "nvmlDeviceGetCurrentClocksEventReasons": 1, "nvmlDeviceGetTemperatureV": 1, "nvmlDeviceGetPowerUsage": 1}
+    assert steady.startswith("13 calls, ")
+    # Each call's figures are at least what the driver charged for it (1.5 ms for the
+    # per-process samples on an H200): a call's wall time cannot come out below its cost,
+    # however busy the machine; which call comes out dearest is the scheduler's to decide.
+    for name, row in rows.items():
+        wall, per_call, slowest = float(row[2]), float(row[4]), float(row[5])
+        cost = H200_COSTS.get(name, DEFAULT_COST).wall * 1e3 - 0.0005  # printed to 0.001 ms
+        assert per_call >= cost and wall >= cost * int(row[1]) and slowest >= per_call - 0.001, (name, row, cost)
+    assert float(rows["nvmlDeviceGetProcessesUtilizationInfo"][4]) >= 1.5
     # Without them, the GPU's two processes have one owner (neither is attributed: their
     # PIDs do not exist here): the call is not made at all.
     assert main(["snapshot", "--backend", "nvml", "--interval", "50ms", "--kubernetes", "off",

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
-pytest.importorskip("grpc", reason="grpcio is not installed (pip install 'l9gpu[k8s]')")
+pytest.importorskip("grpc", reason="grpcio is not installed (pip install '.[k8s]' in l9gpu's checkout)")
 
 from kubernetes import client  # noqa: E402
 from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402

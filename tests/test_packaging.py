@@ -9,7 +9,12 @@ import ast
 import configparser
 import importlib.metadata
 import re
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 RUNTIME_EXTRAS = ("k8s", "otlp", "amd", "report", "journal", "all")
@@ -84,3 +89,26 @@ def test_the_requirements_are_read() -> None:
     assert {"prometheus-client", "aiohttp", "opentelemetry-sdk", "kubernetes", "jinja2"} <= set(requirements)
     assert requirements["opentelemetry-sdk"] == {"otlp", "all"}
     assert "pytest" not in requirements
+
+
+def test_the_wheel_built_from_the_checkout_is_this_agent(tmp_path: Path) -> None:
+    """What `make dist` builds: a wheel named l9gpu-agent (the package index's "l9gpu" is
+    another project) that installs the `l9gpu` command, the `exporter` and `bridge` packages
+    and the files the agent reads at run time."""
+    pytest.importorskip("setuptools", reason="building the wheel needs setuptools")
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^dist:.*\n\trm -rf build.*\n\t\$\(PY\) -m pip wheel --quiet --no-deps --wheel-dir dist \.$", makefile, re.M)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                            "--wheel-dir", str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    assert wheel.name.startswith("l9gpu_agent-")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        dist_info = next(name.split("/")[0] for name in names if ".dist-info/" in name)
+        metadata = archive.read(f"{dist_info}/METADATA").decode()
+        entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
+    assert re.search(r"^Name: l9gpu-agent$", metadata, re.M)
+    assert re.search(r"^l9gpu = exporter\.cli:main$", entry_points, re.M)
+    assert {"exporter/cli.py", "bridge/__init__.py", "exporter/web/page.html", "exporter/scenarios/default.yaml",
+            "exporter/scenarios/incidents.yaml", "exporter/py.typed"} <= names

@@ -33,6 +33,7 @@ class Dom(HTMLParser):
         self.gpus: dict[str, str] = {}  # section id -> its text
         self.rows: list[tuple[str, dict[str, str | None], str]] = []  # (section id, tr attrs, text)
         self.attention: list[str] = []
+        self.summary = ""
         self.main: dict[str, str | None] = {}
         self._stack: list[tuple[str, dict[str, str | None]]] = []
         self._texts: list[list[str]] = []
@@ -55,6 +56,8 @@ class Dom(HTMLParser):
             section = next((a.get("id") for t, a in reversed(self._stack) if t == "section"), None)
             if open_tag == "section" and "gpu" in (attrs.get("class") or ""):
                 self.gpus[attrs.get("id") or ""] = text
+            elif open_tag == "p" and attrs.get("class") == "summary":
+                self.summary = text
             elif open_tag == "tr":
                 self.rows.append((section or "", attrs, text))
             elif open_tag == "li" and any(t == "ul" and a.get("class") == "attention" for t, a in self._stack):
@@ -109,6 +112,9 @@ def test_dom_holds_every_pod_and_flags_the_zombie(agent, tmp_path):
     assert "degraded · reset gpu" in dom.gpus["gpu-4"] and "healthy" in dom.gpus["gpu-0"]
     assert "NVIDIA H100 80GB HBM3" in dom.gpus["gpu-0"] and "/ 80.0 GiB" in dom.gpus["gpu-0"]
     assert "power" in dom.gpus["gpu-0"] and "°C" in dom.gpus["gpu-0"]
+    # each workload once, whatever number of GPUs it uses: the vLLM pod (GPUs 0-1), the trainer
+    # (2-5), the three small pods, the Slurm step and the notebook on 6, the reservation on 7
+    assert dom.summary.startswith("8 of 8 GPUs up · 8 workloads · memory"), dom.summary
 
 
 @pytest.mark.parametrize("name,width,height", [("laptop", 1440, 1300), ("phone", 390, 2600)])
@@ -242,3 +248,48 @@ def test_no_external_assets(agent):
         page = resp.read().decode()
     assert "src=" not in page and "<link" not in page and "@import" not in page and "url(" not in page
     assert len(page.encode()) < 64 * 1024
+
+
+def test_a_gpu_fallen_off_the_bus_is_down_on_metrics_and_the_page(tmp_path):
+    """After Xid 79 the simulated driver answers every call about the GPU with GPU_IS_LOST,
+    as a real one does: /metrics and the page show it down, with nobody's share on it."""
+    need_chromium()
+    doc = yaml.safe_load((REPO / "exporter" / "scenarios" / "incidents.yaml").read_text())
+    doc["xids"] = [{"at": "1s", "gpu": 3, "xid": 79, "text": "GPU has fallen off the bus."}]
+    scenario = tmp_path / "lost.yaml"
+    scenario.write_text(yaml.safe_dump(doc))
+    agent = AgentProcess(["--backend", "simulated", "--scenario", str(scenario), "--kernel-log", "auto",
+                          "--interval", "250ms"], log_path=tmp_path / "agent.log")
+    agent.start()
+    try:
+        def gpu_up() -> dict[str, float]:
+            return {labels["gpu"]: value for labels, value in agent.samples().get("gpu_up", [])}
+
+        wait_until(lambda: gpu_up().get("3") == 0.0, what="GPU 3 down on /metrics")
+        samples = agent.samples()
+        assert gpu_up() == {"0": 1.0, "1": 1.0, "2": 1.0, "3": 0.0}
+        for family in ("gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_power_watts"):
+            assert {labels["gpu"] for labels, _ in samples[family]} == {"0", "1", "2"}, family
+        # the three pods on it have no share of a GPU that answers nothing
+        assert not [labels for labels, _ in samples["container_gpu_utilization_ratio"] if labels["gpu"] == "3"]
+        assert [v for labels, v in samples["gpu_xid_errors_total"] if labels["gpu"] == "3"] == [1.0]
+        assert [v for labels, v in samples["l9gpu_backend_errors_total"] if labels["reason"] == "gpu_lost"][0] > 0
+        assert [v for labels, v in samples["gpu_health"] if labels["gpu"] == "3" and labels["state"] == "unhealthy"] \
+            == [1.0]
+
+        result = dump_dom(agent.url + "/", tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        dom = Dom(result.stdout)
+        card = dom.gpus["gpu-3"]
+        section = result.stdout[result.stdout.index('id="gpu-3"'):].split("</section>")[0]
+        assert '<span class="state">down</span>' in section and "GPU is lost" in card
+        assert result.stdout.count('<span class="state">down</span>') == 1
+        assert "util" not in card and "%" not in card  # no utilisation, no pods' SM shares
+        assert any(item.startswith("GPU 3 is down: GPU is lost") for item in dom.attention), dom.attention
+        assert any(item.startswith("GPU 3 is unhealthy (gpu_lost") and "reboot node" in item for item in dom.attention)
+        assert dom.summary.startswith("3 of 4 GPUs up"), dom.summary
+        # the Incidents panel: "GPU 3" never wraps between its two words
+        wait_until(lambda: '<td>GPU&nbsp;3</td>' in dump_dom(agent.url + "/", tmp_path).stdout,
+                   what="the Xid 79 incident on the page")
+    finally:
+        agent.stop()

@@ -106,12 +106,12 @@ def test_each_story_plays_the_same_with_the_kernel_log_kept_in_the_journal(incid
                 i["cause_basis"], i["action"], i["detail"])
 
     assert [story(i) for i in from_journal] == [story(i) for i in incidents]
-    assert [i["cause_basis"] for i in from_journal] == ["kernel_log", "memory_growth", None, None]
+    assert [i["cause_basis"] for i in from_journal] == ["kernel_log", "memory_growth", None, None, None]
 
 
 def test_the_incidents_scenario_plays_each_story_once_in_its_order(incidents):
     assert [(i["kind"], i["gpu"], i["xid"]) for i in incidents] == [
-        ("xid", 1, 31), ("memory_exhausted", 2, None), ("xid", 3, 79), ("xid", 1, 119)]
+        ("xid", 1, 31), ("memory_exhausted", 2, None), ("xid", 3, 79), ("gpu_lost", 3, None), ("xid", 1, 119)]
 
 
 def test_a_trainer_fills_gpu_2_and_the_notebook_that_exits_is_hurt(incidents):
@@ -136,6 +136,19 @@ def test_xid_79_on_the_time_shared_gpu_hurts_all_three_pods_and_blames_none(inci
                                                "search/embedder-7c9f5-abcde/embedder",
                                                "search/reranker-5b8d4-fghij/reranker"]
     assert xid["action"] == "reboot_node"
+    # the driver then answers every call about GPU 3 with GPU_IS_LOST: the GPU is lost, the same pods hurt
+    [lost] = [i for i in incidents if i["kind"] == "gpu_lost"]
+    assert (lost["gpu"], lost["action"], lost["caused_by"]) == (3, "reboot_node", [])
+    assert sorted(owners(lost["affected"])) == sorted(owners(xid["affected"]))
+
+
+def test_each_incident_is_one_log_line_naming_it_once(caplog):
+    caplog.set_level(logging.WARNING, logger="l9gpu.incidents")
+    play("incidents", 95)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("GPU incident: ")]
+    assert [line.split(" on GPU ")[0] for line in lines] == [
+        "GPU incident: Xid 31", "GPU incident: memory_exhausted", "GPU incident: Xid 79", "GPU incident: gpu_lost"]
+    assert not any("xid Xid" in line for line in lines)
 
 
 def test_xid_119_naming_nvidia_smi_blames_no_one(incidents):
@@ -200,3 +213,27 @@ def test_the_demo_agent_reads_the_scenarios_kernel_log_with_kernel_log_auto(agen
     [xid] = wait_until(first, what="the scenario's Xid 31 at 30 s", timeout=120)
     assert (xid["xid"], owners(xid["caused_by"]), xid["node"]) == (31, ["batch/embed-backfill-7x9zq/worker"],
                                                                    "sim-incidents-01")
+
+
+def test_after_xid_79_the_simulated_driver_answers_for_that_gpu_as_a_lost_one():
+    from exporter.model import Snapshot
+    from exporter.render import families
+
+    now = [1000.0]
+    backend = SimulatedBackend("incidents", clock=lambda: now[0])
+    backend.open()
+    before = {d.index: d for d in backend.sample(now[0] + 89)}
+    assert before[3].up and before[3].processes and backend.errors() == {}
+    now[0] += 91
+    after = {d.index: d for d in backend.sample(now[0])}
+    lost = after[3]
+    assert (lost.up, lost.error, lost.processes, lost.utilization, lost.memory_used_bytes) == (
+        False, "GPU is lost: GPU is lost", (), None, None)
+    assert lost.health is not None and lost.health.gpu_lost and dict(lost.xid_errors) == {"79": 1}
+    assert (lost.uuid, lost.model, lost.pci_bus_id) == (before[3].uuid, before[3].model, before[3].pci_bus_id)
+    assert all(after[i].up for i in (0, 1, 2)) and backend.errors() == {"gpu_lost": 1}
+    # its Xid count stays on /metrics while it is down (the alert on Xids sees Xid 79)
+    snapshot = Snapshot(seq=1, node="n", timestamp=0.0, devices=(lost,))
+    [xids] = list(families(snapshot, frozenset({"gpu_xid_errors_total"})))
+    assert [(s.labels["gpu"], s.labels["xid"], s.value) for s in xids.samples if s.name.endswith("_total")] == [
+        ("3", "79", 1.0)]

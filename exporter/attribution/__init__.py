@@ -17,7 +17,9 @@ import argparse
 import logging
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 
+from exporter.labels import parse_pod_label_key
 from exporter.model import UNKNOWN, AllocationRow, DeviceSample, Workload
+from exporter.parsing import argtype
 
 if TYPE_CHECKING:
     from exporter.devices.base import Backend
@@ -83,7 +85,7 @@ def add_arguments(group: Any) -> None:
                             "on (fail if unavailable), off (default: auto)")
     group.add_argument("--kubeconfig", default=None, metavar="FILE",
                        help="kubeconfig for the API server (default: in-cluster service account, then $KUBECONFIG)")
-    group.add_argument("--pod-label", action="append", default=[], metavar="KEY",
+    group.add_argument("--pod-label", action="append", default=[], metavar="KEY", type=argtype(parse_pod_label_key),
                        help="copy this pod label onto workload series as label_<key> (repeatable)")
     group.add_argument("--cri-socket", default="auto", metavar="PATH",
                        help="the container runtime's CRI socket, for pod and container names the API server has not "
@@ -151,7 +153,7 @@ def _pod_watcher(args: argparse.Namespace, node: str, index: Any) -> Any:
         watcher = PodWatcher(api_client, node, index)
     except ImportError:
         if mode == "on":
-            raise ValueError("--kubernetes on needs the kubernetes package (pip install 'l9gpu[k8s]' "
+            raise ValueError("--kubernetes on needs the kubernetes package (pip install '.[k8s]' in l9gpu's checkout "
                              "or pip install kubernetes)") from None
         log.warning("the kubernetes package is not installed: pods are identified by UID only")
         return None

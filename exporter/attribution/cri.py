@@ -14,7 +14,7 @@ most that much. The pods it finds go into the same `PodIndex` as the API watch's
 fallback entries: a pod the API has provided keeps the API's data (owner and labels,
 which CRI does not have).
 
-``grpcio`` and ``protobuf`` are imported only when the source is built (``l9gpu[k8s]``);
+``grpcio`` and ``protobuf`` are imported only when the source is built (the ``k8s`` extra);
 the messages come from ``cri_api.proto`` (see there how ``cri_api_pb2.py`` is generated).
 """
 
@@ -158,7 +158,7 @@ def build(socket: str, index: PodIndex, detected: bool = False, **kwargs: Any) -
         source = CriPodSource(socket, index, **kwargs)
     except ImportError as exc:
         log.warning("pod names from the container runtime are off: %s is not installed "
-                    "(pip install 'l9gpu[k8s]')", exc.name or "grpcio")
+                    "(pip install '.[k8s]' in l9gpu's checkout)", exc.name or "grpcio")
         return None
     source.quiet = detected
     source.refresh(timeout=max(source.timeout, STARTUP_TIMEOUT))

@@ -27,7 +27,7 @@ UID, owner and labels come from the `PodIndex` by (namespace, name): the allocat
 workload then carries the very labels its processes' series carry. Without the index (or
 before it knows the pod) ``pod_uid``, owner and pod labels stay "".
 
-``grpcio`` and ``protobuf`` are imported only when the source is built (``l9gpu[k8s]``);
+``grpcio`` and ``protobuf`` are imported only when the source is built (the ``k8s`` extra);
 the messages come from ``podresources_api.proto`` (see there how the ``_pb2`` module is
 generated).
 """
@@ -314,7 +314,8 @@ def build(socket: str, **kwargs: Any) -> PodResourcesSource | None:
     try:
         source = PodResourcesSource(socket, **kwargs)
     except ImportError as exc:
-        log.warning("GPU allocations from the kubelet are off: %s is not installed (pip install 'l9gpu[k8s]')",
+        log.warning("GPU allocations from the kubelet are off: %s is not installed "
+                    "(pip install '.[k8s]' in l9gpu's checkout)",
                     exc.name or "grpcio")
         return None
     source.refresh(timeout=max(source.timeout, STARTUP_TIMEOUT))

@@ -34,7 +34,8 @@ Scenario format (see ``exporter/scenarios/default.yaml``)::
       gpus: [6]
       replicas: 5             # each listed GPU is allocatable as <uuid>::0 .. <uuid>::4
     xids:                     # optional: Xid errors, counted by NVML's XID events and logged
-      - at: 30s               # by the simulated node's kernel (`--kernel-log auto`)
+      - at: 30s               # by the simulated node's kernel (`--kernel-log auto`); after
+                              # Xid 79 (fallen off the bus) the GPU is lost, as below
         gpu: 1
         xid: 31
         pid: 52001            # optional: the process the driver's line names
@@ -46,6 +47,11 @@ plus the ``allocations`` entries (see `exporter.attribution.simulated.scenario_a
 Without ``time_slicing``, a GPU allocated to more than one container is time-sliced into
 as many replicas as it has containers.
 
+A lost GPU (after an Xid 79, or while a ``health`` entry says ``gpu_lost``) is what a real
+one is: the driver answers every call about it with ``NVML_ERROR_GPU_IS_LOST``, so its
+sample is down (no values, no processes; its Xid counts and the ``gpu_lost`` health
+signal stay) and ``l9gpu_backend_errors_total{reason="gpu_lost"}`` counts each pass.
+
 ``exporter/scenarios/incidents.yaml`` plays the incidents of docs/INCIDENTS.md on a small
 node: ``--scenario incidents`` names it (a built-in scenario by its name).
 """
@@ -54,7 +60,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -62,17 +68,25 @@ import yaml
 
 from exporter.devices.base import SOURCE_FLAGS, Backend, BackendUnavailable
 from exporter.devices.simulated_health import (
+    SIMULATED_BOOT_ID,
     HealthScenarioError,
     HealthSpec,
     parse_health,
     scenario_duration,
     simulated_signals,
 )
+from exporter.health import HealthSignals
 from exporter.model import DeviceSample, ProcessSample, frozen_mapping
 from exporter.parsing import parse_positive_duration
 
 GIB = 2**30
 MIB = 2**20
+# The Xid of a GPU that has fallen off the bus: from then on the driver answers every call
+# about it with NVML_ERROR_GPU_IS_LOST, until the node reboots.
+XID_FALLEN_OFF_THE_BUS = 79
+# What the NVML backend reports for such a GPU (`exporter.devices.nvml.common`: the reason,
+# then NVML's text for the error).
+GPU_LOST_ERROR = "GPU is lost: GPU is lost"
 DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "default.yaml"
 
 
@@ -388,6 +402,7 @@ class SimulatedBackend(Backend):
         self._pcie_bytes: dict[int, list[float]] = {}
         self._on_gpu: dict[int, list[ProcessSpec]] = {}
         self._capped: dict[int, float] = {}  # seconds at the power limit (violation time)
+        self._errors: dict[str, int] = {}
 
     def open(self) -> None:
         try:
@@ -431,6 +446,27 @@ class SimulatedBackend(Backend):
         """When the backend opened, on its clock (that of the passes)."""
         return self._start
 
+    def lost(self, index: int, t: float) -> bool:
+        """Whether GPU ``index`` is lost at ``t`` seconds: after an Xid 79 on it, or while a
+        health entry says so."""
+        assert self.scenario is not None
+        return (any(spec.gpu == index and spec.xid == XID_FALLEN_OFF_THE_BUS and spec.at <= t
+                    for spec in self.scenario.xids)
+                or simulated_signals(index, t, 0.0, 0.0, self.scenario.health).gpu_lost)
+
+    def errors(self) -> Mapping[str, int]:
+        return dict(self._errors)
+
+    def _lost_sample(self, gpu: GpuSpec, t: float) -> DeviceSample:
+        """GPU ``gpu`` as the NVML backend reports a GPU every call about which fails with
+        GPU_IS_LOST: down, its identity, its Xid counts and the ``gpu_lost`` signal."""
+        self._errors["gpu_lost"] = self._errors.get("gpu_lost", 0) + 1
+        identity = DeviceSample(index=gpu.index, uuid=gpu.uuid, model=gpu.model, vendor="nvidia",
+                                driver_version=gpu.driver_version, pci_bus_id=_pci_bus_id(gpu.index),
+                                serial=_serial(gpu.index))
+        return replace(identity.down(GPU_LOST_ERROR, xid_errors=self._xid_counts(gpu.index, t)),
+                       health=HealthSignals(gpu_lost=True, boot_id=SIMULATED_BOOT_ID))
+
     def elapsed(self, now: float) -> float:
         """Seconds since the backend opened, at pass time ``now``."""
         return max(0.0, now - self._start)
@@ -442,6 +478,9 @@ class SimulatedBackend(Backend):
         self._last = now
         samples = []
         for gpu in self.scenario.gpus:
+            if self.lost(gpu.index, t):
+                samples.append(self._lost_sample(gpu, t))
+                continue
             procs = [p for p in self._on_gpu[gpu.index] if p.running(t)]
             shares = [min(1.0, max(0.0, p.utilization(max(0.0, t - p.start)))) for p in procs]
             memories = [p.memory_at(t) for p in procs]
@@ -464,7 +503,7 @@ class SimulatedBackend(Backend):
                     vendor="nvidia",
                     driver_version=gpu.driver_version,
                     pci_bus_id=_pci_bus_id(gpu.index),
-                    serial=f"165232{gpu.index:07d}",
+                    serial=_serial(gpu.index),
                     utilization=busy,
                     memory_utilization=0.6 * busy,
                     memory_used_bytes=gpu.reserved_bytes + sum(memories),
@@ -535,6 +574,10 @@ class ScenarioKernelLog:
 
     def close(self) -> None:
         return None
+
+
+def _serial(index: int) -> str:
+    return f"165232{index:07d}"
 
 
 def _pci_bus_id(index: int) -> str:

@@ -27,6 +27,9 @@ from typing import Any
 from exporter.health import HealthSignals, NvLink, Pcie, RowRemap, Violations
 from exporter.parsing import parse_duration_or_seconds
 
+# The simulated node's boot id (`HealthSignals.boot_id`): it never reboots.
+SIMULATED_BOOT_ID = "sim-boot-0"
+
 
 class HealthScenarioError(ValueError):
     """A bad ``health`` entry; the message names the field."""
@@ -162,5 +165,5 @@ def simulated_signals(index: int, t: float, busy: float, power_capped_seconds: f
         row_remap=RowRemap(**row), pcie=Pcie(**pcie), nvlinks=links,
         violations=Violations(power=power_capped_seconds, thermal=0.0, reliability=0.0, board_limit=0.0,
                               sync_boost=0.0, low_utilization=0.0),
-        recovery_action=action, persistence_mode=True, boot_id="sim-boot-0")
+        recovery_action=action, persistence_mode=True, boot_id=SIMULATED_BOOT_ID)
     return replace(signals, gpu_lost=True) if lost else signals

@@ -452,7 +452,8 @@ class IncidentTracker:
                     why = f"{why}; {describe_owner(sole)} alone held the GPU then" if why else \
                         f"{describe_owner(sole)} alone held the GPU then"
         affected = tuple(w for w in state.holders if w not in caused)
-        who = f"pid {record.pid} ({record.comm})" if record.pid is not None else "no process"
+        who = (f"pid {record.pid} ({record.comm or 'name unknown'})" if record.pid is not None
+               else "no process")
         if record.xid in CALLER_XIDS:
             who += ", the caller that noticed, not a cause"
         if why:

@@ -5,7 +5,7 @@ node where it keeps one, ``/var/log/journal`` (persistent) or ``/run/log/journal
 (volatile, lost at reboot), mounted read-only, give the agent the same Xid lines as
 ``/dev/kmsg`` without CAP_SYSLOG or a privileged container. The files are read through
 libsystemd's own journal API (the ``systemd-python`` binding, an optional dependency:
-``pip install 'l9gpu[journal]'`` or Debian's ``python3-systemd``), never parsed by hand.
+``pip install '.[journal]'`` in l9gpu's checkout or Debian's ``python3-systemd``), never parsed by hand.
 
 `JournalKernelLog` opens the directories, keeps only the kernel transport's entries,
 starts at the newest (or the oldest, with ``from_start``), and each
@@ -55,7 +55,7 @@ def _binding() -> Any:
     except ImportError:
         raise KernelLogUnavailable(
             "cannot read the kernel log from the journal: the systemd-python binding is not installed "
-            "(pip install 'l9gpu[journal]', or Debian's python3-systemd)") from None
+            "(pip install '.[journal]' in l9gpu's checkout, or Debian's python3-systemd)") from None
     return journal
 
 

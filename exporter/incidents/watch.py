@@ -161,9 +161,9 @@ def _summary(doc: Mapping[str, Any]) -> str:
     def names(key: str) -> str:
         return ", ".join(w.get("owner", "") for w in doc.get(key) or ()) or "-"
 
-    xid = f" Xid {doc['xid']}" if doc.get("xid") is not None else ""
+    what = f"Xid {doc['xid']}" if doc.get("xid") is not None else doc.get("kind")  # "Xid 79", not "xid Xid 79"
     basis = f" (by {str(doc['cause_basis']).replace('_', ' ')})" if doc.get("cause_basis") else ""
-    return (f"{doc.get('kind')}{xid} on GPU {doc.get('gpu')} ({doc.get('uuid')}): caused by {names('caused_by')}"
+    return (f"{what} on GPU {doc.get('gpu')} ({doc.get('uuid')}): caused by {names('caused_by')}"
             f"{basis}; "
             f"affected {names('affected')}; action {doc.get('action')}; {doc.get('detail', '')}")
 

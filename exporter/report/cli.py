@@ -55,7 +55,7 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
                         help='extra label matchers for every series, e.g. cluster="eu-1"')
     report.add_argument("--quiet", "-q", action="store_true",
                         help="show no progress line; without it a terminal (standard error) shows the queries "
-                             "answered, the phase and the time elapsed, when tqdm is installed (l9gpu[report]); "
+                             "answered, the phase and the time elapsed, when tqdm is installed (the report extra); "
                              "notes and errors are printed either way")
     auth = report.add_argument_group("Prometheus connection")
     auth.add_argument("--bearer-token", metavar="TOKEN", help="send Authorization: Bearer TOKEN")
@@ -131,7 +131,7 @@ def _report(args: argparse.Namespace) -> int:
         try:
             import jinja2  # noqa: F401
         except ImportError:
-            raise CommandFailed("the HTML report needs jinja2: pip install 'l9gpu[report]'") from None
+            raise CommandFailed("the HTML report needs jinja2: pip install '.[report]' in l9gpu's checkout") from None
     check_output(args.output)
     now = time.time()
     try:

@@ -161,7 +161,7 @@ def to_html(report: dict[str, Any]) -> str:
     try:
         import jinja2
     except ImportError:
-        raise RuntimeError("the HTML report needs jinja2: pip install 'l9gpu[report]'") from None
+        raise RuntimeError("the HTML report needs jinja2: pip install '.[report]' in l9gpu's checkout") from None
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     currency = report["currency"] or ""
 

@@ -63,7 +63,7 @@ class TerminalProgress(Progress):
 
 def progress_for(stream: TextIO, quiet: bool) -> Progress:
     """Progress on `stream` when it is a terminal and the user did not ask for quiet; tqdm
-    comes with ``pip install 'l9gpu[report]'``, and without it the report runs silently."""
+    comes with the ``report`` extra, and without it the report runs silently."""
     if quiet or not stream.isatty():
         return Progress()
     try:

@@ -251,9 +251,15 @@ def _attention(gpus: Sequence[Mapping[str, Any]], interval: float,
     return '<ul class="attention">' + "".join(f'<li class="{c}">{t}</li>' for c, t in items) + "</ul>"
 
 
+def _workload_key(w: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Who a workload row is: the same on every GPU it uses (a trainer on four GPUs has four rows)."""
+    return tuple(w.get(key) for key in ("kind", "owner", "namespace", "pod", "container", "pod_uid",
+                                        "slurm_job_id", "slurm_step"))
+
+
 def _summary(gpus: Sequence[Mapping[str, Any]]) -> str:
     up = [g for g in gpus if g.get("up", True)]
-    workloads = sum(len(g.get("workloads") or ()) for g in up)
+    workloads = len({_workload_key(w) for g in up for w in g.get("workloads") or ()})
     used = sum(g.get("memory_used_bytes") or 0 for g in up)
     total = sum(g.get("memory_total_bytes") or 0 for g in up)
     power = [g["power_watts"] for g in up if g.get("power_watts") is not None]
@@ -306,7 +312,7 @@ def _incidents(incidents: Sequence[Mapping[str, Any]], now: Any, shown: int = 20
         if incident.get("cause_known") and incident.get("cause_basis"):
             basis = _e(str(incident["cause_basis"]).replace("_", " "))
             cause += f' <span class="basis">({basis})</span>'
-        rows.append(f'<tr data-kind="{_e(incident.get("kind", ""))}"><td>GPU {_e(incident.get("gpu", "?"))}</td>'
+        rows.append(f'<tr data-kind="{_e(incident.get("kind", ""))}"><td>GPU&nbsp;{_e(incident.get("gpu", "?"))}</td>'
                     f'<td>{kind}</td><td>{cause}</td><td>{names("affected", incident)}</td>'
                     f'<td>{_e(str(incident.get("action", "")).replace("_", " "))}</td><td class="n">{age} ago</td>'
                     f'<td class="detail">{_e(incident.get("detail", ""))}</td></tr>')

@@ -1,0 +1,32 @@
+"""`make demo` and `make demo-incidents` serve on loopback unless LISTEN says otherwise."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _listen(target: str, *overrides: str) -> list[str]:
+    """The --listen addresses of the commands `make -n TARGET` would run (nothing runs)."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    dry = subprocess.run(["make", "-n", "-C", str(REPO), target, *overrides], capture_output=True, text=True,
+                         timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    return re.findall(r"l9gpu serve .*--listen (\S+)", dry.stdout)
+
+
+@pytest.mark.parametrize("target", ["demo", "demo-incidents"])
+def test_the_demo_listens_on_loopback_by_default(target: str) -> None:
+    assert _listen(target) == ["127.0.0.1:9835"]
+
+
+@pytest.mark.parametrize("target", ["demo", "demo-incidents"])
+def test_listen_serves_the_demo_elsewhere_when_asked(target: str) -> None:
+    assert _listen(target, "LISTEN=0.0.0.0:9900") == ["0.0.0.0:9900"]
