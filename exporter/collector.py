@@ -42,7 +42,7 @@ from exporter.model import (
     Workload,
     frozen_mapping,
 )
-from exporter.shares import PassPlan, plan_shares
+from exporter.shares import PassPlan, passes_between_reads, plan_shares
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,9 @@ class Collector:
         process_metrics: per-process series are exported (``--process-metrics``): read
             every GPU's per-process samples every pass. Otherwise a GPU all of whose
             processes belong to one owner is not asked for them (they cost more than the rest
-            of its pass, docs/PERFORMANCE.md): the owner's SM share is the GPU's utilisation.
+            of its pass, docs/PERFORMANCE.md): the owner's SM share is the GPU's utilisation;
+            a GPU several owners share is asked every `shares.SHARED_READ_PERIOD` seconds,
+            its shares carried in between.
     """
 
     def __init__(
@@ -106,7 +108,10 @@ class Collector:
         self.process_metrics = process_metrics
         # Per backend, the plan of its next pass: backends that leave per-process samples
         # until the owners are known (NVML) read them all only with per-process series on.
-        self._plans = [PassPlan(process_metrics=process_metrics or not b.defers_process_shares)
+        # A GPU several owners share has its samples read every few passes, its shares
+        # carried in between (`exporter.shares`).
+        every = passes_between_reads(interval)
+        self._plans = [PassPlan(process_metrics=process_metrics or not b.defers_process_shares, every=every)
                        for b in self.backends]
         self._progress_clock = time.monotonic  # real time: liveness is about a stuck thread
         self._published_at: float | None = None

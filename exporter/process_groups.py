@@ -89,4 +89,13 @@ def has_one_owner(device: DeviceSample, owners: Mapping[int, Workload], labeller
     one workload (equal ``labeller`` values), or none attributed. The rule a pass uses to
     decide whether the device's utilisation can stand for the owner's SM share
     (`DeviceSample.sm_share_from_device`)."""
-    return group_processes(device, owners, labeller).one_owner
+    # Most GPUs hold one container's processes, which share one owner object: then there
+    # is one group (or only unattributed processes) without building the groups.
+    get, first = owners.get, None
+    for proc in device.processes:
+        owner = get(proc.pid, UNKNOWN)
+        if first is None:
+            first = owner
+        elif owner is not first:
+            return group_processes(device, owners, labeller).one_owner
+    return True
