@@ -166,11 +166,21 @@ class IncidentTracker:
                      owners: Mapping[int, Workload]) -> list[Incident]:
         if not device.up:
             return []
-        work: dict[Workload, int] = {}
+        # by owner object first (a container's processes share one): a Workload hashes all
+        # its fields, once per owner here rather than once per process
+        by_owner: dict[int, list[Any]] = {}
+        pids, key = self._pids, device.key
         for p in device.processes:
             owner = owners.get(p.pid, UNKNOWN)
-            self._pids[p.pid] = (owner, device.key, now)
-            work[owner] = work.get(owner, 0) + (p.used_memory_bytes or 0)
+            pids[p.pid] = (owner, key, now)
+            entry = by_owner.get(id(owner))
+            if entry is None:
+                by_owner[id(owner)] = [owner, p.used_memory_bytes or 0]
+            else:
+                entry[1] += p.used_memory_bytes or 0
+        work: dict[Workload, int] = {}
+        for owner, used in by_owner.values():
+            work[owner] = work.get(owner, 0) + used
         previous = state.memory[-1][1] if state.memory else {}
         exited = state.pids - {p.pid for p in device.processes}
         state.pids = frozenset(p.pid for p in device.processes)
