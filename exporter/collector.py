@@ -103,6 +103,7 @@ class Collector:
         self._state = DeriveState()
         self._health = HealthStageState()
         self._snapshot: Snapshot | None = None
+        self._rows: dict[tuple[str, int], ProcessRow] = {}  # the last pass's, by (device key, PID)
         self.read_timeout = read_timeout
         self._bulkhead = Bulkhead(read_timeout)
         self.process_metrics = process_metrics
@@ -166,11 +167,7 @@ class Collector:
         self._health, health = health_step(self._health, now, devices, {k for s in stuck for k in s.devices})
         for line in health.problems:
             log.warning("GPU health: %s", line)
-        rows = tuple(
-            ProcessRow(d.key, p.pid, self.attributor.comm(p.pid), owners.get(p.pid, UNKNOWN),
-                       p.used_memory_bytes, p.sm_utilization)
-            for d in devices if d.up for p in d.processes
-        )
+        rows = self._process_rows(devices, owners)
         backend_errors = {}
         for backend in self.backends:
             for reason, count in backend.errors().items():
@@ -206,6 +203,27 @@ class Collector:
             except Exception:  # noqa: BLE001
                 log.exception("snapshot hook failed")
         return snapshot
+
+    def _process_rows(self, devices: Sequence[DeviceSample], owners: Mapping[int, Workload]
+                      ) -> tuple[ProcessRow, ...]:
+        """The pass's processes joined to their owners; a row equal to the last pass's is
+        that row again (most are, pass after pass: building them is most of their cost)."""
+        last, kept, rows = self._rows, {}, []
+        comm = self.attributor.comm
+        for d in devices:
+            if not d.up:
+                continue
+            key = d.key
+            for p in d.processes:
+                pid, owner, name = p.pid, owners.get(p.pid, UNKNOWN), comm(p.pid)
+                row = last.get((key, pid))
+                if (row is None or row.workload is not owner or row.comm != name
+                        or row.used_memory_bytes != p.used_memory_bytes or row.sm_utilization != p.sm_utilization):
+                    row = ProcessRow(key, pid, name, owner, p.used_memory_bytes, p.sm_utilization)
+                kept[(key, pid)] = row
+                rows.append(row)
+        self._rows = kept
+        return tuple(rows)
 
     def _read_devices(self, now: float) -> tuple[list[DeviceSample], list[int], tuple[StuckCall, ...], bool]:
         """Every backend's reads for this pass, each within its deadline.

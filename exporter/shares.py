@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from exporter.labels import Labeller
-from exporter.model import DeviceSample, ProcessSample, Workload, frozen_mapping, updated
+from exporter.model import DeviceSample, Workload, frozen_mapping, updated
 from exporter.process_groups import has_one_owner
 
 #: Seconds between reads of the per-process samples of a GPU that several owners share
@@ -92,9 +92,8 @@ def carry_shares(device: DeviceSample, last: LastRead) -> DeviceSample | None:
     processes = []
     for p in device.processes:
         sm, mem = last.shares[p.pid]
-        processes.append(ProcessSample(pid=p.pid, used_memory_bytes=p.used_memory_bytes,
-                                       sm_utilization=None if sm is None else min(1.0, sm * scale),
-                                       memory_utilization=mem, kind=p.kind))
+        processes.append(updated(p, sm_utilization=None if sm is None else min(1.0, sm * scale),
+                                 memory_utilization=mem))
     return updated(device, processes=tuple(processes))
 
 

@@ -27,6 +27,7 @@ from exporter.cli import build_parser
 from exporter.collector import Collector
 from exporter.devices.nvml import NvmlBackend
 from exporter.labels import label_schema
+from exporter.model import UNKNOWN, Workload
 from exporter.shares import READ_ALL, SHARED_READ_PERIOD, passes_between_reads
 from exporter.web.app import make_app
 from exporter.web.exposition import Exposition
@@ -374,3 +375,32 @@ def test_over_a_minute_of_the_simulated_node_carried_shares_stay_within_a_point_
     assert reads[True] == 61 and reads[False] <= 61 // int(SHARED_READ_PERIOD) + 3, reads
     for key, share in every_pass.items():
         assert carried[key] == pytest.approx(share, abs=0.01), key
+
+
+def test_has_one_owner_is_the_rule_derive_groups_by():
+    """`has_one_owner` decides on the distinct owner objects without building the groups:
+    it answers what `group_processes(...).one_owner` answers, for every mix of one
+    container's processes, equal workloads in distinct objects, unattributed processes,
+    and workloads whose labels differ."""
+    import itertools
+
+    from exporter.model import DeviceSample, ProcessSample
+    from exporter.process_groups import group_processes, has_one_owner
+
+    a = Workload(kind="kubernetes", namespace="ml", pod="a", container="main")
+    a_again = Workload(kind="kubernetes", namespace="ml", pod="a", container="main")  # equal, not the same
+    b = Workload(kind="kubernetes", namespace="ml", pod="b", container="main")
+    job = Workload(kind="slurm", slurm_job_id="42")
+    host = Workload(kind="host")
+    _, labeller = label_schema([])
+    choices = [a, a_again, b, job, host, UNKNOWN, None]
+    cases = 0
+    for size in range(0, 4):
+        for chosen in itertools.product(choices, repeat=size):
+            device = DeviceSample(index=0, uuid="GPU-0", model="m",
+                                  processes=tuple(ProcessSample(pid=i + 1) for i in range(size)))
+            owners = {i + 1: owner for i, owner in enumerate(chosen) if owner is not None}
+            assert has_one_owner(device, owners, labeller) == group_processes(
+                device, owners, labeller).one_owner, chosen
+            cases += 1
+    assert cases == 1 + 7 + 49 + 343
