@@ -19,7 +19,8 @@ read in two steps:
 
 A shared GPU's samples are read every `PassPlan.every` passes (`SHARED_READ_PERIOD`
 seconds), each GPU in its own phase so that the reads spread over the passes. In the
-passes between, its processes' shares are carried from the last read (`carry_shares`):
+passes between, its processes' shares are carried from the last read (`carried_utilization`,
+by the backend in its part of the pass where it can, else `carry_shares` here):
 each process keeps its SM share of that read, scaled by how the GPU's utilisation (read
 every pass, cheaply) moved since. Whatever a driver buffers is not lost by it: the read
 averages every sample newer than the last one read. A driver that returns only the
@@ -35,10 +36,10 @@ it as an argument.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from exporter.labels import Labeller
-from exporter.model import DeviceSample, Workload, frozen_mapping, updated
+from exporter.model import DeviceSample, ProcessSample, Workload, frozen_mapping, updated
 from exporter.process_groups import has_one_owner
 
 #: Seconds between reads of the per-process samples of a GPU that several owners share
@@ -72,29 +73,36 @@ class LastRead:
                    frozen_mapping({p.pid: (p.sm_utilization, p.memory_utilization) for p in device.processes}))
 
 
-def carry_shares(device: DeviceSample, last: LastRead) -> DeviceSample | None:
-    """``device`` with its processes' shares carried from ``last``: each SM share scaled by
-    the GPU's utilisation now against then (at most 1), memory shares as they were.
+def carried_utilization(last: LastRead, pids: Collection[int], utilization: float | None
+                        ) -> dict[int, tuple[float, float | None]] | None:
+    """Per PID, the (SM, memory) shares carried from ``last`` to a pass in which the GPU's
+    processes are ``pids`` and its utilisation ``utilization``: each SM share scaled by the
+    utilisation now against then (at most 1), memory shares as they were.
 
     None when they cannot be carried and the samples are to be read now: another set of
     processes than at the read, no utilisation, or a GPU busy now that was idle then.
     """
-    util = device.utilization
-    if util is None or len(device.processes) != len(last.shares) or any(
-            p.pid not in last.shares for p in device.processes):
+    shares = last.shares
+    if utilization is None or len(pids) != len(shares) or any(pid not in shares for pid in pids):
         return None
     if last.utilization > 0:
-        scale = util / last.utilization
-    elif util == 0 and not any(sm for sm, _ in last.shares.values()):
+        scale = utilization / last.utilization
+    elif utilization == 0 and not any(sm for sm, _ in shares.values()):
         scale = 0.0
     else:
         return None
-    processes = []
-    for p in device.processes:
-        sm, mem = last.shares[p.pid]
-        processes.append(updated(p, sm_utilization=None if sm is None else min(1.0, sm * scale),
-                                 memory_utilization=mem))
-    return updated(device, processes=tuple(processes))
+    return {pid: (min(1.0, (sm or 0.0) * scale), mem) for pid, (sm, mem) in shares.items()}
+
+
+def carry_shares(device: DeviceSample, last: LastRead) -> DeviceSample | None:
+    """``device`` with its processes' shares carried from ``last`` (`carried_utilization`);
+    None when they cannot be."""
+    carried = carried_utilization(last, [p.pid for p in device.processes], device.utilization)
+    if carried is None:
+        return None
+    processes = tuple(ProcessSample(p.pid, p.used_memory_bytes, carried[p.pid][0], carried[p.pid][1], p.kind)
+                      for p in device.processes)
+    return updated(device, processes=processes)
 
 
 @dataclass(frozen=True)
@@ -190,7 +198,14 @@ def plan_shares(devices: Sequence[DeviceSample], owners: Mapping[int, Workload],
         if one and device.utilization is not None:
             out[n] = share_from_device(device)
             continue
-        carried = carry_shares(device, plan.carried[index]) if index in plan.carried else None
+        carried = None
+        if index in plan.carried:
+            last_read = plan.carried[index]
+            if all(p.sm_utilization is not None for p in device.processes) and len(device.processes) == len(
+                    last_read.shares) and all(p.pid in last_read.shares for p in device.processes):
+                carried = device  # the backend carried them in its part of the pass
+            else:
+                carried = carry_shares(device, last_read)
         if carried is not None:
             out[n] = carried
             last[index] = plan.carried[index]
@@ -205,4 +220,4 @@ def plan_shares(devices: Sequence[DeviceSample], owners: Mapping[int, Workload],
 
 
 __all__ = ["READ_ALL", "SHARED_READ_PERIOD", "LastRead", "PassPlan", "SharePlan", "carry_shares",
-           "passes_between_reads", "plan_shares", "share_from_device"]
+           "carried_utilization", "passes_between_reads", "plan_shares", "share_from_device"]

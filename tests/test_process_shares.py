@@ -404,3 +404,32 @@ def test_has_one_owner_is_the_rule_derive_groups_by():
                 device, owners, labeller).one_owner, chosen
             cases += 1
     assert cases == 1 + 7 + 49 + 343
+
+
+def test_between_reads_the_nvml_backend_carries_the_shares_scaled_by_the_gpus_utilisation(tmp_path):
+    node = Node(str(tmp_path))
+    node.start(1001, "train-a", sm=60)
+    node.start(1002, "eval-b", sm=20)
+    node.fake.gpus[0].utilization_gpu = 80
+    clock = Clock()
+    collector = node.collector(clock=clock)
+    every = passes_between_reads(1.0)
+    util, halved, reads_at_40 = 80, [], []
+    for t in range(3 * every):
+        clock.t = float(t)
+        node.fake.gpus[0].utilization_gpu = util
+        before = node.util_reads()
+        snap = collector.collect_once()
+        read = node.util_reads() > before
+        shares = {w.workload.pod: w.utilization for w in snap.workloads}
+        if read:
+            assert shares == {"train-a": pytest.approx(0.6), "eval-b": pytest.approx(0.2)}  # the driver's
+            if util == 40:
+                reads_at_40.append(t)
+            if t >= 2:
+                util = 40  # after a read at 80 %, half the utilisation
+        elif util == 40 and not reads_at_40:
+            halved.append(shares)  # carried from the read at 80 %: half the shares
+    assert len(halved) == every - 1 and reads_at_40
+    assert all(s == {"train-a": pytest.approx(0.3), "eval-b": pytest.approx(0.1)} for s in halved)
+    assert node.util_reads() <= 2 + 3

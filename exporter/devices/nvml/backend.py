@@ -448,7 +448,8 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         }
         processes: tuple[ProcessSample, ...] = ()
         if not mig_enabled:
-            processes = self._processes(nvml, index, handle, per_process_util=True, now=now)
+            processes = self._processes(nvml, index, handle, per_process_util=True, now=now,
+                                        utilization=values["utilization"])
         parent = DeviceSample(
             index=index,
             uuid=static["uuid"],

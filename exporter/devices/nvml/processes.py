@@ -51,6 +51,7 @@ from exporter.devices.nvml.libnvml import (
     process_memory,
 )
 from exporter.model import DeviceSample, ProcessSample
+from exporter.shares import carried_utilization
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,11 @@ class ProcessesMixin(NvmlState):
         raise NotImplementedError
 
     def _processes(
-        self, nvml: Nvml, index: int, handle: Any, per_process_util: bool, now: float
+        self, nvml: Nvml, index: int, handle: Any, per_process_util: bool, now: float,
+        utilization: float | None = None,
     ) -> tuple[ProcessSample, ...]:
+        """The GPU's processes, with their SM shares where this pass reads them or carries
+        them (``utilization``: the GPU's, this pass)."""
         found: dict[int, tuple[int | None, str]] = {}
         graphics_key = (index, "graphics", handle_key(handle))
         kinds = [("compute", COMPUTE_PROCESS_FUNCTIONS)]
@@ -102,9 +106,12 @@ class ProcessesMixin(NvmlState):
             # cost milliseconds). The last-seen timestamp stays, so the next pass with
             # processes reads only samples newer than the last one read.
             return ()
-        util: dict[int, tuple[float, float]] | None = None
+        util: Mapping[int, tuple[float, float | None]] | None = None
         if per_process_util and self._plan.reads_shares(index):
             util = self._process_utilization(nvml, index, handle)
+        elif per_process_util and index in self._plan.carried:
+            # a shared GPU between two reads: the last read's shares, carried (`exporter.shares`)
+            util = carried_utilization(self._plan.carried[index], found, utilization)
         return processes_with_shares([(pid, *found[pid]) for pid in sorted(found)], util)
 
     def process_share_reads(self, devices: Sequence[DeviceSample]) -> list[Read]:
@@ -225,7 +232,7 @@ class ProcessesMixin(NvmlState):
 
 
 def processes_with_shares(processes: Sequence[tuple[int, int | None, str]],
-                           util: Mapping[int, tuple[float, float]] | None) -> tuple[ProcessSample, ...]:
+                          util: Mapping[int, tuple[float, float | None]] | None) -> tuple[ProcessSample, ...]:
     """(pid, memory, kind) of each process, with its SM and memory shares from ``util`` (see
     the module doc for the rule): a process without a sample was idle (0); None (the
     device cannot sample processes, or they were not read) leaves the shares unknown."""
