@@ -348,7 +348,7 @@ def test_call_plan_fits_the_per_gpu_budget_on_h200_costs():
     assert cpu <= 1.02e-3 and wall <= 1.02e-3, f"{cpu * 1e3:.2f} ms of CPU per GPU per pass with GPM"
 
 
-def test_a_gpu_held_by_one_owner_costs_under_a_third_of_that():
+def test_a_gpu_held_by_one_owner_is_not_asked_for_per_process_samples():
     """The same node with every GPU held by one owner (here: nobody attributed, as on a
     node without attribution): no per-process read, at most 0.6 ms per GPU per pass (0.47;
     0.69 with GPM). With per-process series on (``--process-metrics``) the read is back,
