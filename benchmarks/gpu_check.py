@@ -279,6 +279,49 @@ def measure_call_costs(device: int, repeats: int = 30) -> list[dict[str, Any]]:
         pynvml.nvmlShutdown()
 
 
+def process_sample_buffer(device: int, windows: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0)
+                          ) -> list[dict[str, Any]]:
+    """How many per-process utilisation samples the driver keeps: for each window, the
+    samples ``nvmlDeviceGetProcessesUtilizationInfo`` (else ``GetProcessUtilization``)
+    returns when asked for those newer than a timestamp taken that long before, while a
+    process computes. The agent reads a shared GPU's samples every few seconds
+    (`exporter.shares.SHARED_READ_PERIOD`): a driver that keeps every sample of the window
+    loses nothing by it; one that returns only the latest per process is sampled less often.
+
+    Per window: the samples, the distinct timestamps, the most samples of one process, and
+    the span of their timestamps (seconds).
+    """
+    import pynvml  # type: ignore[import-untyped,unused-ignore]
+
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(device)
+        read = getattr(pynvml, "nvmlDeviceGetProcessesUtilizationInfo", None) or \
+            pynvml.nvmlDeviceGetProcessUtilization
+
+        def samples(since: int) -> list[Any]:
+            try:
+                return list(read(h, since))
+            except pynvml.NVMLError:
+                return []
+
+        rows = []
+        for window in windows:
+            latest = max((int(s.timeStamp) for s in samples(0)), default=0)
+            time.sleep(window)
+            got = samples(latest)
+            stamps = sorted({int(s.timeStamp) for s in got})
+            per_pid: dict[int, int] = {}
+            for sample in got:
+                per_pid[int(sample.pid)] = per_pid.get(int(sample.pid), 0) + 1
+            rows.append({"window_s": window, "samples": len(got), "timestamps": len(stamps),
+                         "most_per_process": max(per_pid.values(), default=0),
+                         "span_s": _round((stamps[-1] - stamps[0]) / 1e6 if len(stamps) > 1 else 0.0)})
+        return rows
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def print_call_costs(rows: list[dict[str, Any]]) -> None:
     print(f"{'NVML call (median)':<58}{'wall ms':>9}{'CPU ms':>9}  outcome")
     for row in rows:
@@ -689,6 +732,8 @@ def run_check(args: argparse.Namespace) -> int:
                 if phase == "busy" and cost_thread is None:
                     def measure() -> None:
                         time.sleep(SETTLE_SECONDS)
+                        # first, while the workload is surely busy (8.5 s)
+                        cost["process_sample_buffer"] = process_sample_buffer(args.device)
                         cost["nvml_calls"] = measure_call_costs(args.device)
                         cost["agent_passes"] = agent_pass_timings(args.python, args.device)
 
@@ -739,6 +784,9 @@ def run_check(args: argparse.Namespace) -> int:
     if cost.get("nvml_calls"):
         print_call_costs(cost["nvml_calls"])
         print()
+    for row in cost.get("process_sample_buffer", []):
+        print(f"per-process samples newer than {row['window_s']} s ago: {row['samples']} ({row['timestamps']} "
+              f"timestamps over {row['span_s']} s, at most {row['most_per_process']} for one process)")
     for title, summary in cost.get("agent_passes", {}).items():
         if isinstance(summary, dict):
             print(f"l9gpu {title}: {summary.get('calls')} NVML calls, {summary.get('wall_ms')} ms wall, "

@@ -42,7 +42,7 @@ from exporter.model import (
     Workload,
     frozen_mapping,
 )
-from exporter.shares import PassPlan, plan_shares
+from exporter.shares import PassPlan, passes_between_reads, plan_shares
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,9 @@ class Collector:
         process_metrics: per-process series are exported (``--process-metrics``): read
             every GPU's per-process samples every pass. Otherwise a GPU all of whose
             processes belong to one owner is not asked for them (they cost more than the rest
-            of its pass, docs/PERFORMANCE.md): the owner's SM share is the GPU's utilisation.
+            of its pass, docs/PERFORMANCE.md): the owner's SM share is the GPU's utilisation;
+            a GPU several owners share is asked every `shares.SHARED_READ_PERIOD` seconds,
+            its shares carried in between.
     """
 
     def __init__(
@@ -101,12 +103,16 @@ class Collector:
         self._state = DeriveState()
         self._health = HealthStageState()
         self._snapshot: Snapshot | None = None
+        self._rows: dict[tuple[str, int], ProcessRow] = {}  # the last pass's, by (device key, PID)
         self.read_timeout = read_timeout
         self._bulkhead = Bulkhead(read_timeout)
         self.process_metrics = process_metrics
         # Per backend, the plan of its next pass: backends that leave per-process samples
         # until the owners are known (NVML) read them all only with per-process series on.
-        self._plans = [PassPlan(process_metrics=process_metrics or not b.defers_process_shares)
+        # A GPU several owners share has its samples read every few passes, its shares
+        # carried in between (`exporter.shares`).
+        every = passes_between_reads(interval)
+        self._plans = [PassPlan(process_metrics=process_metrics or not b.defers_process_shares, every=every)
                        for b in self.backends]
         self._progress_clock = time.monotonic  # real time: liveness is about a stuck thread
         self._published_at: float | None = None
@@ -161,12 +167,7 @@ class Collector:
         self._health, health = health_step(self._health, now, devices, {k for s in stuck for k in s.devices})
         for line in health.problems:
             log.warning("GPU health: %s", line)
-        start_of = getattr(self.attributor, "start_time", None)
-        rows = tuple(
-            ProcessRow(d.key, p.pid, self.attributor.comm(p.pid), owners.get(p.pid, UNKNOWN),
-                       p.used_memory_bytes, p.sm_utilization, start_of(p.pid) if start_of is not None else None)
-            for d in devices if d.up for p in d.processes
-        )
+        rows = self._process_rows(devices, owners)
         backend_errors = {}
         for backend in self.backends:
             for reason, count in backend.errors().items():
@@ -202,6 +203,29 @@ class Collector:
             except Exception:  # noqa: BLE001
                 log.exception("snapshot hook failed")
         return snapshot
+
+    def _process_rows(self, devices: Sequence[DeviceSample], owners: Mapping[int, Workload]
+                      ) -> tuple[ProcessRow, ...]:
+        """The pass's processes joined to their owners; a row equal to the last pass's is
+        that row again (most are, pass after pass: building them is most of their cost)."""
+        last, kept, rows = self._rows, {}, []
+        comm = self.attributor.comm
+        start_of = getattr(self.attributor, "start_time", None)
+        for d in devices:
+            if not d.up:
+                continue
+            key = d.key
+            for p in d.processes:
+                pid, owner, name = p.pid, owners.get(p.pid, UNKNOWN), comm(p.pid)
+                started = start_of(pid) if start_of is not None else None
+                row = last.get((key, pid))
+                if (row is None or row.workload is not owner or row.comm != name or row.start_time != started
+                        or row.used_memory_bytes != p.used_memory_bytes or row.sm_utilization != p.sm_utilization):
+                    row = ProcessRow(key, pid, name, owner, p.used_memory_bytes, p.sm_utilization, started)
+                kept[(key, pid)] = row
+                rows.append(row)
+        self._rows = kept
+        return tuple(rows)
 
     def _read_devices(self, now: float) -> tuple[list[DeviceSample], list[int], tuple[StuckCall, ...], bool]:
         """Every backend's reads for this pass, each within its deadline.

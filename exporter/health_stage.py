@@ -27,6 +27,9 @@ from exporter.health.checks import DEFAULT_CONFIG, HealthConfig
 from exporter.health.policy import UNHEALTHY
 from exporter.model import DeviceSample
 
+#: The reason of a GPU with a call into the driver stuck (`exporter.health.policy`).
+STUCK_REASON = "stuck_in_driver_call"
+
 
 @dataclass(frozen=True)
 class HealthStageState:
@@ -38,6 +41,7 @@ class HealthStageState:
         xids: per physical GPU key, the cumulative XID counts it reported last pass.
         unhealthy_seconds: per device key, capacity-seconds spent unhealthy so far.
         signals: per physical GPU key, its last health read.
+        verdicts: per physical GPU key, its last verdict.
     """
 
     last_now: float | None = None
@@ -45,6 +49,7 @@ class HealthStageState:
     xids: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     unhealthy_seconds: Mapping[str, float] = field(default_factory=dict)
     signals: Mapping[str, HealthSignals] = field(default_factory=dict)
+    verdicts: Mapping[str, Verdict] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,16 @@ def parent_keys(devices: Sequence[DeviceSample]) -> dict[str, str]:
             if d.gpu_instance and (d.vendor, d.index) in whole}
 
 
+def _unchanged(gpu: HealthState | None, verdict: Verdict | None, signals: HealthSignals | None,
+               codes: list[object], stuck: bool) -> bool:
+    """True when a GPU's verdict cannot differ from its last one: no health read and no
+    XID in this pass, none active or recent, and no call stuck now or then. (`assess`
+    would return the same state and verdict; most passes of a healthy node are such.)"""
+    return (gpu is not None and verdict is not None and signals is None and not codes and not stuck
+            and not gpu.xids and not gpu.recent and not verdict.problems
+            and STUCK_REASON not in verdict.reason_names)
+
+
 def health_step(state: HealthStageState, now: float, devices: Sequence[DeviceSample],
                 stuck: Collection[str] = (), config: HealthConfig = DEFAULT_CONFIG
                 ) -> tuple[HealthStageState, HealthPass]:
@@ -114,8 +129,13 @@ def health_step(state: HealthStageState, now: float, devices: Sequence[DeviceSam
         key = device.key
         counts = dict(device.xid_errors)
         codes = new_xids(state.xids.get(key, {}), counts)
-        gpus[key], verdict = assess(state.gpus.get(key, HealthState()), now, device.health, codes,
-                                    device.utilization if device.up else None, key in stuck, config)
+        last, last_verdict = state.gpus.get(key), state.verdicts.get(key)
+        if _unchanged(last, last_verdict, device.health, codes, key in stuck):
+            assert last is not None and last_verdict is not None
+            gpus[key], verdict = last, last_verdict
+        else:
+            gpus[key], verdict = assess(last or HealthState(), now, device.health, codes,
+                                        device.utilization if device.up else None, key in stuck, config)
         xids[key] = counts
         if device.health is not None:
             signals[key] = device.health
@@ -134,7 +154,7 @@ def health_step(state: HealthStageState, now: float, devices: Sequence[DeviceSam
             seconds += max(0.0, device.capacity) * dt
         unhealthy[device.key] = seconds
     signals = {key: read for key, read in signals.items() if key in gpus}
-    new_state = HealthStageState(now, gpus, xids, unhealthy, signals)
+    new_state = HealthStageState(now, gpus, xids, unhealthy, signals, {key: verdicts[key] for key in gpus})
     shown = {d.key: signals[d.key] for d in devices if d.up and d.key in signals}
     return new_state, HealthPass(verdicts, transitions, {d.key: unhealthy[d.key] for d in devices},
                                  tuple(problems), shown)

@@ -89,4 +89,25 @@ def has_one_owner(device: DeviceSample, owners: Mapping[int, Workload], labeller
     one workload (equal ``labeller`` values), or none attributed. The rule a pass uses to
     decide whether the device's utilisation can stand for the owner's SM share
     (`DeviceSample.sm_share_from_device`)."""
-    return group_processes(device, owners, labeller).one_owner
+    # Decided on the distinct owner objects (a container's processes share one), without
+    # building the groups: most GPUs hold one container's processes.
+    get, first = owners.get, None
+    others: dict[int, Workload] | None = None
+    for proc in device.processes:
+        owner = get(proc.pid, UNKNOWN)
+        if first is None:
+            first = owner
+        elif owner is not first:
+            if others is None:
+                others = {}
+            others[id(owner)] = owner
+    if first is None or others is None:
+        return True
+    distinct = [first, *others.values()]
+    attributed = [owner for owner in distinct if owner.attributed]
+    if not attributed:
+        return True  # no workload: the unattributed processes are one (no) owner
+    if len(attributed) < len(distinct):
+        return False  # a workload beside unattributed processes
+    labels = labeller(attributed[0])
+    return all(labeller(owner) == labels for owner in attributed[1:])

@@ -117,3 +117,33 @@ def test_new_xids_are_the_growth_of_the_cumulative_counts():
 def test_bad_health_entries_name_the_field(entry, message):
     with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]")):
         parse_scenario({"gpus": {"count": 1}, "processes": [], "health": [entry]}, "s.yaml")
+
+
+@pytest.mark.parametrize("scenario", [None, "incidents"])
+def test_a_verdict_kept_from_the_last_pass_is_the_one_assessed_afresh(scenario):
+    """Passes without a health read, an XID or a stuck call keep the last verdict instead of
+    assessing it again: over the demo nodes' health reads (every 10 s a GPU), XIDs (and
+    stuck calls made up here), every pass's verdicts, transitions and unhealthy seconds are those of assessing
+    every GPU every pass."""
+    from dataclasses import replace
+
+    from exporter.model import updated
+
+    t = [0.0]
+    backend = SimulatedBackend(scenario, clock=lambda: t[0])
+    backend.open()
+    kept, fresh = HealthStageState(), HealthStageState()
+    shortcuts = 0
+    for n in range(240):
+        t[0] = float(n)
+        # health read every 10 s per GPU, staggered, as the NVML backend reads it
+        devices = [d if n % 10 == d.index else updated(d, health=None) for d in backend.sample(t[0])]
+        stuck = {devices[2].key} if 100 <= n < 104 else set()
+        before = dict(kept.verdicts)
+        kept, got = health_step(kept, t[0], devices, stuck)
+        fresh, want = health_step(replace(fresh, verdicts={}), t[0], devices, stuck)
+        assert got.verdicts == want.verdicts, n
+        assert got.transitions == want.transitions and got.unhealthy_seconds == want.unhealthy_seconds, n
+        assert got.problems == want.problems and got.signals == want.signals, n
+        shortcuts += sum(got.verdicts[key] is verdict for key, verdict in before.items())
+    assert shortcuts > 240 * 8 // 4  # many passes of many GPUs kept their verdict

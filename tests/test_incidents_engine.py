@@ -124,7 +124,7 @@ def test_xid_119_naming_nvidia_smi_has_no_cause():
 def test_a_process_the_driver_names_without_its_name_is_said_so_not_none():
     node = Node({1: TRAINER})
     node.pass_(gpu({1: GIB}))
-    record = XidRecord(9, 1, BUS, 31, 1, None, "MMU Fault")  # pid=1, name=<unknown>
+    record = XidRecord(9, int((node.now + 0.5) * 1e6), BUS, 31, 1, None, "MMU Fault")  # pid=1, name=<unknown>
     [incident] = node.pass_(gpu({1: GIB}), records=(record,))
     assert "from the kernel log, pid 1 (name unknown): MMU Fault" in incident.detail
     assert "None" not in incident.detail

@@ -123,6 +123,8 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         self._xid_devices: dict[Any, int] = {}
         self._xid_counts: dict[int, Counter[str]] = defaultdict(Counter)
         self._last_seen: dict[int, int] = {}
+        # per GPU (or MIG instance), its processes' samples of the last pass, by PID
+        self._last_processes: dict[tuple[int, Any], dict[int, ProcessSample]] = {}
         self._errors: Counter[str] = Counter()
         self._initialized = False
         self._next_read: dict[tuple[int, Hashable], float] = {}  # (gpu, what) -> when to re-read
@@ -448,7 +450,8 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         }
         processes: tuple[ProcessSample, ...] = ()
         if not mig_enabled:
-            processes = self._processes(nvml, index, handle, per_process_util=True, now=now)
+            processes = self._processes(nvml, index, handle, per_process_util=True, now=now,
+                                        utilization=values["utilization"])
         parent = DeviceSample(
             index=index,
             uuid=static["uuid"],

@@ -51,6 +51,7 @@ from exporter.devices.nvml.libnvml import (
     process_memory,
 )
 from exporter.model import DeviceSample, ProcessSample
+from exporter.shares import carried_utilization
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class ProcessesMixin(NvmlState):
 
     _last_seen: dict[int, int]
     _unfinished: set[int]
+    _last_processes: dict[tuple[int, Any], dict[int, ProcessSample]]
 
     def _went_down(self, index: int, down: DeviceDown) -> list[DeviceSample]:
         raise NotImplementedError
@@ -68,8 +70,11 @@ class ProcessesMixin(NvmlState):
         raise NotImplementedError
 
     def _processes(
-        self, nvml: Nvml, index: int, handle: Any, per_process_util: bool, now: float
+        self, nvml: Nvml, index: int, handle: Any, per_process_util: bool, now: float,
+        utilization: float | None = None,
     ) -> tuple[ProcessSample, ...]:
+        """The GPU's processes, with their SM shares where this pass reads them or carries
+        them (``utilization``: the GPU's, this pass)."""
         found: dict[int, tuple[int | None, str]] = {}
         graphics_key = (index, "graphics", handle_key(handle))
         kinds = [("compute", COMPUTE_PROCESS_FUNCTIONS)]
@@ -102,10 +107,17 @@ class ProcessesMixin(NvmlState):
             # cost milliseconds). The last-seen timestamp stays, so the next pass with
             # processes reads only samples newer than the last one read.
             return ()
-        util: dict[int, tuple[float, float]] | None = None
+        util: Mapping[int, tuple[float, float | None]] | None = None
         if per_process_util and self._plan.reads_shares(index):
             util = self._process_utilization(nvml, index, handle)
-        return processes_with_shares([(pid, *found[pid]) for pid in sorted(found)], util)
+        elif per_process_util and index in self._plan.carried:
+            # a shared GPU between two reads: the last read's shares, carried (`exporter.shares`)
+            util = carried_utilization(self._plan.carried[index], found, utilization)
+        key = (index, handle_key(handle))
+        processes = processes_with_shares([(pid, *found[pid]) for pid in sorted(found)], util,
+                                          self._last_processes.get(key))
+        self._last_processes[key] = {p.pid: p for p in processes}
+        return processes
 
     def process_share_reads(self, devices: Sequence[DeviceSample]) -> list[Read]:
         """The per-process samples of these GPUs, as parts of the pass (`exporter.bulkhead`).
@@ -225,15 +237,24 @@ class ProcessesMixin(NvmlState):
 
 
 def processes_with_shares(processes: Sequence[tuple[int, int | None, str]],
-                           util: Mapping[int, tuple[float, float]] | None) -> tuple[ProcessSample, ...]:
+                          util: Mapping[int, tuple[float, float | None]] | None,
+                          previous: Mapping[int, ProcessSample] | None = None) -> tuple[ProcessSample, ...]:
     """(pid, memory, kind) of each process, with its SM and memory shares from ``util`` (see
     the module doc for the rule): a process without a sample was idle (0); None (the
-    device cannot sample processes, or they were not read) leaves the shares unknown."""
-    if util is None:
-        return tuple(ProcessSample(pid=pid, used_memory_bytes=memory, kind=kind) for pid, memory, kind in processes)
+    device cannot sample processes, or they were not read) leaves the shares unknown.
+
+    ``previous``: the GPU's samples of the last pass by PID; one equal to what this pass
+    read is that sample again (most are: a pass builds only what changed).
+    """
+    previous = previous or {}
     out = []
     for pid, memory, kind in processes:
-        sm, mem = util.get(pid, (0.0, 0.0))
-        out.append(ProcessSample(pid=pid, used_memory_bytes=memory, sm_utilization=sm, memory_utilization=mem,
-                                 kind=kind))
+        sm, mem = (None, None) if util is None else util.get(pid, (0.0, 0.0))
+        last = previous.get(pid)
+        if (last is not None and last.used_memory_bytes == memory and last.sm_utilization == sm
+                and last.memory_utilization == mem and last.kind == kind):
+            out.append(last)
+        else:
+            out.append(ProcessSample(pid=pid, used_memory_bytes=memory, sm_utilization=sm, memory_utilization=mem,
+                                     kind=kind))
     return tuple(out)
