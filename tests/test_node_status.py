@@ -5,6 +5,7 @@ process against the project's fake API server."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,20 @@ def test_transitions_name_the_workloads_holding_the_gpu() -> None:
     [back] = gpu_transitions({**before, "GPU-4": p.UNHEALTHY}, _snap(3, {}))
     assert (back.event_type, back.event_reason) == ("Normal", "GPURecovered")
     assert gpu_transitions({}, _snap(2, {4: (p.REBOOT_NODE, "xid_79")})) == []  # a new agent saw no change
+
+
+def test_a_gpu_that_fell_off_the_bus_is_held_by_the_workloads_on_it_when_it_failed() -> None:
+    before = {f"GPU-{i}": p.HEALTHY for i in range(8)}
+    up = _snap(1, {})
+    lost = _snap(2, {4: (p.REBOOT_NODE, "gpu_lost", "xid_79")})
+    # Lost: its processes can no longer be read, so the pass has none on GPU 4.
+    lost = replace(lost, devices=tuple(replace(d, up=False) if d.index == 4 else d for d in lost.devices),
+                   processes=())
+    [change] = gpu_transitions(before, lost, {"GPU-4": up})
+    assert change.message() == ("GPU 4 (GPU-4) became unhealthy (was healthy): gpu_lost, xid_79; "
+                                "action reboot_node; held by ml/trainer-0/main")
+    [unknown] = gpu_transitions(before, lost)  # no pass saw it up: nobody is named
+    assert unknown.message().endswith("held by no workload")
 
 
 @pytest.mark.parametrize("text", ["GPUUnhealthy", "example.com/GPUProblem", "Gpu2"])

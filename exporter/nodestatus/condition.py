@@ -167,9 +167,15 @@ def holders(snap: Snapshot, key: str) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def gpu_transitions(before: Mapping[str, str], snap: Snapshot) -> list[GpuTransition]:
+def gpu_transitions(before: Mapping[str, str], snap: Snapshot,
+                    last_up: Mapping[str, Snapshot] | None = None) -> list[GpuTransition]:
     """The GPUs whose verdict state differs from ``before`` (GPUs new in ``snap`` are not
-    transitions: a new agent has seen no change)."""
+    transitions: a new agent has seen no change).
+
+    A GPU that is down in ``snap`` (fallen off the bus: its processes can no longer be read)
+    is said to be held by the workloads of the last snapshot that saw it up (``last_up``, per
+    GPU key), the ones that were on it when it failed.
+    """
     out = []
     for device in sorted(snap.devices, key=lambda d: d.index):
         key = device.key
@@ -178,6 +184,7 @@ def gpu_transitions(before: Mapping[str, str], snap: Snapshot) -> list[GpuTransi
         verdict = snap.health[key]
         if verdict.state == before[key]:
             continue
+        seen = snap if device.up or last_up is None else last_up.get(key, snap)
         out.append(GpuTransition(device.index, device.uuid or key, before[key], verdict.state, verdict.reason_names,
-                                 verdict.action, holders(snap, key)))
+                                 verdict.action, holders(seen, key)))
     return out

@@ -160,6 +160,7 @@ class NodeStatusWriter:
         self._tainted: bool | None = None  # whether the node carries the taint (None: not known)
         self._holding = False  # a previous agent's True condition stands (the settle time)
         self._seen_problem = False  # this agent's own verdict has been True
+        self._last_up: dict[str, Snapshot] = {}  # per GPU, the last snapshot that saw it up (its holders)
         self._doing = "GPU condition"  # what the request under way writes, for the note
         self._retry_at = 0.0
         self._backoff = FIRST_RETRY
@@ -174,10 +175,13 @@ class NodeStatusWriter:
         verdict = node_verdict(snap, self._since)
         states = gpu_states(snap)
         if self._states is not None and self.events is not None:
-            for change in gpu_transitions(self._states, snap):
+            for change in gpu_transitions(self._states, snap, self._last_up):
                 self.events.submit(PodEvent("default", self.node, self.node, change.event_reason, change.message(),
                                             type=change.event_type, kind="Node"))
         self._states = states
+        for device in snap.devices:
+            if device.up and not device.gpu_instance:
+                self._last_up[device.key] = snap
         with self._lock:
             changed = self._latest != verdict
             self._latest = verdict
