@@ -944,3 +944,57 @@ def test_progress_on_a_terminal_and_nothing_when_piped_or_quiet(prometheus):
         status, out, shown = report_with_stderr(prometheus.base, *extra, terminal=True, env=env)
         assert status == 0 and out == piped_out, (extra, env)
         assert b"queries" not in shown and b"\r" not in shown, (extra, env, shown)
+
+
+# Periods that put every case of the counter rule on a step: the month (restarts inside a
+# step, churn, a GPU leaving), a day around gpu-a's 30-minute outage read in 5-minute steps
+# (its series come back after whole steps without samples), the days around gpu-b's restart
+# across a step boundary in 1-hour steps, and a period that ends in a short step.
+PERIODS = [
+    (START, END, 21600, True),
+    (START + 10 * D, START + 11 * D, 300, True),
+    (START + 19 * D + 7 * H, START + 21 * D + 1234, 3600, True),
+    (START + 3 * D + 17, START + 9 * D + 5 * H + 41, 7200, False),
+]
+
+
+@pytest.mark.parametrize("start, end, step, resets", PERIODS)
+def test_the_server_sums_equal_the_per_series_computation(prometheus, start, end, step, resets):
+    """Per series and per group and step, every counter the server sums equals the report's
+    per-series reading of the same history, to the GPU-second (joule, for energy)."""
+    import asyncio
+
+    from exporter.report import aggregate, compute
+    from exporter.report.prom import Prometheus, config_from_args
+
+    group_by = ["namespace", "model", "label_team"]
+    families = [family for family, _ in (*compute.COUNTERS.values(), *compute.DEVICE_COUNTERS.values())]
+
+    async def both() -> list[tuple[dict, Any, int]]:
+        async with Prometheus(config_from_args(prometheus.base)) as prom:
+            grid = compute.Grid(start * 1000, end * 1000, step * 1000)
+            out = []
+            for family in families:
+                stats = compute.FetchStats()
+                per_series = await compute._counter(prom, family, grid, "", stats)
+                summed = await aggregate.increases(prom, family, grid, "", group_by, stats)
+                out.append((per_series, summed, stats.raw_steps))
+            return out
+
+    flagged = 0
+    for family, (per_series, summed, raw_steps) in zip(families, asyncio.run(both())):
+        flagged += raw_steps
+        totals = {key: sum(steps) for key, steps in per_series.items() if any(steps)}
+        assert set(totals) <= set(summed.totals), family
+        for key, total in summed.totals.items():
+            assert total == pytest.approx(totals.get(key, 0.0), abs=1e-6), (family, dict(key))
+        by_group: dict = {}
+        for key, steps in per_series.items():
+            row = by_group.setdefault(aggregate.group_key(dict(key), group_by), [0.0] * len(steps))
+            for k, value in enumerate(steps):
+                row[k] += value
+        for key in set(by_group) | set(summed.steps):
+            want = by_group.get(key) or [0.0] * len(next(iter(by_group.values())))
+            got = summed.steps.get(key) or [0.0] * len(want)
+            assert got == pytest.approx(want, abs=1e-6), (family, dict(key))
+    assert bool(flagged) == resets  # restarts, outages: the sample-by-sample path was taken

@@ -211,10 +211,15 @@ def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, p
     def note(line: str) -> None:
         progress.note(f"l9gpu report: note: {line}", sys.stderr)
 
+    # what the server sums by: the grouping and every label a price depends on
+    group_by = {args.by, "model"}
+    for rule in prices.overrides if prices is not None else ():
+        group_by.update(key for key, _ in rule.match)
+
     async def go() -> Any:
         async with Prometheus(config, progress) as prom:
             return await _ticking(compute.fetch(prom, start_ms, end_ms, step_s * 1000, args.selector.strip(),
-                                                engines, progress), progress)
+                                                engines, progress, sorted(group_by)), progress)
 
     try:
         fetched = asyncio.run(go())
@@ -238,7 +243,8 @@ def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, p
         source["headers"] = config.header_names  # names only: values may be credentials
     try:
         report = summary.summarize(series, grid, args.by, prices, top=args.top, source=source,
-                                   devices=fetched.devices, tokens=fetched.tokens, idle=fetched.idle)
+                                   devices=fetched.devices, tokens=fetched.tokens, idle=fetched.idle,
+                                   steps=fetched.steps, device_steps=fetched.device_steps)
     except PricesError as exc:
         raise CommandFailed(str(exc)) from None
     if fetched.unjoined:

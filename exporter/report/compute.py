@@ -54,6 +54,10 @@ MAX_STEPS = 130
 NODE_BATCH = 100  # nodes per raw-sample query
 
 SeriesKey = tuple[tuple[str, str], ...]
+# Labels that belong to a workload, not to its GPU: a workload series' labels without them
+# are its GPU's (node, gpu, uuid, model, gpu_instance and the scrape's own labels).
+WORKLOAD_LABELS = frozenset(("namespace", "pod", "container", "pod_uid", "slurm_job_id", "owner_kind", "owner_name",
+                             "slurm_user", "slurm_account"))
 
 
 def choose_step(seconds: float) -> int:
@@ -300,6 +304,8 @@ class Fetched:
     tokens: list[ModelTokens] = field(default_factory=list)
     idle: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     unjoined: int = 0  # engine series without a pod label: no workload to join them with
+    steps: list[SeriesTotals] | None = None         # per group, per step (see `fetch`)
+    device_steps: list[SeriesTotals] | None = None  # per GPU group, per step
 
 
 UNNAMED_MODEL = "(unnamed)"
@@ -434,34 +440,89 @@ def _rows(counters: dict[str, tuple[str, float]], results: list[dict[SeriesKey, 
     return list(rows.values())
 
 
+def _totals(counters: Sequence[str], results: Sequence[Any]) -> list[SeriesTotals]:
+    """Per-series period totals as one-step `SeriesTotals` (what `summary` sums per group)."""
+    rows: dict[SeriesKey, SeriesTotals] = {}
+    for name, result in zip(counters, results):
+        for key, total in result.totals.items():
+            totals = rows.get(key)
+            if totals is None:
+                totals = rows[key] = SeriesTotals(dict(key))
+            totals.steps[name] = [total]
+    return list(rows.values())
+
+
+def _group_rows(counters: Sequence[str], results: Sequence[Any]) -> list[SeriesTotals]:
+    """Per-group per-step increases as `SeriesTotals` labelled with the group's labels."""
+    rows: dict[SeriesKey, SeriesTotals] = {}
+    for name, result in zip(counters, results):
+        for key, steps in result.steps.items():
+            totals = rows.get(key)
+            if totals is None:
+                totals = rows[key] = SeriesTotals(dict(key))
+            totals.steps[name] = steps
+    return list(rows.values())
+
+
+# What `fetch` needs per step when the server sums by group: the timeline's cost and the
+# carbon figures (allocated time and energy), and what nobody held.
+STEP_COUNTERS = ("allocated", "energy")
+DEVICE_STEP_COUNTERS = ("unallocated",)
+
+
 async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, selector: str = "",
-                engines: Sequence[Any] = (), progress: Progress | None = None) -> Fetched:
-    """Every workload series with its per-step increases of every counter in `COUNTERS`,
-    and every GPU series with those of `DEVICE_COUNTERS`; with ``engines``
+                engines: Sequence[Any] = (), progress: Progress | None = None,
+                group_by: Sequence[str] = ("namespace", "model")) -> Fetched:
+    """Every workload series with its increase of every counter in `COUNTERS`, and every
+    GPU series with those of `DEVICE_COUNTERS`; with ``engines``
     (`exporter.inference.engines.Engine`), their token counters, read the same way, and
-    the idle intervals of the workloads that hold GPUs. ``progress`` is told the phase."""
+    the idle intervals of the workloads that hold GPUs. ``progress`` is told the phase.
+
+    Without engines the server does the arithmetic (`exporter.report.aggregate`): the
+    series carry their period totals (one step), and `Fetched.steps` /
+    `Fetched.device_steps` the increases per step summed by ``group_by`` (the report's
+    grouping and the labels its prices and carbon intensity depend on). With engines each
+    workload series is read per step (the split between models is per step and per pod)."""
+    from exporter.report import aggregate
+
     progress = progress or Progress()
     progress.phase("reading counters and idle intervals" if engines else "reading counters")
     grid = Grid(start_ms, end_ms, step_ms)
     stats = FetchStats()
-    families = [family for family, _ in COUNTERS.values()] + [family for family, _ in DEVICE_COUNTERS.values()]
+    if not engines:
+        gpu_keys = [k for k in group_by if k not in WORKLOAD_LABELS and not k.startswith("label_")]
+        sums = [aggregate.increases(prom, family, grid, selector, group_by if key in STEP_COUNTERS else None, stats)
+                for key, (family, _) in COUNTERS.items()]
+        sums += [aggregate.increases(prom, family, grid, selector,
+                                     gpu_keys if key in DEVICE_STEP_COUNTERS else None, stats)
+                 for key, (family, _) in DEVICE_COUNTERS.items()]
+        results = await _all(*sums)
+        series = _totals(list(COUNTERS), results[:len(COUNTERS)])
+        devices = _totals(list(DEVICE_COUNTERS), results[len(COUNTERS):])
+        fetched = Fetched(grid, series, devices, stats, steps=_group_rows(list(COUNTERS), results[:len(COUNTERS)]),
+                          device_steps=_group_rows(list(DEVICE_COUNTERS), results[len(COUNTERS):]))
+        stats.queries = prom.queries
+        stats.series = len(series)
+        return fetched
+    families = [family for family, _ in COUNTERS.values()]
     candidates = [(engine.name, engine.model_label, fieldname, sel.text('pod!=""'))
                   for engine in engines for fieldname in TOKEN_FIELDS for sel in engine.selectors(fieldname)]
     # the idle intervals' queries first (the semaphore admits queries in order): they take
     # longest, and the others fit beside them
-    idle, merge_idle = _idle(prom, grid, _idle_expression(engines, selector)) if engines else ([], lambda _: {})
+    idle, merge_idle = _idle(prom, grid, _idle_expression(engines, selector))
     work: list[Any] = [_counter(prom, family, grid, selector, stats) for family in families]
     work += [_counter(prom, text, grid, selector, stats) for _, _, _, text in candidates]
-    idle_and_rest = await _all(*idle, *work)
-    results = idle_and_rest[len(idle):]
+    device_work = [aggregate.increases(prom, family, grid, selector, None, stats)
+                   for family, _ in DEVICE_COUNTERS.values()]
+    idle_and_rest = await _all(*idle, *work, *device_work)
+    results = idle_and_rest[len(idle):len(idle) + len(work)]
     series = _rows(COUNTERS, results[:len(COUNTERS)])
-    devices = _rows(DEVICE_COUNTERS, results[len(COUNTERS):len(families)])
+    devices = _totals(list(DEVICE_COUNTERS), idle_and_rest[len(idle) + len(work):])
     fetched = Fetched(grid, series, devices, stats)
-    if engines:
-        token_results = results[len(families):len(families) + len(candidates)]
-        fetched.tokens, fetched.unjoined = model_tokens(
-            [(e, label, f, r) for (e, label, f, _), r in zip(candidates, token_results)], len(grid.bounds) - 1)
-        fetched.idle = merge_idle(idle_and_rest[:len(idle)])
+    token_results = results[len(families):len(families) + len(candidates)]
+    fetched.tokens, fetched.unjoined = model_tokens(
+        [(e, label, f, r) for (e, label, f, _), r in zip(candidates, token_results)], len(grid.bounds) - 1)
+    fetched.idle = merge_idle(idle_and_rest[:len(idle)])
     stats.queries = prom.queries
     stats.series = len(series)
     return fetched
