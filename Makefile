@@ -33,7 +33,7 @@ demo-incidents: venv
 # their own containerd: a policy-rc.d keeps the package from starting the node-wide
 # containerd.service while it installs (a system containerd on /run/containerd would be
 # found by the agent's --cri-socket auto in other tests).
-SYSTEM_TOOLS := promtool prometheus chromium containerd ctr containerd-shim-runc-v2 runc busybox
+SYSTEM_TOOLS := promtool prometheus chromium containerd ctr containerd-shim-runc-v2 runc busybox victoria-metrics vmalert
 system-deps:
 	@missing=; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
@@ -42,7 +42,7 @@ system-deps:
 			printf '#!/bin/sh\nexit 101\n' | $$SUDO tee /usr/sbin/policy-rc.d >/dev/null && $$SUDO chmod +x /usr/sbin/policy-rc.d && guard=1; \
 		fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
-			prometheus chromium containerd runc busybox-static >/dev/null; status=$$?; \
+			prometheus chromium containerd runc busybox-static victoria-metrics >/dev/null; status=$$?; \
 		if [ -n "$$guard" ]; then $$SUDO rm -f /usr/sbin/policy-rc.d; fi; \
 		exit $$status; \
 	fi
@@ -89,7 +89,8 @@ gpu-wheels:
 docs:
 	$(PYTHON) -m exporter.catalogue > docs/METRICS.md
 	$(PYTHON) -m exporter inference-rules -o alerts/l9gpu-inference.rules.yaml
-	cp alerts/l9gpu.rules.yaml alerts/l9gpu-inference.rules.yaml charts/l9gpu/files/
+	$(PYTHON) -m exporter.report.rules > alerts/l9gpu-chargeback.rules.yaml
+	cp alerts/l9gpu.rules.yaml alerts/l9gpu-inference.rules.yaml alerts/l9gpu-chargeback.rules.yaml charts/l9gpu/files/
 
 # The Helm chart as a static Helm repository: dist/charts/l9gpu-<version>.tgz and index.yaml
 # (Helm's own engine, from helm-python-sdk). CHART_URL=https://... makes the index's
