@@ -249,7 +249,8 @@ def _quote(value: str) -> str:
 def recording_rules(prices: Prices) -> str:
     """A Prometheus rule file with the prices as constant series.
 
-    ``l9gpu_gpu_hour_price{model}``, ``l9gpu_default_gpu_hour_price``, ``l9gpu_kwh_price``;
+    ``l9gpu_gpu_hour_price{model}``, ``l9gpu_default_gpu_hour_price``, ``l9gpu_kwh_price``,
+    ``l9gpu_carbon_gco2e_per_kwh`` (the default intensity times the PUE);
     overrides that match on ``namespace`` alone become ``l9gpu_namespace_gpu_hour_price
     {namespace, model}``, ``l9gpu_namespace_default_gpu_hour_price{namespace}`` and
     ``l9gpu_namespace_kwh_price{namespace}``. Other overrides (pod labels, Slurm accounts)
@@ -266,6 +267,9 @@ def recording_rules(prices: Prices) -> str:
         rules.append(("l9gpu_default_gpu_hour_price", prices.default_gpu_hour, {}))
     if prices.kwh is not None:
         rules.append(("l9gpu_kwh_price", prices.kwh, {}))
+    carbon = prices.carbon
+    if carbon is not None and carbon.default is not None:  # the PUE included: gCO2e per kWh the GPUs draw
+        rules.append(("l9gpu_carbon_gco2e_per_kwh", carbon.default * carbon.pue, {}))
     seen: set[tuple[str, str]] = set()  # the first override wins, as in the report
     skipped = []
     for rule in prices.overrides:
@@ -284,6 +288,10 @@ def recording_rules(prices: Prices) -> str:
         if rule.kwh is not None and ("kwh", namespace) not in seen:
             seen.add(("kwh", namespace))
             rules.append(("l9gpu_namespace_kwh_price", rule.kwh, {"namespace": namespace}))
+    if carbon is not None and carbon.by_value:
+        lines.append(f"# Carbon intensities per {carbon.label} apply in `l9gpu report` only "
+                     "(Prometheus gets the default):")
+        lines += [f"#   {value}: {rate:g} gCO2e/kWh" for value, rate in sorted(carbon.by_value.items())]
     if skipped:
         lines.append("# Overrides that apply in `l9gpu report` only (Prometheus gets namespace overrides):")
         lines += [f"#   {text}" for text in skipped]
