@@ -4,26 +4,27 @@
 samples in the step and the step before, a fall counts the new value from 0, a series'
 first sample counts from 0, and a step with a fall (or a series back after a whole step
 without samples) is summed sample by sample. Reading every series' value at every step
-costs the client O(series x steps); at a thousand nodes that is tens of millions of
-points. Here the server does that arithmetic, and the client reads O(series + groups x
-steps) numbers plus the few cases the server cannot settle:
+costs the client O(series x steps): at a thousand nodes, tens of millions of points. Here
+the server does the arithmetic, and the client reads O(series + groups x steps) numbers
+plus the few cases the server cannot settle:
 
-- ``E`` at a step end, per series: ``(cur - prev) or cur`` (a series without a sample in
-  the step before counts from 0), ``unless`` the series fell in the step or from the step
-  before (``resets(c[2G]) > 0``): those are left out, and read sample by sample below.
-- Per series, the period's total of ``E`` (one instant query with a subquery over the
-  steps) and, for the figures that need them per step, ``sum by (group, price keys) (E)``
-  at every step end (one range query).
-- Per series and step, where ``E`` may be wrong: the falls (as before), and the series that
-  appeared in a step (``cur unless prev``: sparse). An appearance is a new series (``E``
-  right) unless the series was seen earlier in the period: then it is back after a gap, and
-  its step is read sample by sample like a fall, from its last value before the gap.
-- For those (series, step) pairs only: the raw samples of the step and the series' value
-  before it (queries per step and batch of nodes, as before), and the difference between
-  the exact figure and what ``E`` counted is added to the series' total and its group's step.
+- Per series, the period's total: without falls, the increases of its steps add up to its
+  last value in the period less its value before START (0 for a new series; a rise across
+  a gap counts as growth, as in the rule), so two instant queries give every series' total.
+- Per group and step, for the figures shown per step: ``sum by (group, price keys)`` of
+  ``E = (cur - prev) or cur`` at every step end (``cur``, ``prev``: ``last_over_time`` in
+  the step and the step before; a series new in the step counts from 0).
+- Per series and step, where those may be wrong, both sparse: the falls
+  (``resets(c[2 steps]) > 0``, as before) and the appearances (``cur unless prev``). An
+  appearance is a new series unless the series was seen earlier in the period: then it is
+  back after a gap, and its step is read like a fall, from its last value before the gap.
+- For those (series, step) pairs only: the raw samples of the step, the series' value at
+  the step's end and before it (queries per step and batch of nodes, as before); the
+  difference between the exact figure and what the total and ``E`` counted is added to the
+  series' total and its group's step.
 
 The answers equal the per-series computation (`compute._counter`) on the same history up to
-float rounding; tests hold the two side by side on histories with restarts, churn and moves.
+float rounding; tests hold the two side by side on histories with restarts, churn and gaps.
 """
 
 from __future__ import annotations
@@ -76,16 +77,16 @@ class _Exprs:
     def cur(self, window_ms: int, offset_ms: int = 0) -> str:
         return f"last_over_time({self.sel}[{window_ms}ms]{_off(offset_ms)})"
 
-    def fell(self, window_ms: int, offset_ms: int = 0) -> str:
-        return f"resets({self.sel}[{window_ms}ms]{_off(offset_ms)}) > 0"
+    def fell(self, window_ms: int) -> str:
+        return f"resets({self.sel}[{window_ms}ms]) > 0"
 
-    def inc(self, window_ms: int, offset_ms: int, fell_ms: int) -> str:
-        """E over a window of ``window_ms`` ending ``offset_ms`` before the evaluation time;
-        the step before is a regular step (``step_ms``)."""
-        cur, prev = self.cur(window_ms, offset_ms), self.cur(self.step_ms, offset_ms + window_ms)
+    def inc(self, window_ms: int) -> str:
+        """E over a window of ``window_ms`` ending at the evaluation time, the step before
+        a regular step (``step_ms``); falls are corrected afterwards."""
+        cur, prev = self.cur(window_ms), self.cur(self.step_ms, window_ms)
         # last_over_time keeps the metric name: "+ 0" drops it, so that a series is one series
         # whether it rose or is new
-        return f"(({cur} - {prev}) or ({cur} + 0)) unless ({self.fell(fell_ms, offset_ms)})"
+        return f"({cur} - {prev}) or ({cur} + 0)"
 
     def appeared(self, window_ms: int) -> str:
         return f"{self.cur(window_ms)} unless {self.cur(self.step_ms, window_ms)}"
@@ -102,22 +103,22 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
     tail_ms = bounds[-1] - bounds[n] if steps > n else 0
     x = _Exprs(family, selector, g)
     t = [b / 1000 for b in bounds]
-    asked: dict[str, Any] = {}
+    by = ", ".join(sorted(set(group_by or ())))
+    asked: dict[str, Any] = {
+        # a series' total, without falls and gaps, is its last value less its value before START
+        "last": prom.query(x.cur(bounds[-1] - bounds[0] + g), t[-1], expect="vector"),
+        "first": prom.query(x.cur(g), t[0], expect="vector"),
+    }
     if n >= 1:
-        shift = (-bounds[0]) % g  # the subquery's steps are multiples of g since the epoch
-        inner = x.inc(g, shift, 2 * g)
-        asked["total"] = prom.query(f"sum_over_time(({inner})[{n * g - 1}ms:{g}ms])", (bounds[n] + shift) / 1000,
-                                    expect="vector")
         asked["appeared"] = prom.query_range(x.appeared(g), t[1], t[n], g / 1000)
         asked["fell"] = prom.query_range(x.fell(2 * g), t[1], t[n], g / 1000)
         if group_by is not None:
-            by = ", ".join(sorted(set(group_by)))
-            asked["steps"] = prom.query_range(f"sum by ({by}) ({x.inc(g, 0, 2 * g)})", t[1], t[n], g / 1000)
+            asked["steps"] = prom.query_range(f"sum by ({by}) ({x.inc(g)})", t[1], t[n], g / 1000)
     if tail_ms:
-        fell_ms = tail_ms + (g if n else tail_ms)  # the step and the one before it
-        asked["tail"] = prom.query(x.inc(tail_ms, 0, fell_ms), t[-1], expect="vector")
         asked["tail_appeared"] = prom.query(x.appeared(tail_ms), t[-1], expect="vector")
-        asked["tail_fell"] = prom.query(x.fell(fell_ms), t[-1], expect="vector")
+        asked["tail_fell"] = prom.query(x.fell(tail_ms + (g if n else tail_ms)), t[-1], expect="vector")
+        if group_by is not None:
+            asked["tail_steps"] = prom.query(f"sum by ({by}) ({x.inc(tail_ms)})", t[-1], expect="vector")
     answers = dict(zip(asked, await _all(*asked.values())))
     index = {b / 1000: k for k, b in enumerate(bounds)}
     out = Increases()
@@ -128,8 +129,10 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
         labels_of.setdefault(key, metric)
         return key
 
-    for series in answers.get("total", ()):
-        out.totals[key_of(series["metric"])] = float(series["value"][1])
+    first = {series_key(s["metric"]): float(s["value"][1]) for s in answers["first"]}
+    for series in answers["last"]:
+        key = key_of(series["metric"])
+        out.totals[key] = float(series["value"][1]) - first.get(key, 0.0)
     if group_by is not None:
         for series in answers.get("steps", ()):
             row = out.steps.setdefault(series_key(series["metric"]), [0.0] * steps)
@@ -137,18 +140,17 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
                 k = index.get(ts)
                 if k:
                     row[k - 1] += float(v)
-    tail: dict[SeriesKey, float] = {}
-    for series in answers.get("tail", ()):
-        tail[key_of(series["metric"])] = float(series["value"][1])
-    appeared: dict[SeriesKey, dict[int, float]] = {}  # series -> step -> its value there (what E counted)
+        for series in answers.get("tail_steps", ()):
+            out.steps.setdefault(series_key(series["metric"]), [0.0] * steps)[-1] += float(series["value"][1])
+    appeared: dict[SeriesKey, set[int]] = {}
     for series in answers.get("appeared", ()):
-        mine = appeared.setdefault(key_of(series["metric"]), {})
-        for ts, v in series["values"]:
+        mine = appeared.setdefault(key_of(series["metric"]), set())
+        for ts, _ in series["values"]:
             k = index.get(ts)
             if k:
-                mine[k] = float(v)
+                mine.add(k)
     for series in answers.get("tail_appeared", ()):
-        appeared.setdefault(key_of(series["metric"]), {})[steps] = float(series["value"][1])
+        appeared.setdefault(key_of(series["metric"]), set()).add(steps)
     fell: dict[int, set[SeriesKey]] = {}
     for series in answers.get("fell", ()):
         key = key_of(series["metric"])
@@ -158,59 +160,48 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
                 fell.setdefault(k, set()).add(key)
     for series in answers.get("tail_fell", ()):
         fell.setdefault(steps, set()).add(key_of(series["metric"]))
-    for key, value in tail.items():
-        out.totals[key] = out.totals.get(key, 0.0) + value
-        if group_by is not None:
-            out.steps.setdefault(group_key(labels_of[key], group_by), [0.0] * steps)[steps - 1] += value
-    # appearances after the first step: new series, or series back after a gap
-    later = {key: ks for key, ks in appeared.items() if any(k >= 2 for k in ks)}
+    # an appearance after a step with samples (at START, or an earlier appearance): back after a gap
     returning: dict[int, set[SeriesKey]] = {}
-    if later:
-        seen_at_start = set()
-        if any(min(ks) >= 2 for ks in later.values()):
-            start_answer = await prom.query(x.cur(g), t[0], expect="vector")
-            seen_at_start = {series_key(s["metric"]) for s in start_answer}
-        for key, ks in later.items():
-            for k in sorted(ks):
-                if k >= 2 and (key in seen_at_start or any(j < k for j in ks)):
-                    returning.setdefault(k, set()).add(key)
+    for key, ks in appeared.items():
+        for k in ks:
+            if k >= 2 and (key in first or any(j < k for j in ks)):
+                returning.setdefault(k, set()).add(key)
     flagged = {k: fell.get(k, set()) | returning.get(k, set()) for k in set(fell) | set(returning)}
     stats.raw_steps += len(flagged)
     if flagged:
-        await _settle(prom, x, family, selector, bounds, flagged, fell, returning, appeared, out, group_by,
-                      labels_of)
+        await _settle(prom, x, family, selector, bounds, flagged, returning, out, group_by, labels_of)
     stats.series = max(stats.series, len(out.totals))
     return out
 
 
 async def _settle(prom: Prometheus, x: _Exprs, family: str, selector: str, bounds: list[int],
-                  flagged: dict[int, set[SeriesKey]], fell: dict[int, set[SeriesKey]],
-                  returning: dict[int, set[SeriesKey]], appeared: dict[SeriesKey, dict[int, float]],
-                  out: Increases, group_by: Sequence[str] | None, labels_of: dict[SeriesKey, Mapping[str, str]]
-                  ) -> None:
-    """Read the flagged (series, step) pairs sample by sample and correct what E counted."""
+                  flagged: dict[int, set[SeriesKey]], returning: dict[int, set[SeriesKey]], out: Increases,
+                  group_by: Sequence[str] | None, labels_of: dict[SeriesKey, Mapping[str, str]]) -> None:
+    """Read the flagged (series, step) pairs sample by sample and correct what the totals
+    (last less first: each present step's value less the series' value before it) and the
+    steps (``E``: less its value in the step before, else 0) counted for them."""
     g = x.step_ms
     steps = len(bounds) - 1
     asked: list[tuple[str, int, Any]] = []
     for k, keys in sorted(flagged.items()):
         nodes = sorted({dict(key).get("node", "") for key in keys})
         back = returning.get(k, set())
-        # the value before the step: in the step before, or (back after a gap) anywhere since START
-        kinds = [("short", g, keys - back), ("long", bounds[k - 1] - bounds[0] + g, back)]
+        window = bounds[k] - bounds[k - 1]
         for i in range(0, len(nodes), NODE_BATCH):
             batch = nodes[i:i + NODE_BATCH]
             matcher = f"node=~{_promql_string(_node_regex(batch))}"
-            inner = f"{selector}, {matcher}" if selector else matcher
-            sel = with_matchers(family, inner)
-            asked.append(("raw", k, prom.query(f"{sel}[{bounds[k] - bounds[k - 1]}ms]", bounds[k] / 1000,
-                                               expect="matrix")))
-            for kind, window, members in kinds:
-                if members:
-                    asked.append((kind, k, prom.query(f"last_over_time({sel}[{window}ms])", bounds[k - 1] / 1000,
-                                                      expect="vector")))
+            sel = with_matchers(family, f"{selector}, {matcher}" if selector else matcher)
+            asked.append(("raw", k, prom.query(f"{sel}[{window}ms]", bounds[k] / 1000, expect="matrix")))
+            asked.append(("cur", k, prom.query(f"last_over_time({sel}[{window}ms])", bounds[k] / 1000,
+                                               expect="vector")))
+            asked.append(("short", k, prom.query(f"last_over_time({sel}[{g}ms])", bounds[k - 1] / 1000,
+                                                 expect="vector")))
+            if back & set(keys):  # its value before the gap: the last since START
+                asked.append(("long", k, prom.query(f"last_over_time({sel}[{bounds[k - 1] - bounds[0] + g}ms])",
+                                                    bounds[k - 1] / 1000, expect="vector")))
     answers = await _all(*(q for _, _, q in asked))
     raw: dict[tuple[SeriesKey, int], list[float]] = {}
-    prev: dict[tuple[SeriesKey, int], float] = {}
+    value: dict[tuple[str, SeriesKey, int], float] = {}
     for (kind, k, _), answer in zip(asked, answers):
         for series in answer:
             key = series_key(series["metric"])
@@ -220,19 +211,21 @@ async def _settle(prom: Prometheus, x: _Exprs, family: str, selector: str, bound
                 raw[(key, k)] = [float(v) for ts, v in series["values"]
                                  if bounds[k - 1] < round(float(ts) * 1000) <= bounds[k]]
                 labels_of.setdefault(key, series["metric"])
-            elif (kind == "long") == (key in returning.get(k, ())):
-                prev[(key, k)] = float(series["value"][1])
+            else:
+                value[(kind, key, k)] = float(series["value"][1])
     for k, keys in flagged.items():
         for key in keys:
-            last = prev.get((key, k))
+            is_back = key in returning.get(k, ())
+            before = value.get(("long" if is_back else "short", key, k))
+            last = before
             exact = 0.0
             for sample in raw.get((key, k), ()):
                 exact += sample if last is None or sample < last else sample - last
                 last = sample
-            counted = 0.0 if key in fell.get(k, ()) else appeared.get(key, {}).get(k, 0.0)
-            delta = exact - counted
-            if not delta:
-                continue
-            out.totals[key] = out.totals.get(key, 0.0) + delta
-            if group_by is not None and key in labels_of:
-                out.steps.setdefault(group_key(labels_of[key], group_by), [0.0] * steps)[k - 1] += delta
+            cur = value.get(("cur", key, k))
+            in_total = 0.0 if cur is None else cur - (before or 0.0)
+            in_steps = 0.0 if cur is None else cur - value.get(("short", key, k), 0.0)
+            if exact != in_total:
+                out.totals[key] = out.totals.get(key, 0.0) + exact - in_total
+            if group_by is not None and exact != in_steps and key in labels_of:
+                out.steps.setdefault(group_key(labels_of[key], group_by), [0.0] * steps)[k - 1] += exact - in_steps
