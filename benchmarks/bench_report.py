@@ -230,12 +230,15 @@ def measure(args: argparse.Namespace, prometheus: str, work: Path, start: int, e
             expected_tokens: float, expected_idle: float) -> int:
     prices = work / "prices.yaml"
     prices.write_text(PRICES)
-    server = PrometheusServer(prometheus, work, [], args=["--storage.tsdb.retention.time=400d"])
+    # a shared 2-core machine: Prometheus and the report get long query timeouts
+    server = PrometheusServer(prometheus, work, [], args=["--storage.tsdb.retention.time=400d",
+                                                          "--query.timeout=10m"])
     server.start()
     try:
         server.wait_for(f"count(last_over_time(container_gpu_allocation_seconds_total[1d] @ {end}))", timeout=600)
         cmd = [sys.executable, "-m", "exporter", "report", "--prometheus", server.base, "--from", str(start),
-               "--to", str(end), "--by", args.by, "--prices", str(prices), "--source", args.source]
+               "--to", str(end), "--by", args.by, "--prices", str(prices), "--source", args.source,
+               "--timeout", "10m"]
         print("command: l9gpu " + " ".join(cmd[3:]).replace(str(prices), "prices.yaml") + " --format F")
         for fmt in args.formats.split(","):
             times, rss = [], []

@@ -358,23 +358,32 @@ def model_tokens(candidates: Sequence[tuple[str, str, str, dict[SeriesKey, list[
     return list(rows.values()), unjoined
 
 
-def _idle_expression(engines: Sequence[Any], selector: str) -> str:
+def _idle_expression(token_selectors: Sequence[str], pods: Sequence[str], selector: str) -> str:
     """1 per (namespace, pod) at each `IDLE_RESOLUTION_S` interval where it held GPUs (an
     allocation sample in the interval) and none of its token counters rose (the last
     sample in the interval above the last one before it; a series new in the interval
-    rose if it is above 0)."""
+    rose if it is above 0).
+
+    Only the pods that served tokens in the period (``pods``: their idle time splits
+    between their models) and the engines' selectors that have series there
+    (``token_selectors``) are asked about: the expression is evaluated every 5 minutes of
+    the period, so every pod and selector left out is 8,640 evaluations fewer a month."""
     res = f"{IDLE_RESOLUTION_S}s"
-    allocation = with_matchers("container_gpu_allocation_seconds_total", _join('pod!=""', selector))
+    pod_matcher = f"pod=~{_promql_string(_value_regex(pods))}"
+    allocation = with_matchers("container_gpu_allocation_seconds_total", _join(pod_matcher, selector))
     held = f"group by (namespace, pod) (last_over_time({allocation}[{res}]))"
     served = []
-    for engine in engines:
-        for fieldname in TOKEN_FIELDS:
-            for sel in engine.selectors(fieldname):
-                s = with_matchers(sel.text('pod!=""'), selector)
-                now, before = f"last_over_time({s}[{res}])", f"last_over_time({s}[{res}] offset {res})"
-                # a rise: a counter that fell restarted, which serves nothing by itself
-                served.append(f"group by (namespace, pod) ({now} > {before} or ({now} > 0 unless {before}))")
+    for text in token_selectors:
+        s = with_matchers(text, _join(pod_matcher, selector))
+        now, before = f"last_over_time({s}[{res}])", f"last_over_time({s}[{res}] offset {res})"
+        # a rise: a counter that fell restarted, which serves nothing by itself
+        served.append(f"group by (namespace, pod) ({now} > {before} or ({now} > 0 unless {before}))")
     return f"{held} unless on (namespace, pod) ({' or '.join(served)})"
+
+
+def _value_regex(values: Sequence[str]) -> str:
+    """A regex that matches exactly these label values."""
+    return "|".join("".join("\\" + c if not (c.isalnum() or c in "_-") else c for c in v) for v in sorted(values))
 
 
 def _join(*matchers: str) -> str:
@@ -507,22 +516,29 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
     families = [family for family, _ in COUNTERS.values()]
     candidates = [(engine.name, engine.model_label, fieldname, sel.text('pod!=""'))
                   for engine in engines for fieldname in TOKEN_FIELDS for sel in engine.selectors(fieldname)]
-    # the idle intervals' queries first (the semaphore admits queries in order): they take
-    # longest, and the others fit beside them
-    idle, merge_idle = _idle(prom, grid, _idle_expression(engines, selector))
-    work: list[Any] = [_counter(prom, family, grid, selector, stats) for family in families]
-    work += [_counter(prom, text, grid, selector, stats) for _, _, _, text in candidates]
-    device_work = [aggregate.increases(prom, family, grid, selector, None, stats)
-                   for family, _ in DEVICE_COUNTERS.values()]
-    idle_and_rest = await _all(*idle, *work, *device_work)
-    results = idle_and_rest[len(idle):len(idle) + len(work)]
-    series = _rows(COUNTERS, results[:len(COUNTERS)])
-    devices = _totals(list(DEVICE_COUNTERS), idle_and_rest[len(idle) + len(work):])
+
+    async def tokens_then_idle() -> tuple[list[Any], dict[tuple[str, str], list[float]]]:
+        # the tokens first: the idle intervals are asked for only where tokens were served
+        token_results = await _all(*[_counter(prom, text, grid, selector, stats) for _, _, _, text in candidates])
+        used = [text for (_, _, _, text), result in zip(candidates, token_results) if result]
+        pods = sorted({dict(key).get("pod", "") for result in token_results for key in result} - {""})
+        if not used or not pods:
+            return token_results, {}
+        idle, merge_idle = _idle(prom, grid, _idle_expression(used, pods, selector))
+        return token_results, merge_idle(await _all(*idle))
+
+    work: list[Any] = [tokens_then_idle()]
+    work += [_counter(prom, family, grid, selector, stats) for family in families]
+    work += [aggregate.increases(prom, family, grid, selector, None, stats) for family, _ in DEVICE_COUNTERS.values()]
+    answers = await _all(*work)
+    token_results, idle = answers[0]
+    results = answers[1:1 + len(families)]
+    series = _rows(COUNTERS, results)
+    devices = _totals(list(DEVICE_COUNTERS), answers[1 + len(families):])
     fetched = Fetched(grid, series, devices, stats)
-    token_results = results[len(families):len(families) + len(candidates)]
     fetched.tokens, fetched.unjoined = model_tokens(
         [(e, label, f, r) for (e, label, f, _), r in zip(candidates, token_results)], len(grid.bounds) - 1)
-    fetched.idle = merge_idle(idle_and_rest[:len(idle)])
+    fetched.idle = idle
     stats.queries = prom.queries
     stats.series = len(series)
     return fetched
