@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 INTERVAL_S = 3600
-GROUP = "l9gpu-chargeback"
+GROUP = "l9gpu-chargeback-hourly"
 EVALUATIONS = "l9gpu:chargeback_rules:evaluations"
 
 
