@@ -104,22 +104,22 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
     x = _Exprs(family, selector, g)
     t = [b / 1000 for b in bounds]
     by = ", ".join(sorted(set(group_by or ())))
-    asked: dict[str, Any] = {
-        # a series' total, without falls and gaps, is its last value less its value before START
-        "last": prom.query(x.cur(bounds[-1] - bounds[0] + g), t[-1], expect="vector"),
-        "first": prom.query(x.cur(g), t[0], expect="vector"),
-    }
+    asked: dict[str, Any] = {}
     if n >= 1:
-        asked["appeared"] = prom.query_range(x.appeared(g), t[1], t[n], g / 1000)
         asked["fell"] = prom.query_range(x.fell(2 * g), t[1], t[n], g / 1000)
+        asked["appeared"] = prom.query_range(x.appeared(g), t[1], t[n], g / 1000)
         if group_by is not None:
             asked["steps"] = prom.query_range(f"sum by ({by}) ({x.inc(g)})", t[1], t[n], g / 1000)
+    # then a series' total: without falls and gaps, its last value less its value before START
     if tail_ms:
         asked["tail_appeared"] = prom.query(x.appeared(tail_ms), t[-1], expect="vector")
         asked["tail_fell"] = prom.query(x.fell(tail_ms + (g if n else tail_ms)), t[-1], expect="vector")
         if group_by is not None:
             asked["tail_steps"] = prom.query(f"sum by ({by}) ({x.inc(tail_ms)})", t[-1], expect="vector")
-    answers = dict(zip(asked, await _all(*asked.values())))
+    ranged = dict(zip(asked, await _all(*asked.values())))  # the range queries first: their answers are checked
+    asked = {"last": prom.query(x.cur(bounds[-1] - bounds[0] + g), t[-1], expect="vector"),
+             "first": prom.query(x.cur(g), t[0], expect="vector")}
+    answers = {**ranged, **dict(zip(asked, await _all(*asked.values())))}
     index = {b / 1000: k for k, b in enumerate(bounds)}
     out = Increases()
     labels_of: dict[SeriesKey, Mapping[str, str]] = {}

@@ -123,7 +123,8 @@ async def fetch(prom: Any, grid: Any, stats: Any) -> Recorded | None:
     span = bounds[-1] - bounds[0]
     t = [b / 1000 for b in bounds]
     hour = INTERVAL_S * 1000
-    asked: list[Any] = [prom.query(f"count_over_time({EVALUATIONS}[{span - 1}ms])", t[-1], expect="vector")]
+    # asked as a range of one point: every answer the report reads first is a matrix
+    asked: list[Any] = [prom.query_range(f"count_over_time({EVALUATIONS}[{span - 1}ms])", t[-1], t[-1], 60)]
     for rule in RULES:
         if n >= 1:
             asked.append(prom.query_range(f"sum_over_time({rule.record}[{g - 1}ms])", t[1], t[n], g / 1000))
@@ -135,7 +136,7 @@ async def fetch(prom: Any, grid: Any, stats: Any) -> Recorded | None:
                         expect="vector"),
              prom.query(f"sum(sum_over_time({allocated}[{hour - 1}ms]))", t[-1], expect="vector")]
     answers = await _all(*asked, *edges)
-    evaluated = sum(float(s["value"][1]) for s in answers[0])
+    evaluated = sum(float(v) for s in answers[0] for _, v in s["values"])
     if not evaluated:
         return None
     index = {b / 1000: k for k, b in enumerate(bounds)}
