@@ -510,7 +510,7 @@ def test_report_by_model_csv_has_the_model_columns(prometheus, tmp_path, prices_
                                                  "got 'cheap'"),
     ("gpu_hour: {H100: -1}", "gpu_hour['H100']: a price must be a number >= 0, got -1"),
     ("kwh: 0.2", "gpu_hour is required"),
-    ("gpu_hour: 2\nkwhh: 0.2", "unknown key 'kwhh' (expected one of: currency, gpu_hour, kwh, overrides)"),
+    ("gpu_hour: 2\nkwhh: 0.2", "unknown key 'kwhh' (expected one of: currency, gpu_hour, kwh, carbon, overrides)"),
     ("gpu_hour: 2\noverrides: [{match: {namespace: a}}]", "overrides[0]: set gpu_hour and/or kwh"),
     ("gpu_hour: 2\noverrides: [{match: {team-x: a}, kwh: 1}]", "overrides[0].match: 'team-x' is not a Prometheus "
                                                                "label name"),
