@@ -238,7 +238,7 @@ def measure(args: argparse.Namespace, prometheus: str, work: Path, start: int, e
         server.wait_for(f"count(last_over_time(container_gpu_allocation_seconds_total[1d] @ {end}))", timeout=600)
         cmd = [sys.executable, "-m", "exporter", "report", "--prometheus", server.base, "--from", str(start),
                "--to", str(end), "--by", args.by, "--prices", str(prices), "--source", args.source,
-               "--timeout", "10m"]
+               "--timeout", "10m", "--timings"]
         print("command: l9gpu " + " ".join(cmd[3:]).replace(str(prices), "prices.yaml") + " --format F")
         for fmt in args.formats.split(","):
             times, rss = [], []
@@ -258,8 +258,6 @@ def measure(args: argparse.Namespace, prometheus: str, work: Path, start: int, e
               f"queries {source['queries']}, steps of {source['step_seconds']} s, "
               f"raw steps {source.get('raw_steps')}, source {source.get('counters')}, "
               f"error bound {source.get('error_bound_gpu_hours')} GPU-hours")
-        if "seconds" in source:
-            print(f"time split (last run): {json.dumps(source['seconds'])}")
         print(f"allocated GPU-hours {got:.3f} (history: {expected_allocated:.3f}); "
               f"total charge {doc['totals']['total_cost']:.2f} {doc['currency']}")
         bound = source.get("error_bound_gpu_hours") or 0.0

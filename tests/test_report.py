@@ -1144,3 +1144,11 @@ def test_an_intensity_query_with_several_series_is_one_line(prometheus, capsys):
                          capsys=capsys)
     assert status == 1 and err.startswith("l9gpu report: --carbon-intensity-query returned several series")
     assert err.count("\n") == 1
+
+
+def test_timings_say_how_long_the_server_and_the_report_took(prometheus, tmp_path, capsys):
+    status, _, err = run("report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
+                         "-o", str(tmp_path / "r.json"), "--timings", capsys=capsys)
+    assert status == 0
+    assert re.search(r"^l9gpu report: timings: \d+ queries read in \d+\.\d\d s, summarised in \d+\.\d\d s$", err,
+                     re.MULTILINE), err

@@ -63,6 +63,9 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
                              "(--by namespace), else raw (default: auto)")
     report.add_argument("--selector", default="", metavar="MATCHERS",
                         help='extra label matchers for every series, e.g. cluster="eu-1"')
+    report.add_argument("--timings", action="store_true",
+                        help="print on standard error how long reading Prometheus' answers (the server's work and "
+                             "the transfer) and summarising them (the report's) took")
     report.add_argument("--quiet", "-q", action="store_true",
                         help="show no progress line; without it a terminal (standard error) shows the queries "
                              "answered, the phase and the time elapsed, when tqdm is installed (l9gpu[report]); "
@@ -243,7 +246,7 @@ def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, p
     async def go() -> Any:
         async with Prometheus(config, progress) as prom:
             if args.source != "raw" and not why_not_rules:
-                progress.phase("reading the recording rules")
+                progress.phase("reading counters")
                 grid = compute.Grid(start_ms, end_ms, step_s * 1000)
                 recorded = await _ticking(rules.fetch(prom, grid, compute.FetchStats()), progress)
                 whole = recorded is not None and recorded.hours_evaluated >= int(recorded.hours) - 1
@@ -289,7 +292,8 @@ def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, p
                                    steps=fetched.steps, device_steps=fetched.device_steps, intensity=grid_intensity)
     except PricesError as exc:
         raise CommandFailed(str(exc)) from None
-    source["seconds"] = {"reading": round(read_s, 3), "summarising": round(time.perf_counter() - began, 3)}
+    if args.timings:
+        _timings(read_s, queries, time.perf_counter() - began)
     if fetched.unjoined:
         report["notes"].append(f"{fetched.unjoined} inference engine series have no pod label, so their tokens join "
                                "no workload and are left out; scrape the engines' pods so that Prometheus adds "
@@ -297,6 +301,12 @@ def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, p
     for line in report["notes"]:
         note(line)
     return report
+
+
+def _timings(read_s: float, queries: int, summarise_s: float) -> None:
+    """How long the server took (reading the answers) and the report (summarising), on stderr."""
+    print(f"l9gpu report: timings: {queries} queries read in {read_s:.2f} s, summarised in {summarise_s:.2f} s",
+          file=sys.stderr)
 
 
 def _from_rules(args: argparse.Namespace, config: Any, prices: Any, recorded: Any, queries: int,
@@ -319,7 +329,8 @@ def _from_rules(args: argparse.Namespace, config: Any, prices: Any, recorded: An
                                    devices=recorded.devices, intensity=intensity)
     except PricesError as exc:
         raise CommandFailed(str(exc)) from None
-    source["seconds"] = {"reading": round(read_s, 3), "summarising": round(time.perf_counter() - began, 3)}
+    if args.timings:
+        _timings(read_s, queries, time.perf_counter() - began)
     report["notes"].insert(0, f"read from the chargeback recording rules: hourly figures per namespace and GPU model; "
                               f"the hours at the period's two ends may be off by up to {bound:g} allocated "
                               "GPU-hours in all, an hour with an agent restart counts what increase() estimates, "
