@@ -131,7 +131,7 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
 
     first = {series_key(s["metric"]): float(s["value"][1]) for s in answers["first"]}
     for series in answers["last"]:
-        key = key_of(series["metric"])
+        key = series_key(series["metric"])
         out.totals[key] = float(series["value"][1]) - first.get(key, 0.0)
     if group_by is not None:
         for series in answers.get("steps", ()):
@@ -179,53 +179,56 @@ async def _settle(prom: Prometheus, x: _Exprs, family: str, selector: str, bound
                   group_by: Sequence[str] | None, labels_of: dict[SeriesKey, Mapping[str, str]]) -> None:
     """Read the flagged (series, step) pairs sample by sample and correct what the totals
     (last less first: each present step's value less the series' value before it) and the
-    steps (``E``: less its value in the step before, else 0) counted for them."""
+    steps (``E``: less its value in the step before, else 0) counted for them. One step and
+    batch of nodes at a time is reduced to its corrections as soon as it is read, so the
+    raw samples of a fleet-wide restart are never all held at once."""
     g = x.step_ms
     steps = len(bounds) - 1
-    asked: list[tuple[str, int, Any]] = []
-    for k, keys in sorted(flagged.items()):
-        nodes = sorted({dict(key).get("node", "") for key in keys})
+
+    async def batch(k: int, keys: set[SeriesKey], nodes: list[str]) -> list[tuple[SeriesKey, int, float, float]]:
         back = returning.get(k, set())
         window = bounds[k] - bounds[k - 1]
-        for i in range(0, len(nodes), NODE_BATCH):
-            batch = nodes[i:i + NODE_BATCH]
-            matcher = f"node=~{_promql_string(_node_regex(batch))}"
-            sel = with_matchers(family, f"{selector}, {matcher}" if selector else matcher)
-            asked.append(("raw", k, prom.query(f"{sel}[{window}ms]", bounds[k] / 1000, expect="matrix")))
-            asked.append(("cur", k, prom.query(f"last_over_time({sel}[{window}ms])", bounds[k] / 1000,
-                                               expect="vector")))
-            asked.append(("short", k, prom.query(f"last_over_time({sel}[{g}ms])", bounds[k - 1] / 1000,
-                                                 expect="vector")))
-            if back & set(keys):  # its value before the gap: the last since START
-                asked.append(("long", k, prom.query(f"last_over_time({sel}[{bounds[k - 1] - bounds[0] + g}ms])",
-                                                    bounds[k - 1] / 1000, expect="vector")))
-    answers = await _all(*(q for _, _, q in asked))
-    raw: dict[tuple[SeriesKey, int], list[float]] = {}
-    value: dict[tuple[str, SeriesKey, int], float] = {}
-    for (kind, k, _), answer in zip(asked, answers):
-        for series in answer:
+        matcher = f"node=~{_promql_string(_node_regex(nodes))}"
+        sel = with_matchers(family, f"{selector}, {matcher}" if selector else matcher)
+        asked = {"raw": prom.query(f"{sel}[{window}ms]", bounds[k] / 1000, expect="matrix"),
+                 "cur": prom.query(f"last_over_time({sel}[{window}ms])", bounds[k] / 1000, expect="vector"),
+                 "short": prom.query(f"last_over_time({sel}[{g}ms])", bounds[k - 1] / 1000, expect="vector")}
+        if back & keys:  # its value before the gap: the last since START
+            asked["long"] = prom.query(f"last_over_time({sel}[{bounds[k - 1] - bounds[0] + g}ms])",
+                                       bounds[k - 1] / 1000, expect="vector")
+        answers = dict(zip(asked, await _all(*asked.values())))
+        value: dict[str, dict[SeriesKey, float]] = {}
+        for kind in ("cur", "short", "long"):
+            value[kind] = {key: float(series["value"][1]) for series in answers.get(kind, ())
+                           if (key := series_key(series["metric"])) in keys}
+        out_rows = []
+        for series in answers["raw"]:
             key = series_key(series["metric"])
-            if key not in flagged[k]:
+            if key not in keys:
                 continue
-            if kind == "raw":
-                raw[(key, k)] = [float(v) for ts, v in series["values"]
-                                 if bounds[k - 1] < round(float(ts) * 1000) <= bounds[k]]
-                labels_of.setdefault(key, series["metric"])
-            else:
-                value[(kind, key, k)] = float(series["value"][1])
-    for k, keys in flagged.items():
-        for key in keys:
-            is_back = key in returning.get(k, ())
-            before = value.get(("long" if is_back else "short", key, k))
+            labels_of.setdefault(key, {k_: v for k_, v in series["metric"].items() if k_ != "__name__"})
+            before = value["long" if key in back else "short"].get(key)
             last = before
             exact = 0.0
-            for sample in raw.get((key, k), ()):
-                exact += sample if last is None or sample < last else sample - last
-                last = sample
-            cur = value.get(("cur", key, k))
+            for ts, v in series["values"]:
+                if bounds[k - 1] < round(float(ts) * 1000) <= bounds[k]:
+                    sample = float(v)
+                    exact += sample if last is None or sample < last else sample - last
+                    last = sample
+            cur = value["cur"].get(key)
             in_total = 0.0 if cur is None else cur - (before or 0.0)
-            in_steps = 0.0 if cur is None else cur - value.get(("short", key, k), 0.0)
-            if exact != in_total:
-                out.totals[key] = out.totals.get(key, 0.0) + exact - in_total
-            if group_by is not None and exact != in_steps and key in labels_of:
-                out.steps.setdefault(group_key(labels_of[key], group_by), [0.0] * steps)[k - 1] += exact - in_steps
+            in_steps = 0.0 if cur is None else cur - value["short"].get(key, 0.0)
+            out_rows.append((key, k, exact - in_total, exact - in_steps))
+        return out_rows
+
+    work = []
+    for k, keys in sorted(flagged.items()):
+        nodes = sorted({dict(key).get("node", "") for key in keys})
+        for i in range(0, len(nodes), NODE_BATCH):
+            work.append(batch(k, keys, nodes[i:i + NODE_BATCH]))
+    for rows in await _all(*work):
+        for key, k, total_delta, steps_delta in rows:
+            if total_delta:
+                out.totals[key] = out.totals.get(key, 0.0) + total_delta
+            if group_by is not None and steps_delta and key in labels_of:
+                out.steps.setdefault(group_key(labels_of[key], group_by), [0.0] * steps)[k - 1] += steps_delta
