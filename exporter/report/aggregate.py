@@ -93,9 +93,11 @@ class _Exprs:
 
 
 async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, group_by: Sequence[str] | None,
-                    stats: FetchStats) -> Increases:
+                    stats: FetchStats, keys: dict[SeriesKey, SeriesKey] | None = None) -> Increases:
     """The increases of ``family`` over ``grid`` (see the module docstring); per step by
-    ``group_by`` only when it is given."""
+    ``group_by`` only when it is given. ``keys`` holds one copy of each series' key for
+    every family read (the same series in each: held once, not once per family)."""
+    keys = {} if keys is None else keys
     bounds = grid.bounds
     n = grid.regular
     g = grid.step_ms
@@ -132,6 +134,7 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
     first = {series_key(s["metric"]): float(s["value"][1]) for s in answers["first"]}
     for series in answers["last"]:
         key = series_key(series["metric"])
+        key = keys.setdefault(key, key)
         out.totals[key] = float(series["value"][1]) - first.get(key, 0.0)
     if group_by is not None:
         for series in answers.get("steps", ()):

@@ -500,10 +500,11 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
     stats = FetchStats()
     if not engines:
         gpu_keys = [k for k in group_by if k not in WORKLOAD_LABELS and not k.startswith("label_")]
-        sums = [aggregate.increases(prom, family, grid, selector, group_by if key in STEP_COUNTERS else None, stats)
-                for key, (family, _) in COUNTERS.items()]
+        keys: dict[SeriesKey, SeriesKey] = {}
+        sums = [aggregate.increases(prom, family, grid, selector, group_by if key in STEP_COUNTERS else None, stats,
+                                    keys) for key, (family, _) in COUNTERS.items()]
         sums += [aggregate.increases(prom, family, grid, selector,
-                                     gpu_keys if key in DEVICE_STEP_COUNTERS else None, stats)
+                                     gpu_keys if key in DEVICE_STEP_COUNTERS else None, stats, keys)
                  for key, (family, _) in DEVICE_COUNTERS.items()]
         results = await _all(*sums)
         series = _totals(list(COUNTERS), results[:len(COUNTERS)])
