@@ -1,26 +1,25 @@
-"""Time of `l9gpu report` for 30 days of a 100-node, 1,000-container cluster.
+"""Time of `l9gpu report` for 30 days of an N-node cluster (10 GPUs per node).
 
 Builds the history the agent would have left in Prometheus (tests/chargeback_history.py):
-100 nodes with 10 GPUs each, one container per GPU all month (1,000 containers at any
-time); on 3 GPUs of every node pods come and go every 5 days (new series), 10% of
-containers are idle holders (zombies), and one rollout restarts every agent on day 15
-(a counter reset in every series, inside one step). It writes the history with
-``promtool tsdb create-blocks-from openmetrics``, starts Debian's Prometheus on it, and
-times the real command line (a new process each run, Python start-up included):
+``--nodes`` nodes (100 by default) with 10 GPUs each and their GPU series, one container
+per GPU all month; on 3 GPUs of every node pods come and go every 5 days (new series),
+10% of containers are idle holders (zombies), and one rollout restarts every agent on day
+15 (a counter reset in every series, inside one step). The 700 long-running containers
+per 100 nodes are vLLM replicas too (three models; the idle holders serve nothing). It
+writes the history 100 nodes at a time with ``promtool tsdb create-blocks-from
+openmetrics`` (``--keep DIR`` keeps the TSDB for the next run; ``--backfill-only`` stops
+there), starts Debian's Prometheus on it, and times the real command line (a new process
+each run, Python start-up included) with its peak RSS and ``--timings``:
 
-    l9gpu report --prometheus URL --from START --to END --by namespace --prices FILE --format F
+    l9gpu report --prometheus URL --from START --to END --by namespace|model --prices FILE
+      --source auto|raw|rules --format F
 
-for CSV, JSON and HTML (the median of ``--runs`` runs each), then checks the month's
-allocated GPU-hours against the history's own arithmetic.
+then checks the month's allocated GPU-hours against the history's own arithmetic (within
+the stated error bound with the recording rules), and with ``--by model`` the tokens.
+``--source rules`` first evaluates alerts/l9gpu-chargeback.rules.yaml over the history
+(``promtool tsdb create-blocks-from rules``, once per kept TSDB).
 
-``--by model``: the 700 long-running containers are vLLM replicas too (three models, their
-token counters scraped with the agent's series; the idle holders serve nothing, idle
-replicas), and the command is ``--by model``, which also reads every engine's token
-counters and the idle intervals; the month's tokens are checked against the history's.
-
-Run: ``python benchmarks/bench_report.py`` (``--interval`` sets the sample interval of
-the history, 300 s by default; ``--keep DIR`` keeps the TSDB for the next run). Figures
-are recorded in docs/PERFORMANCE.md and docs/CHARGEBACK.md.
+Figures are recorded in docs/PERFORMANCE.md and docs/CHARGEBACK.md.
 """
 
 from __future__ import annotations
