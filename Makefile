@@ -35,7 +35,7 @@ demo-incidents: venv
 # containerd.service while it installs (a system containerd on /run/containerd would be
 # found by the agent's --cri-socket auto in other tests).
 SYSTEM_TOOLS := promtool prometheus chromium containerd ctr containerd-shim-runc-v2 runc busybox kubectl pkg-config \
-	/lib/systemd/systemd-journal-remote
+	/lib/systemd/systemd-journal-remote victoria-metrics vmalert
 system-deps:
 	@missing=; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
@@ -45,7 +45,7 @@ system-deps:
 		fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
 			prometheus chromium containerd runc busybox-static systemd-journal-remote libsystemd-dev pkg-config \
-			$$(command -v kubectl >/dev/null || echo kubernetes-client) >/dev/null; status=$$?; \
+			victoria-metrics $$(command -v kubectl >/dev/null || echo kubernetes-client) >/dev/null; status=$$?; \
 		if [ -n "$$guard" ]; then $$SUDO rm -f /usr/sbin/policy-rc.d; fi; \
 		exit $$status; \
 	fi
@@ -92,7 +92,8 @@ gpu-wheels:
 docs: venv
 	$(PY) -m exporter.catalogue > docs/METRICS.md
 	$(PY) -m exporter inference-rules -o alerts/l9gpu-inference.rules.yaml
-	cp alerts/l9gpu.rules.yaml alerts/l9gpu-inference.rules.yaml charts/l9gpu/files/
+	$(PY) -m exporter.report.rules > alerts/l9gpu-chargeback.rules.yaml
+	cp alerts/l9gpu.rules.yaml alerts/l9gpu-inference.rules.yaml alerts/l9gpu-chargeback.rules.yaml charts/l9gpu/files/
 
 # The Helm chart as a static Helm repository: dist/charts/l9gpu-<version>.tgz and index.yaml
 # (Helm's own engine, from helm-python-sdk). CHART_URL=https://... makes the index's

@@ -268,6 +268,23 @@ def _cost(b: Board) -> None:
                      stack=True), 12, 8)
 
 
+def _carbon(b: Board) -> None:
+    b.row("Carbon (GPU energy x grid intensity)")
+    intensity = "scalar(l9gpu_carbon_gco2e_per_kwh)"
+    carbon_note = ("GPU board energy only (the workloads' shares of each GPU's energy), times the grid carbon "
+                   "intensity `l9gpu prices FILE` loads from the prices file's carbon section (its PUE included); "
+                   "not the hosts, cooling or the building. `l9gpu report` integrates an intensity that varies "
+                   "over time step by step (docs/CHARGEBACK.md).")
+    b.add(stat("Carbon",
+               [target(f"sum(increase(container_gpu_energy_joules_total{{{CB}}}[$__range])) / 3.6e6 * {intensity}"
+                       " / 1000", instant=True)],
+               "masskg", "kg CO2e over the dashboard's time range. " + carbon_note, decimals=2), 6, 8)
+    b.add(timeseries("Carbon per hour by namespace",
+                     [target(f"sum by (namespace) (rate(container_gpu_energy_joules_total{{{CB}}}"
+                             f"[$__rate_interval])) * 3600 / 3.6e6 * {intensity}", "{{namespace}}")],
+                     "massg", "Grams of CO2e per hour on behalf of each namespace. " + carbon_note, stack=True), 18, 8)
+
+
 def _memory_growth(b: Board) -> None:
     b.row("Memory growth")
     b.add(timeseries("GPU memory in one hour, as a share of the GPU (linear forecast)",
@@ -404,7 +421,7 @@ def _slurm_jobs(b: Board) -> None:
         12, 8)
 
 
-ROWS = [_overview, _workloads, _idle_holders, _tensor_cores, _chargeback, _cost, _memory_growth, _inference,
+ROWS = [_overview, _workloads, _idle_holders, _tensor_cores, _chargeback, _cost, _carbon, _memory_growth, _inference,
         _who_is_on_each_gpu, _slurm_jobs]
 
 

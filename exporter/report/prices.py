@@ -6,6 +6,11 @@
       NVIDIA A100-SXM4-80GB: 1.60
       default: 1.00                    # optional: any model not listed
     kwh: 0.21                          # optional: price of one kWh of GPU energy
+    carbon:                            # optional: grid carbon intensity, for gCO2e per group
+      gco2e_per_kwh: 350               # one number, or by the value of `label`:
+      # gco2e_per_kwh: {eu-west-1: 210, us-east-1: 390, default: 400}
+      # label: region                  # the series label that names the region or node pool
+      # pue: 1.3                       # optional: facility overhead (else GPU board energy only)
     overrides:                         # optional; the first that matches a series wins
       - match: {namespace: ml-research}          # reserved capacity, paid up front
         gpu_hour: {NVIDIA H100 80GB HBM3: 1.20}  # a mapping by model, or one number for all
@@ -33,7 +38,8 @@ from typing import Any, Mapping
 import yaml
 
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-TOP_KEYS = ("currency", "gpu_hour", "kwh", "overrides")
+TOP_KEYS = ("currency", "gpu_hour", "kwh", "carbon", "overrides")
+CARBON_KEYS = ("gco2e_per_kwh", "label", "pue")
 OVERRIDE_KEYS = ("match", "gpu_hour", "kwh")
 
 
@@ -59,6 +65,26 @@ class Override:
 
 
 @dataclass(frozen=True)
+class Carbon:
+    """Grid carbon intensity (gCO2e per kWh): one figure, or one per value of ``label``
+    (``default`` for the values not listed); ``pue`` multiplies the GPUs' energy (1: GPU
+    board energy only)."""
+
+    by_value: Mapping[str, float]
+    default: float | None
+    label: str | None = None
+    pue: float = 1.0
+
+    def gco2e_per_kwh(self, labels: Mapping[str, str]) -> float | None:
+        """The intensity for a series (or group) with these labels; None when none applies."""
+        if self.label is not None:
+            value = self.by_value.get(labels.get(self.label, ""))
+            if value is not None:
+                return value
+        return self.default
+
+
+@dataclass(frozen=True)
 class Prices:
     """A validated prices file."""
 
@@ -68,6 +94,7 @@ class Prices:
     kwh: float | None
     overrides: tuple[Override, ...]
     source: str = "prices"
+    carbon: Carbon | None = None
 
     def gpu_hour_price(self, labels: Mapping[str, str]) -> float:
         """The price of one GPU-hour for a series with these labels (its `model` among them)."""
@@ -163,7 +190,39 @@ def parse_prices(doc: Any, source: str = "prices") -> Prices:
             o_models, o_all = _gpu_hour(source, f"{where}.gpu_hour", entry["gpu_hour"], allow_default=False)
         o_kwh = None if entry.get("kwh") is None else _price(source, f"{where}.kwh", entry["kwh"])
         overrides.append(Override(tuple(sorted(pairs)), o_models, o_all, o_kwh))
-    return Prices(currency, by_model, default, kwh, tuple(overrides), source)
+    carbon = _carbon(source, doc["carbon"]) if doc.get("carbon") is not None else None
+    return Prices(currency, by_model, default, kwh, tuple(overrides), source, carbon)
+
+
+def _carbon(source: str, doc: Any) -> Carbon:
+    """The ``carbon`` section."""
+    if not isinstance(doc, dict):
+        raise PricesError(f"{source}: carbon: expected a mapping with gco2e_per_kwh (and optionally label, pue)")
+    _unknown(source, "carbon: ", doc, CARBON_KEYS)
+    label = doc.get("label")
+    if label is not None and (not isinstance(label, str) or not LABEL_NAME.match(label)):
+        raise PricesError(f"{source}: carbon.label: {label!r} is not a Prometheus label name")
+    pue = 1.0
+    if doc.get("pue") is not None:
+        pue = _price(source, "carbon.pue", doc["pue"])
+        if pue < 1:
+            raise PricesError(f"{source}: carbon.pue: a PUE is 1 or more (facility energy over IT energy), "
+                              f"got {doc['pue']!r}")
+    value = doc.get("gco2e_per_kwh")
+    if isinstance(value, dict):
+        if label is None:
+            raise PricesError(f"{source}: carbon.gco2e_per_kwh by region needs carbon.label: the series label "
+                              "that names the region or node pool, e.g. region")
+        by_value = {str(k): _price(source, f"carbon.gco2e_per_kwh[{k!r}]", v) for k, v in value.items()
+                    if k != "default"}
+        default = None if value.get("default") is None else _price(source, "carbon.gco2e_per_kwh.default",
+                                                                    value["default"])
+        return Carbon(by_value, default, label, pue)
+    if value is None:
+        if label is None:
+            raise PricesError(f"{source}: carbon: set gco2e_per_kwh (grams of CO2e per kWh of the grid)")
+        return Carbon({}, None, label, pue)  # intensities from --carbon-intensity-query
+    return Carbon({}, _price(source, "carbon.gco2e_per_kwh", value), label, pue)
 
 
 def load_prices(path: str | Path) -> Prices:
@@ -190,7 +249,8 @@ def _quote(value: str) -> str:
 def recording_rules(prices: Prices) -> str:
     """A Prometheus rule file with the prices as constant series.
 
-    ``l9gpu_gpu_hour_price{model}``, ``l9gpu_default_gpu_hour_price``, ``l9gpu_kwh_price``;
+    ``l9gpu_gpu_hour_price{model}``, ``l9gpu_default_gpu_hour_price``, ``l9gpu_kwh_price``,
+    ``l9gpu_carbon_gco2e_per_kwh`` (the default intensity times the PUE);
     overrides that match on ``namespace`` alone become ``l9gpu_namespace_gpu_hour_price
     {namespace, model}``, ``l9gpu_namespace_default_gpu_hour_price{namespace}`` and
     ``l9gpu_namespace_kwh_price{namespace}``. Other overrides (pod labels, Slurm accounts)
@@ -207,6 +267,9 @@ def recording_rules(prices: Prices) -> str:
         rules.append(("l9gpu_default_gpu_hour_price", prices.default_gpu_hour, {}))
     if prices.kwh is not None:
         rules.append(("l9gpu_kwh_price", prices.kwh, {}))
+    carbon = prices.carbon
+    if carbon is not None and carbon.default is not None:  # the PUE included: gCO2e per kWh the GPUs draw
+        rules.append(("l9gpu_carbon_gco2e_per_kwh", carbon.default * carbon.pue, {}))
     seen: set[tuple[str, str]] = set()  # the first override wins, as in the report
     skipped = []
     for rule in prices.overrides:
@@ -225,6 +288,10 @@ def recording_rules(prices: Prices) -> str:
         if rule.kwh is not None and ("kwh", namespace) not in seen:
             seen.add(("kwh", namespace))
             rules.append(("l9gpu_namespace_kwh_price", rule.kwh, {"namespace": namespace}))
+    if carbon is not None and carbon.by_value:
+        lines.append(f"# Carbon intensities per {carbon.label} apply in `l9gpu report` only "
+                     "(Prometheus gets the default):")
+        lines += [f"#   {value}: {rate:g} gCO2e/kWh" for value, rate in sorted(carbon.by_value.items())]
     if skipped:
         lines.append("# Overrides that apply in `l9gpu report` only (Prometheus gets namespace overrides):")
         lines += [f"#   {text}" for text in skipped]

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from exporter.report.compute import SCALE, Grid, ModelTokens, SeriesTotals
+from exporter.report import carbon
+from exporter.report.carbon import Intensity
+from exporter.report.compute import SCALE, WORKLOAD_LABELS, Grid, ModelTokens, SeriesTotals
 from exporter.report.periods import iso
 from exporter.report.prices import Prices
 
@@ -44,14 +46,11 @@ MODEL_FIGURES = ("prompt_tokens", "generated_tokens", "cost_per_million_tokens",
                  "kwh_per_million_tokens", "gpu_hours_per_million_tokens", "replicas", "idle_replica_hours",
                  "idle_gpu_hours")
 MODEL_BY = "model"
+CARBON = "carbon_gco2e"  # per group and in the totals: grams of CO2e (carbon.py)
 CAPACITY_FIGURES = ("gpu_hours_capacity", "gpu_hours_unallocated", "capacity_cost", "unallocated_cost",
                     "price_overrides_cost", "gpu_hours_unhealthy")
 NONE_GROUP = "(none)"
 UNALLOCATED_GROUP = "(unallocated)"
-# Labels that belong to a workload, not to its GPU: without them a workload series' labels
-# are its GPU's (node, gpu, uuid, model, gpu_instance and the scrape's own labels).
-WORKLOAD_KEYS = frozenset(("namespace", "pod", "container", "pod_uid", "slurm_job_id", "owner_kind", "owner_name",
-                           "slurm_user", "slurm_account"))
 # Allocated plus unallocated may differ from the capacity by float rounding only.
 RECONCILE_TOLERANCE = 1e-3
 CHART_GROUPS = 8
@@ -107,7 +106,7 @@ def _finish(d: dict[str, Any]) -> dict[str, Any]:
 
 def gpu_labels(labels: dict[str, str]) -> dict[str, str]:
     """A workload series' labels less the workload's own: the labels of its GPU's series."""
-    return {k: v for k, v in labels.items() if k not in WORKLOAD_KEYS and not k.startswith("label_")}
+    return {k: v for k, v in labels.items() if k not in WORKLOAD_LABELS and not k.startswith("label_")}
 
 
 def unhealthy_by_model(devices: Sequence[SeriesTotals]) -> dict[str, float]:
@@ -122,8 +121,8 @@ def unhealthy_by_model(devices: Sequence[SeriesTotals]) -> dict[str, float]:
     return {model: round(hours, DIGITS) + 0.0 for model, hours in sorted(out.items())}
 
 
-def _capacity(series: Sequence[SeriesTotals], devices: Sequence[SeriesTotals], prices: Prices | None
-              ) -> tuple[dict[str, float | None], list[float] | None]:
+def _capacity(series: Sequence[SeriesTotals], devices: Sequence[SeriesTotals], prices: Prices | None,
+              device_steps: Sequence[SeriesTotals] | None = None) -> tuple[dict[str, float | None], list[float] | None]:
     """The reconciliation totals, and the unallocated figure per step (cost with prices)."""
     out: dict[str, float | None] = dict.fromkeys(CAPACITY_FIGURES)
     if not devices:
@@ -132,7 +131,7 @@ def _capacity(series: Sequence[SeriesTotals], devices: Sequence[SeriesTotals], p
     out["gpu_hours_unallocated"] = sum(d.total("unallocated") for d in devices)
     out["gpu_hours_unhealthy"] = sum(d.total("unhealthy") for d in devices)
     steps: list[float] | None = None
-    for d in devices:
+    for d in devices if device_steps is None else device_steps:
         unallocated = d.steps.get("unallocated")
         if unallocated is None:
             continue
@@ -252,8 +251,9 @@ def _model_figures(g: dict[str, Any], tokens: Mapping[str, float] | None) -> dic
 
 def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Prices | None, *, top: int = 5,
               source: dict[str, Any] | None = None, devices: Sequence[SeriesTotals] = (),
-              tokens: Sequence[ModelTokens] = (), idle: Mapping[tuple[str, str], list[float]] | None = None
-              ) -> dict[str, Any]:
+              tokens: Sequence[ModelTokens] = (), idle: Mapping[tuple[str, str], list[float]] | None = None,
+              steps: Sequence[SeriesTotals] | None = None, device_steps: Sequence[SeriesTotals] | None = None,
+              intensity: Intensity | None = None) -> dict[str, Any]:
     """The report as plain data (the JSON output; CSV and HTML are views of it).
 
     Args:
@@ -262,6 +262,11 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
         by: a label of the workload series, or `MODEL_BY`: per served model, from
             ``tokens`` and ``idle`` (`compute.Fetched`), each workload's GPU time split
             between the models it serves by their tokens (see `_ModelSplit`).
+        steps, device_steps: the increases per step summed by group (`compute.Fetched`),
+            when ``series`` and ``devices`` carry period totals only; else the series'
+            own steps make the timeline.
+        intensity: the grid's carbon intensity (`carbon.Intensity`): adds ``carbon_gco2e``
+            per group, from each step's energy.
     """
     groups: dict[str, dict[str, Any]] = {}
     workloads: dict[str, dict[str, dict[str, Any]]] = {}
@@ -313,9 +318,11 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
         for key in ("prompt_tokens", "generated_tokens", "idle_replica_hours", "idle_gpu_hours"):
             totals[key] = round(sum(g[key] for g in out_groups), DIGITS) + 0.0
         totals["replicas"] = sum(g["replicas"] for g in out_groups)
+    step_rows = (per_series if steps is None else [(s.labels.get(by) or NONE_GROUP, s, {}) for s in steps])
+    notes_carbon = _add_carbon(out_groups, totals, [(name, s) for name, s, _ in step_rows], intensity)
     totals["groups"] = len(out_groups)
     totals["workloads"] = sum(len(w) for w in workloads.values())
-    capacity, unallocated_steps = _capacity(series, devices, prices)
+    capacity, unallocated_steps = _capacity(series, devices, prices, device_steps)
     for key, value in capacity.items():
         totals[key] = None if value is None else round(value, DIGITS) + 0.0
     totals["gpu_hours_unhealthy_by_model"] = unhealthy_by_model(devices)
@@ -330,9 +337,27 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
         "source": source or {},
         "totals": totals,
         "groups": out_groups,
-        "timeline": _timeline(per_series, grid, prices, [g["group"] for g in out_groups], unallocated_steps),
-        "notes": notes,
+        "timeline": _timeline(step_rows, grid, prices, [g["group"] for g in out_groups], unallocated_steps),
+        "notes": notes + notes_carbon,
     }
+
+
+def _add_carbon(groups: list[dict[str, Any]], totals: dict[str, Any], rows: list[tuple[str, SeriesTotals]],
+                intensity: Intensity | None) -> list[str]:
+    """``carbon_gco2e`` per group and in the totals (None without an intensity); notes."""
+    if intensity is None:
+        for g in groups:
+            g[CARBON] = None
+        totals[CARBON] = None
+        return []
+    per_group, uncovered = carbon.grams(rows, intensity)
+    for g in groups:
+        g[CARBON] = round(per_group.get(g["group"], 0.0), 3) + 0.0
+    totals[CARBON] = round(sum(per_group.values()), 3) + 0.0
+    if uncovered > 1e-6:
+        return [f"{uncovered:.3f} kWh had no carbon intensity (no value of the --carbon-intensity-query for their "
+                "steps or region, and no constant in the prices file): their carbon is not counted"]
+    return []
 
 
 def _timeline(per_series: list[tuple[str, SeriesTotals, dict[str, Any]]], grid: Grid, prices: Prices | None,
