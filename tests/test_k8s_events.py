@@ -18,7 +18,7 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kuberne
 
 from cgroup_helpers import kubeconfig  # noqa: E402
 from kubernetes_apiserver import FakeApiServer, is_dns_subdomain  # noqa: E402
-from waiting import PATIENCE, wait_until  # noqa: E402
+from waiting import PATIENCE, FakeClock, wait_until  # noqa: E402
 
 from exporter.incidents.events import EventSink, PodEvent, default_api_factory, event_name  # noqa: E402
 
@@ -28,14 +28,6 @@ FAULT = PodEvent("ml", "trainer-0", UID, "GPUFaultAffected",
                  "GPU 3 (GPU-1b84..., node gpu-node-7) raised Xid 79 (fell off the bus; action: reboot node) "
                  "while this container held it")
 KUBERNETES_VERSIONS = ("1.25", kubernetes_validate.latest_version())
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -114,18 +114,10 @@ def test_taint_keys_refused(text: str) -> None:
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
 
 from cgroup_helpers import kubeconfig  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from waiting import FakeClock, wait_until  # noqa: E402
 
 from exporter.incidents.events import default_api_factory  # noqa: E402
 from exporter.nodestatus.writer import NodeStatusWriter, Taint  # noqa: E402
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -49,3 +49,13 @@ def within(bound: float, factor: float = 4.0, slack: float = 10.0) -> float:
     when the bound is large, and finite when it never keeps it.
     """
     return bound * factor + slack
+
+
+class FakeClock:
+    """A clock a test moves by hand (``clock.now += 30``), for parts that take ``clock=``."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
