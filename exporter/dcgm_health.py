@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable, Union
 
 from exporter.health import HealthSignals
+from exporter.health.signals import as_count, as_seconds
 
 Value = Union[float, int, None]
 HealthGetter = Callable[[HealthSignals], Value]
@@ -20,16 +21,16 @@ US_PER_SECOND = 1e6
 
 
 def _count(value: object) -> Value:
-    if isinstance(value, bool):
-        return int(value)
-    if not isinstance(value, (int, float)) or value != value or value < 0:
-        return None
-    return value
+    return as_count(value)  # garbage as the policy and the native families see it
+
+
+def _count_or_flag(value: object) -> Value:
+    return int(value) if isinstance(value, bool) else as_count(value)  # a flag (remap failure) as 0 or 1
 
 
 def _rows(attribute: str) -> HealthGetter:
     def get(s: HealthSignals) -> Value:
-        return None if s.row_remap is None else _count(getattr(s.row_remap, attribute))
+        return None if s.row_remap is None else _count_or_flag(getattr(s.row_remap, attribute))
 
     return get
 
@@ -49,7 +50,7 @@ def _nvlink_total(attribute: str) -> HealthGetter:
 
 def _violation_us(attribute: str) -> HealthGetter:
     def get(s: HealthSignals) -> Value:
-        seconds = None if s.violations is None else _count(getattr(s.violations, attribute))
+        seconds = None if s.violations is None else as_seconds(getattr(s.violations, attribute))
         return None if seconds is None else seconds * US_PER_SECOND
 
     return get

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable, Iterator, Mapping
 
 from exporter.health import HealthSignals, Verdict
+from exporter.health.signals import as_count, as_seconds
 from exporter.model import Snapshot
 
 Row = tuple[tuple[str, ...], float]
@@ -32,9 +33,8 @@ def _flag(value: object) -> float | None:
 
 
 def _count(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
-        return None  # a garbage answer: the policy reports it once; no series from it
-    return float(value)
+    count = as_count(value)  # a garbage answer: the policy reports it once; no series from it
+    return None if count is None else float(count)
 
 
 def _row_remap(s: HealthSignals, name: str) -> Iterator[Row]:
@@ -86,7 +86,7 @@ def _violations(s: HealthSignals, name: str) -> Iterator[Row]:
     if s.violations is None:
         return
     for reason, seconds in s.violations.items():
-        number = _count(seconds)
+        number = as_seconds(seconds)
         if number is not None:
             yield (reason,), number
 

@@ -12,7 +12,17 @@ import math
 from dataclasses import dataclass, replace
 
 from exporter.health import policy as p
-from exporter.health.signals import FabricState, HealthSignals, NvLink, RecoveryAction, XgmiStatus
+from exporter.health.signals import (
+    FabricState,
+    HealthSignals,
+    NvLink,
+    RecoveryAction,
+    XgmiStatus,
+    as_count,
+    as_seconds,
+    count_problem,
+    seconds_problem,
+)
 
 _RECOVERY_ACTIONS = {
     RecoveryAction.GPU_RESET: p.RESET_GPU,
@@ -102,18 +112,11 @@ class _Inputs:
         self.problems.append((key, f"{key}: the driver answered {value!r}, {why}; ignored"))
 
     def count(self, key: str, value: object) -> int | None:
-        if value is None:
+        why = count_problem(value)
+        if why is not None:
+            self._bad(key, value, why)
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self._bad(key, value, "not a number")
-            return None
-        if isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()):
-            self._bad(key, value, "not a whole number")
-            return None
-        if value < 0:
-            self._bad(key, value, "a negative count")
-            return None
-        return int(value)
+        return as_count(value)
 
     def ranged(self, key: str, value: object, low: int, high: int) -> int | None:
         number = self.count(key, value)
@@ -131,12 +134,11 @@ class _Inputs:
         return None
 
     def seconds(self, key: str, value: object) -> float | None:
-        if value is None:
+        why = seconds_problem(value)
+        if why is not None:
+            self._bad(key, value, why)
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            self._bad(key, value, "not a duration")
-            return None
-        return float(value)
+        return as_seconds(value)
 
 
 def _reason(name: str, detail: str = "", action: str | None = None) -> Reason:

@@ -21,6 +21,7 @@ gives (see :data:`VENDOR_COVERAGE`) and converts units here, not in the policy:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -237,3 +238,46 @@ VENDOR_COVERAGE: tuple[tuple[str, str, str, str], ...] = (
     ("recovery action, fabric", "recovery action field (R565+), fabric state and health", "no", "no"),
     ("GPU lost / reset required", "NVML error codes", "amdsmi error codes", "hl-smi failure"),
 )
+
+
+def count_problem(value: object) -> str | None:
+    """Why a driver's answer cannot be a count (an error total, a replay count, a number of
+    rows), or None when it can: the one rule the policy, the native and the DCGM renderings
+    apply, so a value is garbage everywhere or nowhere.
+
+    A count is a whole number, zero or more: not a bool, not text, not NaN or infinite, not
+    a fraction, not negative. ``None`` (not read) is no problem and no count.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "not a number"
+    if isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()):
+        return "not a whole number"
+    if value < 0:
+        return "a negative count"
+    return None
+
+
+def as_count(value: object) -> int | None:
+    """``value`` as a count; None where it was not read or `count_problem` rejects it."""
+    if value is None or count_problem(value) is not None:
+        return None
+    return int(value)  # type: ignore[call-overload]  # a finite whole int or float here
+
+
+def seconds_problem(value: object) -> str | None:
+    """Why a driver's answer cannot be a duration (violation time), or None when it can:
+    a finite number of seconds, zero or more (a fraction is fine). ``None`` is no problem."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return "not a duration"
+    return None
+
+
+def as_seconds(value: object) -> float | None:
+    """``value`` as seconds; None where it was not read or `seconds_problem` rejects it."""
+    if value is None or seconds_problem(value) is not None:
+        return None
+    return float(value)  # type: ignore[arg-type]  # a finite int or float here

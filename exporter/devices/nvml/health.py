@@ -68,11 +68,12 @@ _FABRIC_CONFIG_SHIFT, _FABRIC_CONFIG_MASK = 8, 0xF
 
 
 def _count(value: Any) -> int | None:
+    """An NVML answer (a Python or ctypes integer) as an int; the policy judges its value."""
     if value is NA or value is None or isinstance(value, bool):
         return None
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # not a number, NaN, infinite
         return None
 
 
