@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from exporter.report.progress import Progress
 from exporter.report.prom import Prometheus
@@ -438,9 +438,10 @@ def _idle(prom: Prometheus, grid: Grid, expr: str
     return queries, merge
 
 
-def _rows(counters: dict[str, tuple[str, float]], results: list[dict[SeriesKey, list[float]]]) -> list[SeriesTotals]:
+def _series_rows(named: Iterable[tuple[str, Mapping[SeriesKey, list[float]]]]) -> list[SeriesTotals]:
+    """One `SeriesTotals` per series (or group) key, with each named counter's steps."""
     rows: dict[SeriesKey, SeriesTotals] = {}
-    for name, per_series in zip(counters, results):
+    for name, per_series in named:
         for key, steps in per_series.items():
             totals = rows.get(key)
             if totals is None:
@@ -449,28 +450,19 @@ def _rows(counters: dict[str, tuple[str, float]], results: list[dict[SeriesKey, 
     return list(rows.values())
 
 
+def _rows(counters: dict[str, tuple[str, float]], results: list[dict[SeriesKey, list[float]]]) -> list[SeriesTotals]:
+    return _series_rows(zip(counters, results))
+
+
 def _totals(counters: Sequence[str], results: Sequence[Any]) -> list[SeriesTotals]:
     """Per-series period totals as one-step `SeriesTotals` (what `summary` sums per group)."""
-    rows: dict[SeriesKey, SeriesTotals] = {}
-    for name, result in zip(counters, results):
-        for key, total in result.totals.items():
-            totals = rows.get(key)
-            if totals is None:
-                totals = rows[key] = SeriesTotals(dict(key))
-            totals.steps[name] = [total]
-    return list(rows.values())
+    return _series_rows((name, {key: [total] for key, total in result.totals.items()})
+                        for name, result in zip(counters, results))
 
 
 def _group_rows(counters: Sequence[str], results: Sequence[Any]) -> list[SeriesTotals]:
     """Per-group per-step increases as `SeriesTotals` labelled with the group's labels."""
-    rows: dict[SeriesKey, SeriesTotals] = {}
-    for name, result in zip(counters, results):
-        for key, steps in result.steps.items():
-            totals = rows.get(key)
-            if totals is None:
-                totals = rows[key] = SeriesTotals(dict(key))
-            totals.steps[name] = steps
-    return list(rows.values())
+    return _series_rows((name, result.steps) for name, result in zip(counters, results))
 
 
 # What `fetch` needs per step when the server sums by group: the timeline's cost and the
