@@ -210,14 +210,14 @@ class Collector:
         that row again (most are, pass after pass: building them is most of their cost)."""
         last, kept, rows = self._rows, {}, []
         comm = self.attributor.comm
-        start_of = getattr(self.attributor, "start_time", None)
+        start_of = self.attributor.start_time
         for d in devices:
             if not d.up:
                 continue
             key = d.key
             for p in d.processes:
                 pid, owner, name = p.pid, owners.get(p.pid, UNKNOWN), comm(p.pid)
-                started = start_of(pid) if start_of is not None else None
+                started = start_of(pid)
                 row = last.get((key, pid))
                 if (row is None or row.workload is not owner or row.comm != name or row.start_time != started
                         or row.used_memory_bytes != p.used_memory_bytes or row.sm_utilization != p.sm_utilization):

@@ -293,6 +293,9 @@ def test_healthz_fails_when_the_collector_itself_stops_finishing_passes(monkeypa
         def comm(self, pid: int) -> str:
             return ""
 
+        def start_time(self, pid: int) -> float | None:
+            return None
+
         def statuses(self) -> dict[str, bool]:
             return {}
 

@@ -292,6 +292,9 @@ class _TwoPodsPerGpu:
     def comm(self, pid):  # type: ignore[no-untyped-def]
         return ""
 
+    def start_time(self, pid):  # type: ignore[no-untyped-def]
+        return None
+
     def allocations(self, devices):  # type: ignore[no-untyped-def]
         return None
 

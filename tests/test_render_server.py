@@ -58,6 +58,9 @@ class Owners:
     def comm(self, pid):
         return "python3"
 
+    def start_time(self, pid):
+        return None
+
     def statuses(self):
         return {"kubernetes": True}
 

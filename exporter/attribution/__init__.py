@@ -38,6 +38,9 @@ class Attributor(Protocol):
     def comm(self, pid: int) -> str:
         """The process's short command name ("" when unknown)."""
 
+    def start_time(self, pid: int) -> float | None:
+        """When the process started, seconds since boot (None when unknown)."""
+
     def allocations(self, devices: Sequence[DeviceSample]) -> tuple[AllocationRow, ...] | None:
         """The GPUs the kubelet allocated to containers, joined to ``devices`` (None: unknown)."""
 
@@ -59,6 +62,9 @@ class NullAttributor:
 
     def comm(self, pid: int) -> str:
         return ""
+
+    def start_time(self, pid: int) -> float | None:
+        return None
 
     def allocations(self, devices: Sequence[DeviceSample]) -> tuple[AllocationRow, ...] | None:
         return None
