@@ -94,9 +94,9 @@ def fmt(values: list[float]) -> str:
 
 def bench_cycle(path: Path, passes: int) -> list[float]:
     """Wall time of warm passes on the simulated node (reads cost nothing there)."""
-    from exporter.cli import build_parser
+    from exporter.app.cli import build_parser
+    from exporter.app.wiring import build_collector, open_sources
     from exporter.devices import close_backends
-    from exporter.wiring import build_collector, open_sources
 
     args = build_parser().parse_args(["snapshot", "--backend", "simulated", "--scenario", str(path)])
     backends, attributor = open_sources(args)
@@ -121,8 +121,8 @@ def bench_render(path: Path, renders: int = 50) -> dict[str, list[float]]:
     registry (families built from the snapshot, then encoded)."""
     from prometheus_client.exposition import choose_encoder
 
-    from exporter import cli, wiring
-    from exporter.encode import Encoder
+    from exporter.app import cli, wiring
+    from exporter.output.encode import Encoder
 
     args = cli.build_parser().parse_args(["serve", "--backend", "simulated", "--scenario", str(path)])
     from exporter.devices import close_backends
@@ -156,10 +156,10 @@ def bench_nvml_pass(path: Path, h200_costs: bool, passes: int,
     """Wall and CPU time of warm passes through the NVML backend on the fake node."""
     import fake_nvml_agent
 
+    from exporter.app.cli import build_parser
+    from exporter.app.wiring import build_collector, open_sources
     from exporter.attribution import procfs
-    from exporter.cli import build_parser
     from exporter.devices import close_backends
-    from exporter.wiring import build_collector, open_sources
 
     saved = sys.modules.get("pynvml")
     plain_init = procfs.ProcCache.__init__

@@ -39,7 +39,7 @@ from processes import live_processes  # noqa: E402
 from exporter.attribution.kubernetes import PodIndex, StaticPodSource  # noqa: E402
 from exporter.attribution.resolver import ProcAttributor  # noqa: E402
 from exporter.attribution.simulated import scenario_pods, write_proc_tree  # noqa: E402
-from exporter.devices.simulated import parse_scenario  # noqa: E402
+from exporter.devices.simulated.backend import parse_scenario  # noqa: E402
 
 CONTAINERS, PROCESSES, GPUS = 64, 256, 8
 

@@ -1,4 +1,4 @@
-"""What the deadlines on driver calls cost a normal pass (`exporter.bulkhead`).
+"""What the deadlines on driver calls cost a normal pass (`exporter.core.bulkhead`).
 
 Two figures, in process:
 
@@ -64,10 +64,10 @@ def bench_pass(path: Path, passes: int, rounds: int) -> dict[str, list[float]]:
     """Per mode, each run's median CPU seconds per collector pass."""
     import fake_nvml_agent
 
+    from exporter.app.cli import build_parser
+    from exporter.app.wiring import build_collector, open_sources
     from exporter.attribution import procfs
-    from exporter.cli import build_parser
     from exporter.devices import close_backends
-    from exporter.wiring import build_collector, open_sources
 
     plain_init = procfs.ProcCache.__init__
     fake_nvml_agent.install(str(path), False)

@@ -6,7 +6,7 @@ with the registry `l9gpu serve` builds for ``--metric-schema l9gpu``, ``dcgm`` a
 collectors included) and reports the median and p99 CPU time of one render and the size
 of the output; and, apart, the DCGM renderer's own share (building its families from the
 snapshot, before prometheus_client encodes them). Two nodes: the demo node
-(``exporter/scenarios/default.yaml``: 8 GPUs, its pods and Slurm job) and the busy node
+(``exporter/devices/simulated/scenarios/default.yaml``: 8 GPUs, its pods and Slurm job) and the busy node
 of bench_agent.py (8 GPUs, 64 containers, 256 processes).
 
 Run: ``python benchmarks/bench_dcgm.py`` (``--renders`` to change the sample size).
@@ -28,9 +28,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def snapshot_of(scenario: str | None):  # type: ignore[no-untyped-def]
-    from exporter.cli import build_parser
+    from exporter.app.cli import build_parser
+    from exporter.app.wiring import build_collector, open_sources
     from exporter.devices import close_backends
-    from exporter.wiring import build_collector, open_sources
 
     argv = ["snapshot", "--backend", "simulated"] + (["--scenario", scenario] if scenario else [])
     args = build_parser().parse_args(argv)
@@ -46,8 +46,8 @@ def snapshot_of(scenario: str | None):  # type: ignore[no-untyped-def]
 
 
 def registry_for(schema: str, snapshot, extra):  # type: ignore[no-untyped-def]
-    from exporter.cli import build_parser
-    from exporter.wiring import build_registry, enabled_families, select_dcgm_fields
+    from exporter.app.cli import build_parser
+    from exporter.app.wiring import build_registry, enabled_families, select_dcgm_fields
 
     args = build_parser().parse_args(["serve", "--metric-schema", schema])
     return build_registry(lambda: snapshot, enabled_families(args), extra, select_dcgm_fields(args))
@@ -81,8 +81,8 @@ def main() -> None:
             snapshot, extra = snapshot_of(path)
             print(f"{title}: {len(snapshot.devices)} GPUs, {len(snapshot.workloads)} workload rows, "
                   f"{len(snapshot.processes)} processes")
-            from exporter.dcgm import default_selection
-            from exporter.dcgm_render import DcgmRenderer
+            from exporter.output.dcgm.fields import default_selection
+            from exporter.output.dcgm.render import DcgmRenderer
 
             renderer = DcgmRenderer(default_selection())
             build = []

@@ -2,10 +2,10 @@
 
 The busy node of bench_agent.py (8 GPUs, 64 containers, 256 processes), one snapshot,
 the families the agent's registry yields for ``--metric-schema l9gpu`` and
-``l9gpu,dcgm``, encoded by `exporter.encode.Encoder` as a scrape gets them: the text
+``l9gpu,dcgm``, encoded by `exporter.output.encode.Encoder` as a scrape gets them: the text
 format and OpenMetrics (where /metrics first adapts the families with
-`exporter.encode.for_openmetrics`). With ``--against REV`` the encoder of that git
-revision (its ``exporter/encode.py``) encodes the same families in alternation with the
+`exporter.output.encode.for_openmetrics`). With ``--against REV`` the encoder of that git
+revision (its ``exporter/output/encode.py``) encodes the same families in alternation with the
 working tree's, so that both see the same machine load, and the ratio of the medians is
 printed; the working tree's bytes are checked against prometheus_client's.
 
@@ -34,8 +34,8 @@ FORMATS = ("text/plain;version=0.0.4", "application/openmetrics-text;version=1.0
 
 
 def encoder_at(revision: str, workdir: Path) -> ModuleType:
-    """``exporter/encode.py`` as of ``revision``, imported as a module of its own."""
-    source = subprocess.run(["git", "show", f"{revision}:exporter/encode.py"], cwd=REPO, check=True,
+    """``exporter/output/encode.py`` as of ``revision``, imported as a module of its own."""
+    source = subprocess.run(["git", "show", f"{revision}:exporter/output/encode.py"], cwd=REPO, check=True,
                             capture_output=True, text=True).stdout
     path = workdir / "encode_at_revision.py"
     path.write_text(source)
@@ -48,7 +48,7 @@ def encoder_at(revision: str, workdir: Path) -> ModuleType:
 
 def render(encoder, families: list, adapt: bool) -> bytes:  # type: ignore[no-untyped-def]
     """One /metrics body: ``families`` adapted for OpenMetrics first when ``adapt``."""
-    from exporter.encode import for_openmetrics
+    from exporter.output.encode import for_openmetrics
 
     return encoder.encode(for_openmetrics(families, encoder.escaping) if adapt else families)
 
@@ -63,7 +63,7 @@ def main() -> None:
     from bench_dcgm import registry_for, snapshot_of
     from prometheus_client.exposition import choose_encoder
 
-    from exporter import encode
+    from exporter.output import encode
 
     with tempfile.TemporaryDirectory() as tmp:
         snapshot, extra = snapshot_of(str(scenario(Path(tmp) / "busy.yaml")))

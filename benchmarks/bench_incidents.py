@@ -39,9 +39,9 @@ from bench_agent import CONTAINERS, GPUS, PROCESSES, scenario  # noqa: E402
 
 def snapshots(path: Path, passes: int) -> list:
     from exporter.attribution import build_attributor
-    from exporter.collector import Collector
-    from exporter.devices.simulated import SimulatedBackend
-    from exporter.labels import label_schema
+    from exporter.collect.collector import Collector
+    from exporter.core.labels import label_schema
+    from exporter.devices.simulated.backend import SimulatedBackend
 
     now = [1000.0]
     backend = SimulatedBackend(path, clock=lambda: now[0])
@@ -63,10 +63,10 @@ def snapshots(path: Path, passes: int) -> list:
 def bench(snaps: list, kernel_logs: list[Path | str | None]) -> list[list[float]]:
     """CPU time of each watch's `observe`, one watch per kernel log, fed each snapshot in
     turn (so that a shared machine's load weighs on them alike)."""
+    from exporter.core.labels import label_schema
     from exporter.incidents.engine import IncidentConfig, IncidentTracker
     from exporter.incidents.kmsg import KernelLog
     from exporter.incidents.watch import IncidentWatch
-    from exporter.labels import label_schema
 
     names, labeller = label_schema(["team"])
     now = [1000.0]

@@ -29,11 +29,11 @@ GZIP = {"Accept-Encoding": "gzip"}
 
 
 def bench_render(path: Path, renders: int) -> tuple[dict[str, list[float]], int, int, int]:
-    from exporter.cli import build_parser
+    from exporter.app.cli import build_parser
+    from exporter.app.wiring import build_collector, open_sources
     from exporter.devices import close_backends
-    from exporter.snapshot_json import document_json, snapshot_document
+    from exporter.output.snapshot_json import document_json, snapshot_document
     from exporter.web.page import render_page
-    from exporter.wiring import build_collector, open_sources
 
     args = build_parser().parse_args(["snapshot", "--backend", "simulated", "--scenario", str(path)])
     backends, attributor = open_sources(args)

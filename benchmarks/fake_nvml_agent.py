@@ -61,7 +61,7 @@ def install(scenario_path: str, h200_costs: bool, real_proc_checks: bool = True)
 
     from exporter import attribution
     from exporter.attribution import procfs
-    from exporter.devices.simulated import load_scenario
+    from exporter.devices.simulated.backend import load_scenario
 
     scenario = load_scenario(scenario_path)
     sys.modules["pynvml"] = fake_node(scenario, h200_costs)
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                              "a real /proc")
     opts = parser.parse_args(own)
     install(opts.scenario, opts.h200_costs, real_proc_checks=not opts.proc_checks_by_path)
-    from exporter.cli import main as l9gpu_main
+    from exporter.app.cli import main as l9gpu_main
 
     return l9gpu_main(rest + ["--backend", "nvml"])
 

@@ -76,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(own)
     from fake_nvml_agent import fake_node
 
-    from exporter.devices.simulated import load_scenario
+    from exporter.devices.simulated.backend import load_scenario
 
     fake = fake_node(load_scenario(opts.scenario), opts.h200_costs)
     sys.modules["pynvml"] = binding_on_fake(fake)
-    from nvitop_exporter.cli import main as peer_main
+    from nvitop_exporter.app.cli import main as peer_main
 
     sys.argv = ["nvitop-exporter", *rest]
     return int(peer_main() or 0)

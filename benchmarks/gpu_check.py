@@ -285,7 +285,7 @@ def process_sample_buffer(device: int, windows: tuple[float, ...] = (0.5, 1.0, 2
     samples ``nvmlDeviceGetProcessesUtilizationInfo`` (else ``GetProcessUtilization``)
     returns when asked for those newer than a timestamp taken that long before, while a
     process computes. The agent reads a shared GPU's samples every few seconds
-    (`exporter.shares.SHARED_READ_PERIOD`): a driver that keeps every sample of the window
+    (`exporter.core.shares.SHARED_READ_PERIOD`): a driver that keeps every sample of the window
     loses nothing by it; one that returns only the latest per process is sampled less often.
 
     Per window: the samples, the distinct timestamps, the most samples of one process, and

@@ -70,9 +70,8 @@ def build(path: Path, h200_costs: bool, extra: list[str]) -> tuple[Any, Any, Any
     ``l9gpu serve`` wires them."""
     import fake_nvml_agent
 
-    from exporter.cli import build_parser
-    from exporter.incidents.watch import IncidentFamilies
-    from exporter.wiring import (
+    from exporter.app.cli import build_parser
+    from exporter.app.wiring import (
         build_collector,
         build_incident_watch,
         build_registry,
@@ -80,6 +79,7 @@ def build(path: Path, h200_costs: bool, extra: list[str]) -> tuple[Any, Any, Any
         open_sources,
         select_dcgm_fields,
     )
+    from exporter.incidents.watch import IncidentFamilies
 
     fake_nvml_agent.install(str(path), h200_costs)
     args = build_parser().parse_args(["serve", "--backend", "nvml", "--kubernetes", "off", "--interval", "1s",
@@ -105,8 +105,8 @@ def main() -> int:
     parser.add_argument("agent_args", nargs="*", help="more `l9gpu serve` flags (after --)")
     opts = parser.parse_args()
     containers, processes = NODES[opts.node]
-    from exporter import collector as collector_module
-    from exporter.encode import Encoder, for_openmetrics
+    from exporter.collect import collector as collector_module
+    from exporter.output.encode import Encoder, for_openmetrics
 
     totals: dict[str, float] = {}
     per_pass: dict[str, list[float]] = {name: [] for name in STAGES + ("pass CPU",)}

@@ -1,6 +1,6 @@
 """The ``otlp`` flags of ``l9gpu serve`` and starting the push from them.
 
-Every flag also has an ``L9GPU_OTLP_*`` variable (read by `exporter.cli`); when neither
+Every flag also has an ``L9GPU_OTLP_*`` variable (read by `exporter.app.cli`); when neither
 is given, the standard ``OTEL_*`` variables apply (see `bridge.config` and docs/OTLP.md).
 """
 
@@ -22,7 +22,7 @@ from bridge.config import (
     redact_url,
     resolve,
 )
-from exporter.parsing import argtype, parse_positive_duration
+from exporter.core.parsing import argtype, parse_positive_duration
 
 log = logging.getLogger("l9gpu.otlp")
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from exporter.parsing import parse_positive_duration
+from exporter.core.parsing import parse_positive_duration
 
 GRPC = "grpc"
 HTTP = "http/protobuf"

@@ -13,7 +13,7 @@ value and the same name:
 Units come from the catalogue (UCUM) for l9gpu's own families; for the others
 (process, platform and GC metrics of prometheus_client) they are derived from the name
 suffix (``_bytes`` -> ``By``, ``_seconds`` -> ``s``) or left empty. Label keys become
-attribute keys through `exporter.catalogue.otel_attribute`; empty label values are
+attribute keys through `exporter.output.catalogue.otel_attribute`; empty label values are
 dropped, so ``slurm.job.id`` is absent on a Kubernetes workload's point.
 """
 
@@ -40,7 +40,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client.metrics_core import Metric as PromFamily
 from prometheus_client.samples import Sample
 
-from exporter import catalogue as cat
+from exporter.output import catalogue as cat
 
 CUMULATIVE = AggregationTemporality.CUMULATIVE
 

@@ -3,7 +3,7 @@
 With OTLP on (and ``--otlp-incidents on``, the default), every incident the agent records
 (`exporter.incidents.watch`) becomes one log record per workload it involves, with that
 workload's role: the same ``k8s.*``, ``gpu.*`` and ``slurm.job.id`` attributes as its
-metrics' points (`exporter.catalogue.otel_attribute`), plus ``l9gpu.incident.*`` for the
+metrics' points (`exporter.output.catalogue.otel_attribute`), plus ``l9gpu.incident.*`` for the
 incident itself. An incident that involves no workload (a fault on an idle GPU) is one
 record with the GPU's attributes. A log backend (Loki, Elasticsearch, an OpenTelemetry
 Collector) can then find "every incident of pod X" by the attribute it already indexes.
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter import __version__
-from exporter import catalogue as cat
+from exporter.output import catalogue as cat
 
 log = logging.getLogger("l9gpu.otlp")
 

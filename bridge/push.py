@@ -24,7 +24,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from bridge.convert import StartTimes, to_metrics_data
 from exporter import __version__
-from exporter.counts import LabelCounts
+from exporter.output.counts import LabelCounts
 
 log = logging.getLogger("l9gpu.otlp")
 

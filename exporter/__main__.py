@@ -1,5 +1,5 @@
 """``python -m exporter`` runs the same CLI as the ``l9gpu`` console script."""
 
-from exporter.cli import main
+from exporter.app.cli import main
 
 raise SystemExit(main())

@@ -237,7 +237,7 @@ def scrape_jobs(engines: list[FakeEngine], base: str) -> list[dict[str, object]]
     return jobs
 
 
-# The demo node's pods (exporter/scenarios/default.yaml) as engines.
+# The demo node's pods (exporter/devices/simulated/scenarios/default.yaml) as engines.
 SHARED_GPU6 = (1 - 1.5 / 78.5) / 5   # each pod's share of GPU 6 (1 of 5 replicas, after the Slurm job's memory)
 
 

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     gpu = fake_pynvml.FakeGpu(processes=[fake_pynvml.FakeProcess(pid=pid, used_memory=(i + 1) * GiB)
                                          for i, pid in enumerate(pids)])
     sys.modules["pynvml"] = fake_pynvml.FakeNvml(gpus=[gpu])  # type: ignore[assignment]
-    from exporter.cli import main as l9gpu
+    from exporter.app.cli import main as l9gpu
 
     return l9gpu(argv[2:])
 

@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
     fake.record_calls = False  # a long run: keep no call log
     sys.modules["pynvml"] = fake
     threading.Thread(target=_follow, args=(path, gpu, threading.Event()), daemon=True).start()
-    from exporter.cli import main as l9gpu_main
+    from exporter.app.cli import main as l9gpu_main
 
     return l9gpu_main(rest + ["--backend", "nvml"])
 

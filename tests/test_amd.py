@@ -16,7 +16,7 @@ from fakes.amdsmi_fake import (
 )
 
 from exporter.devices import amd
-from exporter.devices.amd import AmdBackend
+from exporter.devices.amd.backend import AmdBackend
 from exporter.devices.base import Backend, BackendUnavailable
 
 GiB = 2**30

@@ -30,10 +30,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.attribution import build_attributor
-from exporter.collector import Collector
-from exporter.devices.amd import AmdBackend
-from exporter.labels import label_schema
-from exporter.render import SnapshotCollector
+from exporter.collect.collector import Collector
+from exporter.core.labels import label_schema
+from exporter.devices.amd.backend import AmdBackend
+from exporter.output.render import SnapshotCollector
 
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
 pytestmark = pytest.mark.skipif(bool(cgroup2_unwritable()), reason=cgroup2_unwritable() or "ok")

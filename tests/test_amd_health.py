@@ -12,7 +12,7 @@ from fakes.amdsmi_fake import (
     FakeGpu,
 )
 
-from exporter.devices.amd import AmdBackend
+from exporter.devices.amd.backend import AmdBackend
 from exporter.health.signals import Ecc, EccBlock, Pcie, RetiredPages
 
 

@@ -26,25 +26,35 @@ def _rooms_block() -> str:
 
 
 ROOMS = _rooms_block()
-OPENED = ("devices",)  # packages whose own modules the map lists one by one
 
 
 def _rooms() -> list[str]:
+    """Every package and module under exporter/, as a path relative to it (``app/``,
+    ``app/cli.py``, ``devices/amd/health.py``): the map opens every folder."""
     names = []
     root = REPO / "exporter"
-    for place, prefix in [(root, ""), *((root / p, f"{p}/") for p in OPENED)]:
+
+    def walk(place: Path, prefix: str) -> None:
         for path in sorted(place.iterdir()):
-            if path.name.startswith(("_", ".")) or path.name in ("py.typed",):
+            if path.name.startswith(("_", ".")) or path.name in ("py.typed",) or path.name.endswith("_pb2.py"):
                 continue
             if path.is_dir() and (path / "__init__.py").exists():
                 names.append(f"{prefix}{path.name}/")
+                walk(path, f"{prefix}{path.name}/")
             elif path.suffix == ".py":
                 names.append(f"{prefix}{path.name}")
+
+    walk(root, "")
     return names
 
 
 def _on_map(name: str) -> bool:
-    base = name.rsplit("/", 2)[-2] + "/" if name.endswith("/") else name.rsplit("/", 1)[-1]
+    """The room's own name is on the map: ``app/`` for a folder, ``cli`` or ``cli.py`` for a
+    module (the map may name a folder's modules in a line of prose)."""
+    if name.endswith("/"):
+        base = name.rsplit("/", 2)[-2] + "/"
+    else:
+        base = name.rsplit("/", 1)[-1].removesuffix(".py")
     return re.search(rf"(?<![\w.]){re.escape(base)}(?![\w])", ROOMS) is not None
 
 

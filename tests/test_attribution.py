@@ -14,7 +14,7 @@ from waiting import wait_until
 from exporter.attribution.kubernetes import PodIndex, StaticPodSource
 from exporter.attribution.procfs import ProcCache, ProcFS, parse_environ, parse_start_time, parse_uid
 from exporter.attribution.resolver import ProcAttributor
-from exporter.model import HOST, UNKNOWN
+from exporter.core.model import HOST, UNKNOWN
 
 CID = "d" * 64
 UID = "11111111-2222-4333-8444-555555555555"
@@ -240,9 +240,9 @@ def test_simulated_node_runs_the_real_attribution() -> None:
     import argparse
 
     from exporter.attribution import build_attributor
-    from exporter.collector import Collector
-    from exporter.devices.simulated import SimulatedBackend
-    from exporter.labels import label_schema
+    from exporter.collect.collector import Collector
+    from exporter.core.labels import label_schema
+    from exporter.devices.simulated.backend import SimulatedBackend
 
     clock = [1000.0]
     backend = SimulatedBackend(clock=lambda: clock[0])

@@ -32,9 +32,9 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from waiting import wait_until, within  # noqa: E402
 
 from exporter.attribution import build_attributor  # noqa: E402
-from exporter.collector import Collector  # noqa: E402
-from exporter.labels import label_schema  # noqa: E402
-from exporter.render import SnapshotCollector  # noqa: E402
+from exporter.collect.collector import Collector  # noqa: E402
+from exporter.core.labels import label_schema  # noqa: E402
+from exporter.output.render import SnapshotCollector  # noqa: E402
 
 fake_pynvml = pytest.importorskip("fake_pynvml", reason="the NVML fake is not available")
 nvml_backend = pytest.importorskip("exporter.devices.nvml", reason="the NVML backend is not available")

@@ -41,12 +41,12 @@ from waiting import PATIENCE, wait_until, within
 from bridge import config as bconfig
 from bridge.convert import StartTimes, attributes, to_metrics_data, unit_for
 from bridge.push import ExportCounter, OtlpPusher
-from exporter import catalogue as cat
-from exporter.collector import Collector
-from exporter.devices.simulated import SimulatedBackend
-from exporter.labels import device_label_values, label_schema
-from exporter.model import DeviceSample, Snapshot, Workload, WorkloadUsage
-from exporter.wiring import build_registry
+from exporter.app.wiring import build_registry
+from exporter.collect.collector import Collector
+from exporter.core.labels import device_label_values, label_schema
+from exporter.core.model import DeviceSample, Snapshot, Workload, WorkloadUsage
+from exporter.devices.simulated.backend import SimulatedBackend
+from exporter.output import catalogue as cat
 
 SCOPE = InstrumentationScope("l9gpu", "test")
 RESOURCE = Resource({"service.name": "l9gpu"})

@@ -6,16 +6,16 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
-from exporter import catalogue as cat
-from exporter.model import DeviceSample, Snapshot
-from exporter.render import families
+from exporter.core.model import DeviceSample, Snapshot
+from exporter.output import catalogue as cat
+from exporter.output.render import families
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
 
 
 def test_metrics_doc_is_generated_from_the_catalogue():
     assert DOC.read_text(encoding="utf-8") == cat.markdown(), (
-        "docs/METRICS.md is stale: run `python -m exporter.catalogue > docs/METRICS.md`")
+        "docs/METRICS.md is stale: run `python -m exporter.output.catalogue > docs/METRICS.md`")
 
 
 @pytest.mark.parametrize("spec", cat.METRICS, ids=lambda s: s.name)

@@ -148,8 +148,8 @@ def _first_shell_block(markdown: Path) -> str:
 
 def serve_args(release: Release) -> Any:
     """The container's arguments as `l9gpu serve` parses them (the image's entrypoint is l9gpu)."""
-    from exporter.cli import build_parser
-    from exporter.errors import UsageError
+    from exporter.app.cli import build_parser
+    from exporter.app.errors import UsageError
 
     args = release.container["args"]
     assert args[0] == "serve", args
@@ -352,7 +352,7 @@ def test_read_timeout_reaches_the_agent():
     ("l9gpu", "hostname", None),  # no DCGM schema: the flag is not passed (the agent would refuse it)
 ])
 def test_the_dcgm_node_label_reaches_the_agent(schema, label, served):
-    from exporter.wiring import select_dcgm_fields
+    from exporter.app.wiring import select_dcgm_fields
 
     args = serve_args(render(_sets(f"metricSchema={schema}", f"dcgmHostnameLabel={label}")))
     selection = select_dcgm_fields(args)  # what `l9gpu serve` makes of the flags: no usage error
@@ -539,7 +539,7 @@ def test_capabilities_only_where_a_backend_needs_them(releases):
 
 
 # The agent's flags for these two (the kernel log's path, Events off) come with the
-# incidents work in exporter/cli.py; until then their renders are checked here without the
+# incidents work in exporter/app/cli.py; until then their renders are checked here without the
 # argument parser, and join CASES (and serve_args) when it knows them.
 
 def test_by_default_the_kernel_log_is_read_from_the_hosts_journal_unprivileged(tmp_path):
@@ -791,7 +791,7 @@ def test_schema_durations_agree_with_the_agent():
     hypothesis = pytest.importorskip("hypothesis")
     from hypothesis import strategies as st
 
-    from exporter.parsing import parse_positive_duration
+    from exporter.core.parsing import parse_positive_duration
 
     number = st.from_regex(r"\A(0|[0-9]{1,3})(\.[0-9]{1,2})?\Z")
     component = st.tuples(number, st.sampled_from(_UNITS)).map("".join)
@@ -1032,7 +1032,7 @@ holders = {
 }
 for holder in holders.values():
     assert holder.stdout.readline() == "ready\n"
-scan = ("import json; from exporter.devices.gaudi import scan_accel_processes; "
+scan = ("import json; from exporter.devices.gaudi.backend import scan_accel_processes; "
         "print(json.dumps({k: sorted(v) for k, v in scan_accel_processes('/proc').items()}))")
 seen = {}
 try:

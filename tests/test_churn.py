@@ -11,15 +11,15 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
-from exporter import catalogue as cat
 from exporter.attribution.kubernetes import PodIndex, pod_meta
 from exporter.attribution.resolver import ProcAttributor
 from exporter.attribution.simulated import container_id, pod_uid, scenario_pods, write_proc_tree
-from exporter.collector import Collector
+from exporter.collect.collector import Collector
+from exporter.core.labels import label_schema
+from exporter.core.model import DeviceSample, ProcessSample
 from exporter.devices.base import Backend
-from exporter.labels import label_schema
-from exporter.model import DeviceSample, ProcessSample
-from exporter.render import families
+from exporter.output import catalogue as cat
+from exporter.output.render import families
 
 GPUS = 4
 LIVE = 24  # processes alive at any time

@@ -121,7 +121,7 @@ def test_log_lines_hold_no_raw_control_character_and_forge_no_line(fmt, capsys):
     of its own or drive the reader's terminal; a traceback keeps its lines, escaped."""
     import logging
 
-    from exporter.logs import setup_logging
+    from exporter.app.logs import setup_logging
 
     root = logging.getLogger()
     saved = root.handlers[:], root.level

@@ -203,12 +203,12 @@ def test_limits_flags_are_validated_with_one_clear_line() -> None:
 _LISTENER = r"""
 import asyncio, resource, sys, time
 from aiohttp import web
-from exporter.counts import Rejections
+from exporter.output.counts import Rejections
 from exporter.web.descriptors import descriptors_in_use
 from exporter.web.limits import ConnectionLimits
 from exporter.web.logs import install_accept_error_log
 from exporter.web.site import GuardedSite
-from exporter.logs import setup_logging
+from exporter.app.logs import setup_logging
 
 setup_logging("info", "text")
 seconds, interval = float(sys.argv[1]), float(sys.argv[2])

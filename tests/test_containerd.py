@@ -47,9 +47,9 @@ from exporter.attribution import build_attributor, cri  # noqa: E402
 from exporter.attribution.cgroups import parse_cgroup_file  # noqa: E402
 from exporter.attribution.kubernetes import PodIndex  # noqa: E402
 from exporter.attribution.resolver import ProcAttributor  # noqa: E402
-from exporter.collector import Collector  # noqa: E402
+from exporter.collect.collector import Collector  # noqa: E402
+from exporter.core.labels import label_schema  # noqa: E402
 from exporter.devices.nvml import NvmlBackend  # noqa: E402
-from exporter.labels import label_schema  # noqa: E402
 
 GiB = 2**30
 NODE = "gpu-node-1"

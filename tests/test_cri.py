@@ -279,7 +279,7 @@ def test_malformed_entries_and_unknown_container_ids_are_harmless(tmp_path: Path
 
 
 def test_the_flag_auto_detection_and_off(monkeypatch, sockdir: str, caplog) -> None:
-    from exporter.cli import build_parser
+    from exporter.app.cli import build_parser
 
     args = build_parser().parse_args(["snapshot", "--cri-socket", "off"])
     assert args.cri_socket == "off"
@@ -339,8 +339,8 @@ def test_scraped_series_carry_cri_names_and_the_cri_collector_health(tmp_path: P
     from agent import parse_metrics, pick
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from exporter.collector import Collector
-    from exporter.render import SnapshotCollector
+    from exporter.collect.collector import Collector
+    from exporter.output.render import SnapshotCollector
 
     runtime.containers = [container(CID, UID, "notebook-0", "research", "jupyter")]
     write_proc(tmp_path, 4242, cgroup_line(UID, CID))

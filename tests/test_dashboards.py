@@ -20,7 +20,7 @@ from fake_engines import app, demo_engines, scrape_jobs
 from loopback_http import LoopbackServer
 from promserver import PrometheusServer
 
-from exporter.catalogue import METRICS
+from exporter.output.catalogue import METRICS
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))

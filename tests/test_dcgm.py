@@ -1,4 +1,4 @@
-"""The DCGM schema (exporter/dcgm.py): counters files, names, units and labels, which
+"""The DCGM schema (exporter/output/dcgm/fields.py): counters files, names, units and labels, which
 series carry workload labels, and agreement with the l9gpu schema on the same snapshot."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from agent import parse_metrics, run_cli
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from exporter import catalogue as cat
-from exporter import dcgm
-from exporter.dcgm_render import DcgmRenderer
-from exporter.encode import for_openmetrics
-from exporter.labels import device_label_values, workload_id_values
-from exporter.model import DeviceSample, ProcessSample, Snapshot, Workload, WorkloadUsage, frozen_mapping
-from exporter.render import families
+from exporter.core.labels import device_label_values, workload_id_values
+from exporter.core.model import DeviceSample, ProcessSample, Snapshot, Workload, WorkloadUsage, frozen_mapping
+from exporter.output import catalogue as cat
+from exporter.output.dcgm import fields as dcgm
+from exporter.output.dcgm.render import DcgmRenderer
+from exporter.output.encode import for_openmetrics
+from exporter.output.render import families
 
 DATA = Path(__file__).resolve().parent / "data"
 UPSTREAM_COUNTERS = DATA / "dcgm-exporter-default-counters.csv"
@@ -420,9 +420,9 @@ SAME_WORKLOAD_VALUES = {
 
 @pytest.fixture(scope="module")
 def simulated_snapshot() -> Snapshot:
-    from exporter.cli import build_parser
+    from exporter.app.cli import build_parser
+    from exporter.app.wiring import build_collector, open_sources
     from exporter.devices import close_backends
-    from exporter.wiring import build_collector, open_sources
 
     args = build_parser().parse_args(["snapshot", "--backend", "simulated"])
     backends, attributor = open_sources(args)
@@ -475,7 +475,7 @@ def test_the_time_shared_gpu_shows_each_pods_own_share(simulated_snapshot):
 
 def test_the_migration_guide_shows_the_field_tables():
     text = (Path(__file__).resolve().parent.parent / "docs" / "MIGRATING-FROM-DCGM.md").read_text()
-    hint = "paste the tables `python -m exporter.dcgm` prints into docs/MIGRATING-FROM-DCGM.md"
+    hint = "paste the tables `python -m exporter.output.dcgm.fields` prints into docs/MIGRATING-FROM-DCGM.md"
     assert dcgm.markdown_table() in text, hint
     assert dcgm.markdown_not_provided() in text, hint
 

@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.derive import DeriveState, split_energy, step
-from exporter.labels import label_schema, workload_label_map
-from exporter.model import DeviceSample, ProcessSample, Workload
-from exporter.process_groups import has_one_owner
+from exporter.collect.derive import DeriveState, split_energy, step
+from exporter.core.labels import label_schema, workload_label_map
+from exporter.core.model import DeviceSample, ProcessSample, Workload
+from exporter.core.process_groups import has_one_owner
 
 GIB = 2**30
 

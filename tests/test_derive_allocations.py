@@ -3,8 +3,8 @@
 import pytest
 from test_derive import GIB, gpu, pod
 
-from exporter.derive import DeriveState, step
-from exporter.model import AllocationRow, ProcessSample, Workload
+from exporter.collect.derive import DeriveState, step
+from exporter.core.model import AllocationRow, ProcessSample, Workload
 
 
 def alloc(workload, index=0, device_id=None):

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_derive import GIB, pod
 
-from exporter.derive import DeriveState, split_time, step
-from exporter.model import AllocationRow, DeviceSample, ProcessSample, Workload
+from exporter.collect.derive import DeriveState, split_time, step
+from exporter.core.model import AllocationRow, DeviceSample, ProcessSample, Workload
 
 
 def gpu(procs=(), index=0, uuid=None, capacity=1.0, up=True, gpu_instance=""):

@@ -2,7 +2,7 @@
 
 Every flag, make target, metric, alert, Helm value and repository path that README.md,
 docs/*.md and the chart's README name in code (spans and blocks) is looked up where it is
-defined: the `l9gpu ... --help` output, the Makefile, exporter/catalogue.py and the DCGM
+defined: the `l9gpu ... --help` output, the Makefile, exporter/output/catalogue.py and the DCGM
 field table, the rules files, values.yaml, the file tree. A doc that names one that is not
 there fails here, with the doc and the name.
 """
@@ -56,7 +56,7 @@ EXTERNAL_METRICS = frozenset({"container_cpu_usage_seconds_total", "gpu_cache_us
 MISSPELT_ON_PURPOSE = frozenset({"polling.intervall"})
 
 # Series that the GPU-health and incident work add; the docs may name them before their
-# families reach exporter/catalogue.py (then they are found there and this list can go).
+# families reach exporter/output/catalogue.py (then they are found there and this list can go).
 PENDING_METRICS = frozenset({
     "gpu_health", "gpu_health_action", "gpu_health_reason", "gpu_health_transitions_total",
     "gpu_remapped_rows_total", "gpu_pcie_replays_total", "gpu_violation_seconds_total",
@@ -143,7 +143,7 @@ def rules() -> list[dict[str, Any]]:
 @cache
 def known_metrics() -> frozenset[str]:
     sys.path.insert(0, str(REPO))
-    from exporter.catalogue import BY_NAME
+    from exporter.output.catalogue import BY_NAME
 
     names = set(BY_NAME)
     for module in ("dcgm.py", "dcgm_health.py"):  # the DCGM schema's field tables
@@ -343,7 +343,7 @@ def test_the_checks_catch_what_does_not_exist(tmp_path):
     assert "nothing" not in make_targets() and not metric_exists("gpu_no_such_ratio")
     assert "GPUNoSuchAlert" not in alerts() and not value_exists("polling.nothing")
     assert value_exists("polling.interval") and value_exists("serviceMonitor.labels.release")
-    assert not path_exists(tmp_path, "exporter/no_such.py") and path_exists(tmp_path, "exporter/cli.py")
+    assert not path_exists(tmp_path, "exporter/no_such.py") and path_exists(tmp_path, "exporter/app/cli.py")
     assert metric_exists("gpu_up") and "GPUZombieWorkload" in alerts() and "--interval" in known_flags()
 
 

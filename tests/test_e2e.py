@@ -1,6 +1,6 @@
 """End to end: the real agent as a subprocess on the simulated node, scraped over HTTP.
 
-The values are checked against the default scenario (exporter/scenarios/default.yaml)
+The values are checked against the default scenario (exporter/devices/simulated/scenarios/default.yaml)
 and the whole exposition is linted with `promtool check metrics`, like node_exporter's
 end-to-end test.
 """

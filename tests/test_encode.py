@@ -1,4 +1,4 @@
-"""/metrics bytes from `exporter.encode.Encoder` are prometheus_client's, byte for byte.
+"""/metrics bytes from `exporter.output.encode.Encoder` are prometheus_client's, byte for byte.
 
 The encoder renders each label set once and reuses it; whatever it writes must equal what
 prometheus_client writes for the same families, in every format and escaping a scraper
@@ -20,9 +20,9 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.samples import Exemplar, Sample
 
-from exporter import cli, wiring
+from exporter.app import cli, wiring
 from exporter.devices import close_backends
-from exporter.encode import Encoder, for_openmetrics
+from exporter.output.encode import Encoder, for_openmetrics
 
 ACCEPT = [
     "",

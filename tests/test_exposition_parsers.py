@@ -24,8 +24,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from test_encode import ACCEPT
 
-from exporter import cli, dcgm, wiring
+from exporter.app import cli, wiring
 from exporter.devices import close_backends
+from exporter.output.dcgm import fields as dcgm
 from exporter.web.exposition import Exposition
 
 SCHEMAS = ("l9gpu", "dcgm", "l9gpu,dcgm")

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.devices.base import Backend, BackendUnavailable
-from exporter.devices.gaudi import (
+from exporter.devices.gaudi.backend import (
     GaudiBackend,
     HlSmiError,
     HlSmiRow,
@@ -281,7 +281,7 @@ def test_no_devices_is_unavailable(tmp_path, hl_smi):
 # ---- wiring -----------------------------------------------------------------------
 
 def test_open_backends_passes_cli_options(tmp_path, hl_smi):
-    from exporter.cli import build_parser
+    from exporter.app.cli import build_parser
     from exporter.devices import open_backends, options_from
 
     proc = make_proc(tmp_path / "proc", {77: ["/dev/accel/accel1"]})

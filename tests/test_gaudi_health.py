@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from exporter.devices.gaudi import GaudiBackend
-from exporter.devices.gaudi_health import HEALTH_FIELDS, parse_health_csv
+from exporter.devices.gaudi.backend import GaudiBackend
+from exporter.devices.gaudi.health import HEALTH_FIELDS, parse_health_csv
 from exporter.health.signals import Ecc
 
 FAKE_HL_SMI = str(Path(__file__).parent / "fakes" / "hl-smi")
@@ -62,7 +62,7 @@ def test_health_off_runs_no_health_query(tmp_path, monkeypatch):
 def test_a_tool_without_a_field_fails_only_the_health_query(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("FAKE_HL_SMI_HEALTH_EXIT", "1")
     gaudi, _ = backend(tmp_path, monkeypatch, interval=0.0)
-    caplog.set_level(logging.DEBUG, logger="exporter.devices.gaudi")
+    caplog.set_level(logging.DEBUG, logger="exporter.devices.gaudi.backend")
     for now in (100.0, 101.0, 102.0):
         samples = gaudi.sample(now)
         assert [dev.up for dev in samples] == [True, True]

@@ -28,16 +28,16 @@ def render_node(scenario: str | None, passes: int = PASSES) -> str:
     from prometheus_client import CollectorRegistry
     from prometheus_client.exposition import choose_encoder
 
-    from exporter import catalogue as cat
+    from exporter.app.cli import build_parser
     from exporter.attribution import build_attributor
-    from exporter.cli import build_parser
-    from exporter.collector import Collector
-    from exporter.devices.simulated import SimulatedBackend
-    from exporter.encode import Encoder
+    from exporter.collect.collector import Collector
+    from exporter.core.labels import label_schema
+    from exporter.devices.simulated.backend import SimulatedBackend
     from exporter.incidents.engine import IncidentConfig, IncidentTracker
     from exporter.incidents.watch import IncidentFamilies, IncidentWatch
-    from exporter.labels import label_schema
-    from exporter.render import SnapshotCollector
+    from exporter.output import catalogue as cat
+    from exporter.output.encode import Encoder
+    from exporter.output.render import SnapshotCollector
 
     t = [1000.0]
     backend = SimulatedBackend(scenario, clock=lambda: t[0])

@@ -13,11 +13,11 @@ import math
 
 import pytest
 
-from exporter.dcgm_health import HEALTH_FIELDS
+from exporter.core.model import DeviceSample, Snapshot
 from exporter.health import HealthSignals, HealthState, Pcie, Violations, assess
 from exporter.health.signals import as_count, count_problem
-from exporter.model import DeviceSample, Snapshot
-from exporter.render_health import health_rows
+from exporter.output.dcgm.health import HEALTH_FIELDS
+from exporter.output.render_health import health_rows
 
 GARBAGE = [math.nan, math.inf, -math.inf, 3.5, -1, -0.5, True, "7", b"7", object()]
 GOOD = [0, 7, 7.0, 2**63]

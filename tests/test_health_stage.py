@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from exporter import catalogue as cat
-from exporter.collector import Collector
-from exporter.devices.simulated import ScenarioError, SimulatedBackend, parse_scenario
+from exporter.collect.collector import Collector
+from exporter.collect.health_stage import HealthStageState, health_step, new_xids
+from exporter.core.model import DeviceSample
+from exporter.devices.simulated.backend import ScenarioError, SimulatedBackend, parse_scenario
 from exporter.health import HEALTHY_VERDICT
-from exporter.health_stage import HealthStageState, health_step, new_xids
-from exporter.model import DeviceSample
-from exporter.render import families
-from exporter.snapshot_json import snapshot_document
+from exporter.output import catalogue as cat
+from exporter.output.render import families
+from exporter.output.snapshot_json import snapshot_document
 
 
 def _collector(tmp_path, doc=None):
@@ -127,7 +127,7 @@ def test_a_verdict_kept_from_the_last_pass_is_the_one_assessed_afresh(scenario):
     every GPU every pass."""
     from dataclasses import replace
 
-    from exporter.model import updated
+    from exporter.core.model import updated
 
     t = [0.0]
     backend = SimulatedBackend(scenario, clock=lambda: t[0])

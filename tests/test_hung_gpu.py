@@ -25,14 +25,14 @@ from fake_pynvml import Block, FakeGpu, FakeHandle, FakeNvml, install
 from prometheus_client import CollectorRegistry, generate_latest
 from waiting import wait_until, within
 
-from exporter import catalogue as cat
-from exporter.bulkhead import DEFAULT_READ_TIMEOUT, Bulkhead, Failed, Read, Stuck
-from exporter.collector import Collector
+from exporter.collect.collector import Collector
+from exporter.core.bulkhead import DEFAULT_READ_TIMEOUT, Bulkhead, Failed, Read, Stuck
+from exporter.core.model import DeviceSample
 from exporter.devices.base import Backend
 from exporter.devices.nvml import NvmlBackend
-from exporter.model import DeviceSample
-from exporter.render import SnapshotCollector
-from exporter.snapshot_json import snapshot_document
+from exporter.output import catalogue as cat
+from exporter.output.render import SnapshotCollector
+from exporter.output.snapshot_json import snapshot_document
 from exporter.web.app import make_app
 from exporter.web.exposition import Exposition
 from exporter.web.page import render_page
@@ -385,7 +385,7 @@ def test_an_amd_gpu_stuck_in_amdsmi_degrades_only_itself() -> None:
     from fakes.amdsmi_fake import FakeAmdSmi
     from fakes.amdsmi_fake import FakeGpu as AmdGpu
 
-    from exporter.devices.amd import AmdBackend
+    from exporter.devices.amd.backend import AmdBackend
 
     gpus = [AmdGpu(uuid=f"a4ff740f-0000-1000-80ea-3fe8d9b2e51{i}", bdf=f"0000:c{i}:00.0") for i in range(3)]
     backend = AmdBackend(amdsmi=FakeAmdSmi(gpus))
@@ -472,7 +472,7 @@ def test_reads_keep_their_order_and_the_last_runs_after_the_others() -> None:
 
 
 def test_a_read_given_up_on_stops_when_its_call_returns() -> None:
-    from exporter.bulkhead import check_abandoned
+    from exporter.core.bulkhead import check_abandoned
 
     gate, after = threading.Event(), threading.Event()
 
@@ -499,7 +499,7 @@ def _snapshot(monkeypatch, capsys, fake: FakeNvml, *args: str) -> tuple[int, str
     Afterwards the blocks are released and the threads left stuck in them are waited for,
     so that they do not log into another test's output.
     """
-    from exporter.cli import main
+    from exporter.app.cli import main
 
     install(monkeypatch, fake)
     root = logging.getLogger()

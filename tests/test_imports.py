@@ -41,7 +41,7 @@ MODULES = _modules()
 
 
 def test_the_tree_has_modules_to_check():
-    assert len(MODULES) > 50 and "exporter.cli" in MODULES and "bridge" in MODULES
+    assert len(MODULES) > 50 and "exporter.app.cli" in MODULES and "bridge" in MODULES
 
 
 @pytest.mark.parametrize("module", MODULES)

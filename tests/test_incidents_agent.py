@@ -237,7 +237,7 @@ def test_snapshot_does_not_print_another_nodes_incidents(agent_factory, tmp_path
 
 
 def test_recent_incidents_are_listed_newest_first_escaped_and_bounded():
-    from exporter.snapshot_cmd import format_incidents
+    from exporter.app.snapshot_cmd import format_incidents
 
     items = [{"kind": "memory_exhausted", "time": 1000.0 - 30 * n, "gpu": 2, "xid": None, "action": "restart_app",
               "caused_by": [{"owner": "ml/trainer\x1b[2J/main"}], "affected": [{"owner": "ml/nb/main"}]}
@@ -330,10 +330,10 @@ def test_a_count_no_float_holds_is_clamped_and_a_failing_source_left_out_with_on
 
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from exporter import catalogue as cat
+    from exporter.core.labels import label_schema
     from exporter.incidents import watch as watch_module
     from exporter.incidents.watch import IncidentFamilies, IncidentWatch
-    from exporter.labels import label_schema
+    from exporter.output import catalogue as cat
 
     class Absurd:
         def counts(self) -> dict:
@@ -365,11 +365,11 @@ def test_a_reader_that_raises_costs_its_records_of_that_pass_only(caplog):
     import argparse
     import logging
 
-    from exporter.devices.simulated import SimulatedBackend
+    from exporter.core.labels import label_schema
+    from exporter.devices.simulated.backend import SimulatedBackend
     from exporter.incidents.engine import IncidentConfig, IncidentTracker
     from exporter.incidents.kmsg import parse_xid
     from exporter.incidents.watch import IncidentWatch
-    from exporter.labels import label_schema
 
     class Flaky:
         def __init__(self) -> None:
@@ -389,7 +389,7 @@ def test_a_reader_that_raises_costs_its_records_of_that_pass_only(caplog):
             return None
 
     from exporter.attribution import build_attributor
-    from exporter.collector import Collector
+    from exporter.collect.collector import Collector
 
     now = [1000.0]
     backend = SimulatedBackend(None, clock=lambda: now[0])

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from exporter.core.model import DeviceSample, ProcessSample, Workload
 from exporter.incidents.engine import IncidentConfig, IncidentTracker, event_messages, incident_json
 from exporter.incidents.kmsg import XidRecord
 from exporter.incidents.peaks import PeakSeries
-from exporter.model import DeviceSample, ProcessSample, Workload
 
 GIB = 2**30
 TOTAL = 80 * GIB

@@ -14,11 +14,11 @@ import pytest
 from cgroup_helpers import Cgroups, burstable_scope, cgroup2_unwritable, container_id, pod_uid, spawn_with_pid
 
 from exporter.attribution import build_attributor
-from exporter.collector import Collector
+from exporter.collect.collector import Collector
+from exporter.core.labels import label_schema
 from exporter.incidents.engine import IncidentConfig, IncidentTracker
 from exporter.incidents.kmsg import KernelLog
 from exporter.incidents.watch import IncidentWatch
-from exporter.labels import label_schema
 
 fake_pynvml = pytest.importorskip("fake_pynvml", reason="the NVML fake is not available")
 nvml_backend = pytest.importorskip("exporter.devices.nvml", reason="the NVML backend is not available")

@@ -26,7 +26,7 @@ from loopback_http import LoopbackServer
 from promserver import PrometheusServer
 from waiting import PATIENCE, wait_until
 
-from exporter.cli import main
+from exporter.app.cli import main
 from exporter.inference.engines import load_engines
 from exporter.inference.rules import rules_text
 

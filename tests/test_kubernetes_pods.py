@@ -283,7 +283,7 @@ def test_on_without_the_package_or_a_config_is_a_clear_error(monkeypatch) -> Non
 
 
 def test_cli_accepts_the_attribution_flags() -> None:
-    from exporter.cli import build_parser
+    from exporter.app.cli import build_parser
 
     args = build_parser().parse_args(["snapshot", "--kubernetes", "off", "--pod-label", "team",
                                       "--pod-label", "cost-center", "--proc-root", "/host/proc"])

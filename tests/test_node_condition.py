@@ -230,9 +230,9 @@ def test_kubectl_describe_node_prints_the_condition_the_taint_and_the_events(api
     """kubectl itself reads the node back from the fake API server, as an operator would."""
     import functools
 
+    from exporter.core.model import DeviceSample, ProcessRow, Snapshot, Workload
     from exporter.health import Reason, Verdict
     from exporter.incidents.events import EventSink, default_api_factory
-    from exporter.model import DeviceSample, ProcessRow, Snapshot, Workload
     from exporter.nodestatus.writer import NodeStatusWriter, Taint
 
     apiserver.add_node(NODE, conditions=[READY])

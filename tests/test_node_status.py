@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from exporter.core.model import DeviceSample, ProcessRow, Snapshot, Workload
 from exporter.health import Reason, Verdict
 from exporter.health import policy as p
-from exporter.model import DeviceSample, ProcessRow, Snapshot, Workload
 from exporter.nodestatus import parse_condition_type, parse_taint_key
 from exporter.nodestatus.condition import REASONS, gpu_transitions, node_verdict, track_since
 

@@ -584,8 +584,8 @@ def test_open_backends_by_name(monkeypatch):
 
 
 def test_renders_to_prometheus_text(monkeypatch):
-    render = pytest.importorskip("exporter.render")
-    model = pytest.importorskip("exporter.model")
+    render = pytest.importorskip("exporter.output.render")
+    model = pytest.importorskip("exporter.core.model")
     fake = FakeNvml([FakeGpu(processes=[FakeProcess(pid=4242, used_memory=3 * GiB)], clock_reasons=0x4)])
     backend = opened(fake)
     fake.queue_xid(0, 79)
@@ -593,7 +593,7 @@ def test_renders_to_prometheus_text(monkeypatch):
     snapshot = model.Snapshot(seq=1, node="node-a", timestamp=1.0, devices=devices)
     text = _render_text(render, snapshot)
     if text is None:
-        pytest.skip("exporter.render has no text entry point yet")
+        pytest.skip("exporter.output.render has no text entry point yet")
     from prometheus_client.parser import text_string_to_metric_families
 
     families = {f.name: f for f in text_string_to_metric_families(text)}

@@ -24,12 +24,12 @@ from fake_pynvml import (
 )
 
 from exporter.attribution import NullAttributor
-from exporter.collector import Collector
-from exporter.derive import advance_energy
+from exporter.collect.collector import Collector
+from exporter.collect.derive import advance_energy
+from exporter.core.model import Workload
+from exporter.core.shares import passes_between_reads
 from exporter.devices import nvml as nvml_backend
 from exporter.devices.nvml import NvmlBackend
-from exporter.model import Workload
-from exporter.shares import passes_between_reads
 
 GiB = 2**30
 
@@ -372,7 +372,7 @@ def test_snapshot_timings_show_what_each_call_costs(monkeypatch, capsys):
     """`l9gpu snapshot --timings` on a node whose driver charges H200 prices."""
     from fake_pynvml import install
 
-    from exporter.cli import main
+    from exporter.app.cli import main
 
     fake = FakeNvml([h200(processes=2, base_pid=999_990)], costs=H200_COSTS)
     fake.add_util_samples(0, [FakeUtilSample(pid=999_990, timestamp=10, sm=30)])

@@ -22,9 +22,9 @@ from fake_pynvml import (
     FakeNvml,
 )
 
+from exporter.core.model import GPM_RATE_KEYS, GPM_RATIO_KEYS
 from exporter.devices.nvml import NvmlBackend
 from exporter.devices.nvml import gpm as gpm_module
-from exporter.model import GPM_RATE_KEYS, GPM_RATIO_KEYS
 
 MiB = 2**20
 
@@ -306,7 +306,7 @@ def test_snapshot_shows_gpm_activity_and_why_a_gpu_has_none(monkeypatch, capsys)
 
     from fake_pynvml import install
 
-    from exporter import cli, snapshot_cmd
+    from exporter.app import cli, snapshot_cmd
 
     fake = install(monkeypatch, FakeNvml(gpus=[FakeGpu(), FakeGpu(name="NVIDIA A100-SXM4-80GB")]))
     monkeypatch.setattr(snapshot_cmd, "SNAPSHOT_GPM_WINDOW", 0.05)
@@ -331,7 +331,7 @@ def test_snapshot_shows_gpm_activity_and_why_a_gpu_has_none(monkeypatch, capsys)
 
 
 def test_gpm_interval_flag_rejects_a_bad_value(capsys):
-    from exporter import cli
+    from exporter.app import cli
 
     assert cli.main(["snapshot", "--backend", "simulated", "--gpm-interval", "soon"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

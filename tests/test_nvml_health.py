@@ -200,7 +200,7 @@ def test_a_down_gpu_carries_lost_or_reset_required(boot_id, code, lost, reset):
 
 
 def test_health_interval_flag_parses_and_rejects_bad_values(monkeypatch, capsys):
-    from exporter.cli import UsageError, build_parser
+    from exporter.app.cli import UsageError, build_parser
     from exporter.devices import options_from
 
     def parse(*argv: str):

@@ -34,8 +34,8 @@ from waiting import wait_until, within  # noqa: E402
 from exporter.attribution import cri, podresources  # noqa: E402
 from exporter.attribution.kubernetes import PodIndex, PodWatcher  # noqa: E402
 from exporter.attribution.resolver import ProcAttributor  # noqa: E402
-from exporter.collector import Collector  # noqa: E402
-from exporter.model import DeviceSample  # noqa: E402
+from exporter.collect.collector import Collector  # noqa: E402
+from exporter.core.model import DeviceSample  # noqa: E402
 
 UID = "8c1f2d3e-4b5a-4697-8a1b-2c3d4e5f6a7b"
 CID = "3f2a" + "0" * 58 + "19"

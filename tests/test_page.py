@@ -10,12 +10,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 from waiting import wait_until
 
-from exporter import catalogue as cat
-from exporter.collector import Collector
-from exporter.devices.simulated import SimulatedBackend
-from exporter.labels import label_schema
-from exporter.render import SnapshotCollector
-from exporter.snapshot_json import duration, snapshot_document, snapshot_json
+from exporter.collect.collector import Collector
+from exporter.core.labels import label_schema
+from exporter.devices.simulated.backend import SimulatedBackend
+from exporter.output import catalogue as cat
+from exporter.output.render import SnapshotCollector
+from exporter.output.snapshot_json import duration, snapshot_document, snapshot_json
 from exporter.web.app import make_app
 from exporter.web.exposition import Exposition
 from exporter.web.page import SnapshotPages, render_page

@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from browser import DevTools, need_chromium
 
-from exporter.model import DeviceSample, Snapshot
+from exporter.core.model import DeviceSample, Snapshot
 from exporter.web.app import make_app
 from exporter.web.page import SnapshotPages, server_timing
 

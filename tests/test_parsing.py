@@ -1,6 +1,6 @@
 import pytest
 
-from exporter.parsing import parse_duration_or_seconds, parse_listen, parse_positive_duration
+from exporter.core.parsing import parse_duration_or_seconds, parse_listen, parse_positive_duration
 
 
 @pytest.mark.parametrize("text,seconds", [

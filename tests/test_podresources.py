@@ -30,11 +30,11 @@ from waiting import wait_until, within  # noqa: E402
 from exporter.attribution import build_attributor, podresources  # noqa: E402
 from exporter.attribution.kubernetes import PodIndex, StaticPodSource  # noqa: E402
 from exporter.attribution.resolver import ProcAttributor  # noqa: E402
-from exporter.collector import Collector  # noqa: E402
+from exporter.collect.collector import Collector  # noqa: E402
+from exporter.core.labels import label_schema  # noqa: E402
+from exporter.core.model import DeviceSample, ProcessSample  # noqa: E402
 from exporter.devices.base import Backend  # noqa: E402
-from exporter.labels import label_schema  # noqa: E402
-from exporter.model import DeviceSample, ProcessSample  # noqa: E402
-from exporter.render import SnapshotCollector  # noqa: E402
+from exporter.output.render import SnapshotCollector  # noqa: E402
 
 GIB = 2**30
 UID = "8c1f2d3e-4b5a-4697-8a1b-2c3d4e5f6a7b"
@@ -456,7 +456,7 @@ def test_flag_off_auto_and_path(tmp_path: Path, kubelet: FakeKubelet, monkeypatc
 
 
 def test_the_cli_takes_the_flag_and_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exporter.cli import build_parser
+    from exporter.app.cli import build_parser
 
     args = build_parser().parse_args(["snapshot", "--pod-resources-socket", "off"])
     assert args.pod_resources_socket == "off"

@@ -19,19 +19,19 @@ from agent import parse_metrics, pick
 from aiohttp.test_utils import TestClient, TestServer
 from fake_pynvml import FakeGpu, FakeNvml, FakeProcess, FakeUtilSample
 
-from exporter import catalogue as cat
+from exporter.app.cli import build_parser
+from exporter.app.wiring import build_collector, build_registry
 from exporter.attribution.kubernetes import PodIndex, pod_meta
 from exporter.attribution.resolver import ProcAttributor
 from exporter.attribution.simulated import scenario_pods, write_proc_tree
-from exporter.cli import build_parser
-from exporter.collector import Collector
+from exporter.collect.collector import Collector
+from exporter.core.labels import label_schema
+from exporter.core.model import UNKNOWN, Workload
+from exporter.core.shares import READ_ALL, SHARED_READ_PERIOD, passes_between_reads
 from exporter.devices.nvml import NvmlBackend
-from exporter.labels import label_schema
-from exporter.model import UNKNOWN, Workload
-from exporter.shares import READ_ALL, SHARED_READ_PERIOD, passes_between_reads
+from exporter.output import catalogue as cat
 from exporter.web.app import make_app
 from exporter.web.exposition import Exposition
-from exporter.wiring import build_collector, build_registry
 
 GiB = 2**30
 UTIL_CALL = "nvmlDeviceGetProcessesUtilizationInfo"
@@ -284,8 +284,8 @@ def test_a_per_process_read_stuck_in_the_driver_degrades_only_its_gpu(tmp_path):
 def test_carried_shares_follow_the_gpus_utilisation_and_a_changed_gpu_is_read_again():
     """Between two reads of a shared GPU, each process keeps its share of the last read
     scaled by the GPU's utilisation since; what cannot be carried is read now."""
-    from exporter.model import DeviceSample, ProcessSample
-    from exporter.shares import LastRead, carry_shares
+    from exporter.core.model import DeviceSample, ProcessSample
+    from exporter.core.shares import LastRead, carry_shares
 
     def gpu(util: float | None, *procs: ProcessSample) -> DeviceSample:
         return DeviceSample(index=0, uuid="GPU-0", model="m", utilization=util, processes=procs)
@@ -322,9 +322,9 @@ def test_over_a_minute_of_the_simulated_node_carried_shares_stay_within_a_point_
     from dataclasses import replace as dc_replace
 
     from exporter.attribution import build_attributor
-    from exporter.bulkhead import Read
-    from exporter.devices.simulated import SimulatedBackend
-    from exporter.model import updated
+    from exporter.core.bulkhead import Read
+    from exporter.core.model import updated
+    from exporter.devices.simulated.backend import SimulatedBackend
 
     class Deferring(SimulatedBackend):
         """The demo node read as NVML reads a GPU: per-process samples only where the
@@ -384,8 +384,8 @@ def test_has_one_owner_is_the_rule_derive_groups_by():
     and workloads whose labels differ."""
     import itertools
 
-    from exporter.model import DeviceSample, ProcessSample
-    from exporter.process_groups import group_processes, has_one_owner
+    from exporter.core.model import DeviceSample, ProcessSample
+    from exporter.core.process_groups import group_processes, has_one_owner
 
     a = Workload(kind="kubernetes", namespace="ml", pod="a", container="main")
     a_again = Workload(kind="kubernetes", namespace="ml", pod="a", container="main")  # equal, not the same

@@ -164,7 +164,7 @@ def test_the_checks_name_what_the_install_created():
     assert the(["kubectl", "-n", namespace, "rollout", "status"])[5] == f"ds/{daemonset['metadata']['name']}"
     curl = the(["curl"])
     assert f"localhost:{port}/metrics" in curl
-    from exporter.catalogue import BY_NAME
+    from exporter.output.catalogue import BY_NAME
 
     for metric in ("gpu_up", "l9gpu_host_pids_visible"):
         assert metric in BY_NAME and metric in " ".join(curl)

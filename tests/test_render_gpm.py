@@ -21,12 +21,12 @@ from fake_pynvml import (
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import catalogue as cat
 from exporter.attribution import NullAttributor
-from exporter.collector import Collector
+from exporter.collect.collector import Collector
+from exporter.core.model import UNKNOWN, DeviceSample, Workload
 from exporter.devices.nvml import NvmlBackend
-from exporter.model import UNKNOWN, DeviceSample, Workload
-from exporter.render import SnapshotCollector
+from exporter.output import catalogue as cat
+from exporter.output.render import SnapshotCollector
 
 GiB = 2**30
 

@@ -10,13 +10,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from exporter import catalogue as cat
-from exporter.collector import Collector
+from exporter.collect.collector import Collector
+from exporter.core.labels import label_schema
+from exporter.core.model import DeviceSample, ProcessSample, Workload
 from exporter.devices.base import Backend
-from exporter.devices.simulated import SimulatedBackend
-from exporter.labels import label_schema
-from exporter.model import DeviceSample, ProcessSample, Workload
-from exporter.render import SnapshotCollector
+from exporter.devices.simulated.backend import SimulatedBackend
+from exporter.output import catalogue as cat
+from exporter.output.render import SnapshotCollector
 from exporter.web.app import make_app
 from exporter.web.exposition import Exposition
 

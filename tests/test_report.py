@@ -38,7 +38,7 @@ from conftest import need_tool
 from loopback_http import LoopbackServer
 from promserver import PrometheusServer
 
-from exporter.cli import main
+from exporter.app.cli import main
 
 H, D = 3600, 86400
 STEP = 300

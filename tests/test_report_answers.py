@@ -26,7 +26,7 @@ from aiohttp import web
 from loopback_http import LoopbackServer
 from waiting import PATIENCE
 
-from exporter.cli import main
+from exporter.app.cli import main
 
 H = 3600
 # Two whole hours, two days ago: in the past, aligned to the 1h step.

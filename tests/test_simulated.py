@@ -6,7 +6,7 @@ import pytest
 
 from exporter.devices import open_backends
 from exporter.devices.base import BackendUnavailable
-from exporter.devices.simulated import GIB, ScenarioError, SimulatedBackend, parse_scenario
+from exporter.devices.simulated.backend import GIB, ScenarioError, SimulatedBackend, parse_scenario
 
 
 class Clock:

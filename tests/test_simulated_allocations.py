@@ -5,9 +5,9 @@ import argparse
 import pytest
 
 from exporter.attribution.simulated import pod_uid, scenario_allocations
-from exporter.collector import Collector
-from exporter.devices.simulated import ScenarioError, SimulatedBackend, load_scenario, parse_scenario
-from exporter.labels import label_schema
+from exporter.collect.collector import Collector
+from exporter.core.labels import label_schema
+from exporter.devices.simulated.backend import ScenarioError, SimulatedBackend, load_scenario, parse_scenario
 
 
 def test_default_scenario_allocates_each_pod_its_gpus_and_reserves_gpu_7():
@@ -71,7 +71,7 @@ def test_bad_allocations_name_the_field(entry, match):
 def test_snapshot_lists_allocations_per_gpu_and_the_flag_turns_them_off(capsys):
     import json
 
-    from exporter.cli import main
+    from exporter.app.cli import main
 
     assert main(["snapshot", "--backend", "simulated", "--json"]) == 0
     gpus = {g["index"]: g for g in json.loads(capsys.readouterr().out)["gpus"]}

@@ -14,11 +14,11 @@ import yaml
 from waiting import wait_until
 
 from exporter.attribution import build_attributor
-from exporter.collector import Collector
-from exporter.devices.simulated import DEFAULT_SCENARIO, ScenarioError, SimulatedBackend, parse_scenario
+from exporter.collect.collector import Collector
+from exporter.core.labels import label_schema
+from exporter.devices.simulated.backend import DEFAULT_SCENARIO, ScenarioError, SimulatedBackend, parse_scenario
 from exporter.incidents.engine import IncidentConfig, IncidentTracker
 from exporter.incidents.watch import IncidentWatch
-from exporter.labels import label_schema
 
 GIB = 2**30
 
@@ -39,7 +39,7 @@ class JournalNode:
         self.reader = JournalKernelLog(str(directory))
 
     def poll(self) -> list:
-        from exporter.devices.simulated import _pci_bus_id
+        from exporter.devices.simulated.backend import _pci_bus_id
 
         scenario = self.backend.scenario
         assert scenario is not None
@@ -216,8 +216,8 @@ def test_the_demo_agent_reads_the_scenarios_kernel_log_with_kernel_log_auto(agen
 
 
 def test_after_xid_79_the_simulated_driver_answers_for_that_gpu_as_a_lost_one():
-    from exporter.model import Snapshot
-    from exporter.render import families
+    from exporter.core.model import Snapshot
+    from exporter.output.render import families
 
     now = [1000.0]
     backend = SimulatedBackend("incidents", clock=lambda: now[0])

@@ -48,7 +48,7 @@ import fake_pynvml as F
 pids = json.loads(sys.argv[1])
 sys.modules["pynvml"] = F.FakeNvml(gpus=[F.FakeGpu(processes=[F.FakeProcess(pid=p, used_memory=2 * 2**30)
                                                                for p in pids])])
-from exporter.cli import main
+from exporter.app.cli import main
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -131,7 +131,7 @@ def test_pod_namespace_and_container_names_are_printed_escaped(tmp_path):
 
 
 def test_escaping_for_the_terminal():
-    from exporter.escape import for_terminal
+    from exporter.core.escape import for_terminal
 
     assert for_terminal("vllm-0 naïve 模型 C:\\path") == "vllm-0 naïve 模型 C:\\path"  # unchanged
     assert for_terminal("a\tb\nc\rd\x00\x7f\x9b\u2028\u2066") == "a\\x09b\\x0ac\\x0dd\\x00\\x7f\\x9b\\u2028\\u2066"
@@ -173,8 +173,8 @@ def test_snapshot_json_and_the_api_are_strict_json_with_nan_values(tmp_path, age
 
 
 def test_strict_json_is_the_plain_encoding_when_every_value_is_finite():
-    from exporter.escape import strict_json
-    from exporter.snapshot_json import document_json
+    from exporter.core.escape import strict_json
+    from exporter.output.snapshot_json import document_json
 
     doc = {"a": [1.5, -2.0, {"b": None, "c": "\x1b"}], "d": 3}
     assert document_json(doc) == json.dumps(doc, indent=2) + "\n"
@@ -204,7 +204,7 @@ def test_the_simulated_node_table_has_a_process_header_and_calls_out_what_needs_
 
 
 def test_attention_names_down_gpus_and_sm_busy_without_tensor_cores():
-    from exporter.snapshot_cmd import format_attention
+    from exporter.app.snapshot_cmd import format_attention
 
     doc = {"gpus": [
         {"index": 0, "up": False, "error": "GPU is lost", "workloads": []},

@@ -17,9 +17,9 @@ import argparse
 import logging
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 
-from exporter.labels import parse_pod_label_key
-from exporter.model import UNKNOWN, AllocationRow, DeviceSample, Workload
-from exporter.parsing import argtype
+from exporter.core.labels import parse_pod_label_key
+from exporter.core.model import UNKNOWN, AllocationRow, DeviceSample, Workload
+from exporter.core.parsing import argtype
 
 if TYPE_CHECKING:
     from exporter.devices.base import Backend

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from exporter.attribution.kubernetes import PodIndex
 from exporter.attribution.unixgrpc import STARTUP_TIMEOUT, SocketLister, socket_path
-from exporter.model import AllocationRow, DeviceSample, Workload
+from exporter.core.model import AllocationRow, DeviceSample, Workload
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from exporter.attribution.cgroups import SLURM, UNKNOWN_OWNER, CgroupOwner, parse_cgroup_file
-from exporter.model import frozen_mapping
+from exporter.core.model import frozen_mapping
 
 log = logging.getLogger(__name__)
 

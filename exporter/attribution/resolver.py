@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from exporter.attribution import cgroups, podresources
 from exporter.attribution.kubernetes import PodIndex
 from exporter.attribution.procfs import ProcCache, ProcFS, ProcInfo
-from exporter.model import HOST, UNKNOWN, AllocationRow, DeviceSample, Workload
+from exporter.core.model import HOST, UNKNOWN, AllocationRow, DeviceSample, Workload
 
 log = logging.getLogger(__name__)
 

@@ -6,12 +6,12 @@ import abc
 import argparse
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
-from exporter.bulkhead import Read
-from exporter.model import DeviceSample
-from exporter.shares import READ_ALL, PassPlan
+from exporter.core.bulkhead import Read
+from exporter.core.model import DeviceSample
+from exporter.core.shares import READ_ALL, PassPlan
 
 if TYPE_CHECKING:
-    from exporter.devices.simulated import Scenario
+    from exporter.devices.simulated.backend import Scenario
 
 #: Where a backend's flags are listed in the ``devices`` group of ``--help``: the ones
 #: that say where its devices are read from right after ``--backend``, the ones that say
@@ -34,9 +34,9 @@ class Backend(abc.ABC):
     `BackendUnavailable`), then one pass per collection pass, then `close`.
 
     A pass is `reads`: parts that the collector runs through its bulkhead
-    (`exporter.bulkhead`) on worker threads, each given up on by itself when it overruns
+    (`exporter.core.bulkhead`) on worker threads, each given up on by itself when it overruns
     its deadline, so that a driver call that never returns degrades only its own part.
-    Their driver calls should be followed by `exporter.bulkhead.check_abandoned`, so that
+    Their driver calls should be followed by `exporter.core.bulkhead.check_abandoned`, so that
     a read given up on stops when its call returns. The default is the whole backend as
     one part (`sample`): every device of the backend is down while it hangs.
 
@@ -53,7 +53,7 @@ class Backend(abc.ABC):
             short for it (Gaudi's hl-smi has a timeout of its own); None: the default.
         defers_process_shares: its parts read the per-process samples only of the GPUs
             the pass's `PassPlan` names, and `process_share_reads` reads the others'
-            once the collector knows who owns their processes (`exporter.shares`).
+            once the collector knows who owns their processes (`exporter.core.shares`).
     """
 
     name: ClassVar[str]
@@ -145,7 +145,7 @@ class Backend(abc.ABC):
 
     def kernel_log(self) -> Any:
         """A kernel log of the backend's own, for ``--kernel-log auto`` (the simulated
-        node's: `exporter.devices.simulated.ScenarioKernelLog`); None: the machine's."""
+        node's: `exporter.devices.simulated.backend.ScenarioKernelLog`); None: the machine's."""
         return None
 
     def simulated_scenario(self) -> Scenario | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from exporter.parsing import argtype, parse_duration_or_seconds
+from exporter.core.parsing import argtype, parse_duration_or_seconds
 
 DEFAULT_HEALTH_INTERVAL = 30.0
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.parsing import argtype, parse_positive_duration
+from exporter.core.parsing import argtype, parse_positive_duration
 
 __all__ = ["EVENTS_MODES", "add_arguments"]
 

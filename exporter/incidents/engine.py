@@ -40,11 +40,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from exporter.escape import for_terminal
+from exporter.core.escape import for_terminal
+from exporter.core.model import UNKNOWN, DeviceSample, Workload
 from exporter.health.policy import RULES, XIDS
 from exporter.incidents.kmsg import normalise_pci_bus_id
-from exporter.model import UNKNOWN, DeviceSample, Workload
-from exporter.snapshot_json import describe_owner, rfc3339, workload_json
+from exporter.output.snapshot_json import describe_owner, rfc3339, workload_json
 
 KINDS = ("memory_exhausted", "xid", "gpu_lost", "row_remap_failure", "nvlink_errors", "stuck_in_driver_call")
 REASON_KINDS = ("gpu_lost", "row_remap_failure", "nvlink_errors", "stuck_in_driver_call")

@@ -26,7 +26,7 @@ so a line there is only as trustworthy as the node's root.
     NVRM: Xid (PCI:0000:ab:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (...)
 
 The process name is the process's own choice (its comm: up to 15 bytes, anything), and so
-is whatever follows it: both are kept escaped for a terminal (`exporter.escape`). Numbers
+is whatever follows it: both are kept escaped for a terminal (`exporter.core.escape`). Numbers
 are bounded by the kernel's ranges (`MAX_SEQ`, `MAX_USEC`, `MAX_PID`, `MAX_XID`): a record
 outside them is counted ``malformed`` and skipped, never an exception that costs the
 records read with it. A file replaced at its path (rotated) or rewritten in place is read
@@ -43,7 +43,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.escape import for_terminal
+from exporter.core.escape import for_terminal
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 
-from exporter import catalogue as cat
+from exporter.core.labels import Labeller, device_label_values, workload_label_map
+from exporter.core.model import DeviceSample, Snapshot, Workload
 from exporter.incidents.peaks import PeakSeries
-from exporter.labels import Labeller, device_label_values, workload_label_map
-from exporter.model import DeviceSample, Snapshot, Workload
+from exporter.output import catalogue as cat
 
 log = logging.getLogger("l9gpu.incidents")
 

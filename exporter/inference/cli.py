@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from exporter.outputs import CommandFailed, check_output, write_output
+from exporter.core.outputs import CommandFailed, check_output, write_output
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

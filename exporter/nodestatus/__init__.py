@@ -15,10 +15,10 @@ from typing import Any, Iterator
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 
-from exporter import catalogue as cat
+from exporter.core.parsing import argtype, parse_positive_duration
 from exporter.nodestatus.condition import DEFAULT_CONDITION_TYPE
 from exporter.nodestatus.writer import DEFAULT_TAINT_KEY, OUTCOMES, NodeStatusWriter, Taint
-from exporter.parsing import argtype, parse_positive_duration
+from exporter.output import catalogue as cat
 
 __all__ = ["DEFAULT_CONDITION_TYPE", "DEFAULT_TAINT_KEY", "MODES", "OUTCOMES", "TAINT_MODES", "NodeStatusFamilies",
            "NodeStatusWriter", "Taint", "add_arguments"]

@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from exporter.escape import for_terminal
+from exporter.core.escape import for_terminal
+from exporter.core.model import Snapshot
 from exporter.health import policy as p
-from exporter.model import Snapshot
-from exporter.snapshot_json import describe_owner, rfc3339
+from exporter.output.snapshot_json import describe_owner, rfc3339
 
 DEFAULT_CONDITION_TYPE = "GPUUnhealthy"
 HEALTHY_REASON = "GPUsHealthy"

@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from exporter.core.model import Snapshot
 from exporter.incidents.events import PodEvent, retry_after
-from exporter.model import Snapshot
 from exporter.nodestatus.condition import (
     DEFAULT_CONDITION_TYPE,
     HEALTHY,
@@ -48,7 +48,7 @@ from exporter.nodestatus.condition import (
     node_verdict,
     track_since,
 )
-from exporter.snapshot_json import rfc3339
+from exporter.output.snapshot_json import rfc3339
 
 log = logging.getLogger(__name__)
 

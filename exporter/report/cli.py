@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from exporter.core.outputs import CommandFailed, check_output, write_output
 from exporter.inference import cli as inference_cli
 from exporter.inference.cli import load_engines_or_fail
-from exporter.outputs import CommandFailed, check_output, write_output
 from exporter.report.progress import Progress, progress_for
 
 COMMANDS = ("report", "prices", "inference-rules")

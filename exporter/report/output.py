@@ -2,7 +2,7 @@
 
 Group and workload names come from labels the workloads' owners choose (namespaces, pod
 labels, Slurm accounts): each format escapes them for where it is opened (see
-`exporter.escape`): CSV text cells are quoted and never start a formula, JSON is strict
+`exporter.core.escape`): CSV text cells are quoted and never start a formula, JSON is strict
 (NaN and infinities as null), HTML is autoescaped.
 """
 
@@ -14,7 +14,7 @@ import math
 from importlib import resources
 from typing import Any
 
-from exporter.escape import for_spreadsheet, json_for_terminal, strict_json
+from exporter.core.escape import for_spreadsheet, json_for_terminal, strict_json
 from exporter.report.summary import CARBON, FIGURES, MODEL_BY, MODEL_FIGURES, UNALLOCATED_GROUP
 
 CSV_COLUMNS = ("group",) + FIGURES + ("waste_ratio", "workloads", "top_waste", CARBON)

@@ -23,7 +23,7 @@ _ISO = re.compile(r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?(Z|[+-]
 def parse_prometheus_duration(text: str) -> float:
     """A duration in Prometheus' grammar (``1d12h``, ``30m``: whole numbers with the units
     ms, s, m, h, d, w, y; no bare numbers) in seconds, for ``l9gpu report``. (The agent's
-    flags take `exporter.parsing.parse_duration_or_seconds`'s grammar.)"""
+    flags take `exporter.core.parsing.parse_duration_or_seconds`'s grammar.)"""
     value = text.strip()
     match = _RELATIVE.match(value)
     if not match or value.startswith("now"):

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from exporter.escape import for_terminal
+from exporter.core.escape import for_terminal
 from exporter.report.progress import Progress
 
 #: Default cap on one answer's size (decompressed), in bytes: ``--max-response-bytes``.

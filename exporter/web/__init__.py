@@ -14,7 +14,7 @@ One concept per module, as aiohttp splits ``web_app``, ``web_protocol``, ``web_r
   open-file limit and the connections it leaves room for, `guard` the connection guard,
   `site` the aiohttp site that listens through it, `logs` their throttled log lines.
 
-What the listener and the web config refuse is counted in `exporter.counts.Rejections`.
+What the listener and the web config refuse is counted in `exporter.output.counts.Rejections`.
 """
 
 __all__: list[str] = []  # the public names live in the modules the docstring names

@@ -2,7 +2,7 @@
 
 /healthz and /readyz answer without basic auth (kubelet probes cannot send credentials);
 /metrics, the page at /, /api/v1/snapshot and everything else need it when users are configured.
-Every refusal is counted by reason (`exporter.counts.Rejections`).
+Every refusal is counted by reason (`exporter.output.counts.Rejections`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from exporter.counts import Rejections
+from exporter.output.counts import Rejections
 from exporter.web.auth import AuthBusy, BasicAuthenticator
 from exporter.web.ratelimit import ClientRateLimiter
 from exporter.web.webconfig import WebConfig

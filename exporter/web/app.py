@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from aiohttp import web
 
-from exporter.model import Snapshot
+from exporter.core.model import Snapshot
 from exporter.web.exposition import Exposition
 from exporter.web.page import SnapshotPages
 

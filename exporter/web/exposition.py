@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterable
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from exporter.encode import Encoder, for_openmetrics
-from exporter.model import Snapshot
+from exporter.core.model import Snapshot
+from exporter.output.encode import Encoder, for_openmetrics
 from exporter.web.forecast import ScrapeForecast
 
 

@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, cast
 
-from exporter.counts import Rejections
+from exporter.output.counts import Rejections
 from exporter.web.limits import ConnectionLimits
 from exporter.web.logs import ThrottledLog
 

@@ -26,7 +26,7 @@ do for exporters written in Go:
   once per `exporter.web.logs.LOG_INTERVAL` with a count instead of a traceback per
   attempt (`exporter.web.logs.install_accept_error_log`).
 
-Whatever is turned away is counted by reason (`exporter.counts.Rejections`:
+Whatever is turned away is counted by reason (`exporter.output.counts.Rejections`:
 ``l9gpu_http_rejections_total``), with the web config's refusals (403, 429, 503, 401).
 
 `exporter.web.site.GuardedSite` is the aiohttp site that applies all of this through an

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from exporter.counts import Rejections
+from exporter.output.counts import Rejections
 
 # The logger's name is the one these lines have always been logged under.
 log = logging.getLogger("exporter.connections")

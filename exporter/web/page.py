@@ -29,8 +29,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from aiohttp import web
 
 from exporter import __version__
-from exporter.model import Snapshot
-from exporter.snapshot_json import document_json, duration, snapshot_document
+from exporter.core.model import Snapshot
+from exporter.output.snapshot_json import document_json, duration, snapshot_document
 
 PAGE_PATH = "/"
 API_PATH = "/api/v1/snapshot"

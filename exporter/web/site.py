@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.counts import Rejections
+from exporter.output.counts import Rejections
 from exporter.web.guard import ConnectionGuard
 from exporter.web.limits import ConnectionLimits
 

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from exporter.counts import Rejections
+from exporter.output.counts import Rejections
 from exporter.web.access import AccessControl
 from exporter.web.tls import apply_tls, build_ssl_context
 from exporter.web.webconfig import WebConfig, config_error, parse_web_config

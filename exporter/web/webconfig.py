@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from exporter.parsing import parse_duration_or_seconds
+from exporter.core.parsing import parse_duration_or_seconds
 
 #: exporter-toolkit's client_auth_type values (Go's tls.ClientAuthType names) mapped to
 #: Python's verify modes. Python cannot ask for a client certificate without verifying it:

@@ -20,7 +20,10 @@ from collections.abc import Hashable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from exporter.bulkhead import Read
+from exporter.core.bulkhead import Read
+from exporter.core.model import DeviceSample, ProcessSample, frozen_mapping
+from exporter.core.parsing import argtype, parse_duration_or_seconds
+from exporter.core.shares import READ_ALL, PassPlan
 from exporter.devices.base import SAMPLING_FLAGS, Backend, BackendUnavailable
 from exporter.devices.health_schedule import (
     BOOT_ID_PATH,
@@ -56,9 +59,6 @@ from exporter.devices.nvml.libnvml import (
 )
 from exporter.devices.nvml.mig import MigMixin
 from exporter.health.signals import HealthSignals
-from exporter.model import DeviceSample, ProcessSample, frozen_mapping
-from exporter.parsing import argtype, parse_duration_or_seconds
-from exporter.shares import READ_ALL, PassPlan
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         return samples
 
     def reads(self, now: float, plan: PassPlan = READ_ALL) -> list[Read]:
-        """This pass as parts the collector can give up on one by one (`exporter.bulkhead`).
+        """This pass as parts the collector can give up on one by one (`exporter.core.bulkhead`).
 
         The XID event drain (key ``"events"``), one part per GPU (key: its index; MIG
         instances are part of their GPU's), and last the GPM cleanup (``"gpm"``). A
@@ -295,7 +295,7 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         Args:
             now: monotonic seconds of this pass (see `sample`).
             plan: the GPUs whose per-process samples their part reads (the others' are
-                left to `process_share_reads`, `exporter.shares`).
+                left to `process_share_reads`, `exporter.core.shares`).
         """
         self._require()
         self._pass_now, self._plan = now, plan

@@ -23,10 +23,10 @@ from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from exporter.core.model import frozen_mapping
+from exporter.core.shares import PassPlan
 from exporter.devices.nvml.gpm import GpmReader
 from exporter.devices.nvml.libnvml import NA, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_RESET_REQUIRED, DeviceDown, Nvml
-from exporter.model import frozen_mapping
-from exporter.shares import PassPlan
 
 log = logging.getLogger(__name__)
 

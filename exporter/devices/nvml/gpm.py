@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.model import GPM_RATE_KEYS, GPM_RATIO_KEYS, frozen_mapping
+from exporter.core.model import GPM_RATE_KEYS, GPM_RATIO_KEYS, frozen_mapping
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class GpmReader:
         """Free the buffers of devices that were not read this pass on a GPU that was (a MIG
         instance that went away, a MIG mode change); log new reasons once.
 
-        A GPU whose read did not complete (stuck in a call, see `exporter.bulkhead`) keeps
+        A GPU whose read did not complete (stuck in a call, see `exporter.core.bulkhead`) keeps
         its buffers: no call is made about it until its stuck call returns.
         """
         read, seen = self._read_gpus, self._seen

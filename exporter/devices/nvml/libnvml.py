@@ -36,7 +36,7 @@ temperatures                     degrees Celsius     degrees Celsius
 
 `Nvml.invoke` records every call's wall and CPU time when timings are on
 (``l9gpu snapshot --timings``) and stops a read the pass has given up on once its call
-returns (`exporter.bulkhead.check_abandoned`).
+returns (`exporter.core.bulkhead.check_abandoned`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from exporter.bulkhead import ABANDONED, check_abandoned
+from exporter.core.bulkhead import ABANDONED, check_abandoned
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ class Nvml:
         """Call ``fn`` (the binding's ``name``), timing it when timings are on.
 
         Every call into the driver goes through here. When it returns in a thread whose
-        read the pass gave up on (it overran its deadline, see `exporter.bulkhead`), this
+        read the pass gave up on (it overran its deadline, see `exporter.core.bulkhead`), this
         raises `Abandoned` instead, so that the stale read goes no further.
         """
         timings = self.timings

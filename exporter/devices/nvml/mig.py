@@ -16,9 +16,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from exporter.core.model import DeviceSample, frozen_mapping
 from exporter.devices.nvml.libnvml import NA, Nvml, int_or_none, ratio, text
 from exporter.devices.nvml.processes import ProcessesMixin
-from exporter.model import DeviceSample, frozen_mapping
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ for processes without a sample (`processes_with_shares`):
 What is asked. Per-process utilisation is asked only of GPUs that have processes, with
 ``nvmlDeviceGetProcessesUtilizationInfo`` where the driver has it (cheaper than
 ``nvmlDeviceGetProcessUtilization``, which remains the fallback), and, under a
-`exporter.shares.PassPlan` without per-process metrics, only of GPUs that more than one
+`exporter.core.shares.PassPlan` without per-process metrics, only of GPUs that more than one
 owner shares: the GPUs the plan names (shared in the last pass) in their own part of the
 pass, the ones a second owner has just joined in `ProcessesMixin.process_share_reads` once
 the collector knows the owners. A GPU held by one owner takes its utilisation as the
@@ -33,7 +33,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from exporter.bulkhead import Read
+from exporter.core.bulkhead import Read
+from exporter.core.model import DeviceSample, ProcessSample
+from exporter.core.shares import carried_utilization
 from exporter.devices.nvml.common import GRAPHICS_PERIOD, NvmlState
 from exporter.devices.nvml.libnvml import (
     CALL_PREFIXES,
@@ -50,8 +52,6 @@ from exporter.devices.nvml.libnvml import (
     handle_key,
     process_memory,
 )
-from exporter.model import DeviceSample, ProcessSample
-from exporter.shares import carried_utilization
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class ProcessesMixin(NvmlState):
         if per_process_util and self._plan.reads_shares(index):
             util = self._process_utilization(nvml, index, handle)
         elif per_process_util and index in self._plan.carried:
-            # a shared GPU between two reads: the last read's shares, carried (`exporter.shares`)
+            # a shared GPU between two reads: the last read's shares, carried (`exporter.core.shares`)
             util = carried_utilization(self._plan.carried[index], found, utilization)
         key = (index, handle_key(handle))
         processes = processes_with_shares([(pid, *found[pid]) for pid in sorted(found)], util,
@@ -120,7 +120,7 @@ class ProcessesMixin(NvmlState):
         return processes
 
     def process_share_reads(self, devices: Sequence[DeviceSample]) -> list[Read]:
-        """The per-process samples of these GPUs, as parts of the pass (`exporter.bulkhead`).
+        """The per-process samples of these GPUs, as parts of the pass (`exporter.core.bulkhead`).
 
         Under a `PassPlan` without per-process metrics, a GPU's part of the pass leaves
         its processes' SM shares unread (unless the plan names it in ``shared``), so that

@@ -1,0 +1,537 @@
+"""State that needs memory across passes, as pure transitions.
+
+`step(state, ...)` takes the previous `DeriveState` and one pass's inputs (the device
+samples, each PID's owner, and ``now``) and returns the next state plus what the
+snapshot shows: the monotonic device energy counters, per (GPU, workload) usage and
+counters, and per GPU the part that belongs to no workload. Nothing here reads a clock
+or does I/O, so every rule is tested with plain values.
+
+Energy split (documented for operators in docs/ATTRIBUTION.md): per GPU and pass, with
+ΔE the device's energy delta and u_p each process's SM share (0-1),
+  busy = min(1, Σ u_p);  busy energy ΔE·busy is split in proportion to u_p;
+  idle energy ΔE·(1 - busy) is split in proportion to each process's memory;
+  with no process memory (or no processes) the idle energy is unattributed.
+When a device reports no per-process utilisation, all of ΔE is split by memory; when it
+reports neither utilisation nor memory per process (Gaudi), the processes holding the
+device share ΔE equally.
+Each process's part goes to its workload, or to the GPU's unattributed bucket. The parts
+add up to ΔE exactly (up to float rounding), which the tests hold.
+Where one owner holds a GPU and its per-process samples were not read
+(`DeviceSample.sm_share_from_device`), the owner's SM share is the device's utilisation:
+it is busy for ΔE·busy with busy = that utilisation, idle (and holding memory) for the rest,
+so with memory it gets all of ΔE, as it would from per-process samples whatever they said.
+
+Who owns a GPU's processes is decided once per GPU and pass (`process_groups`): the
+groups that get workload series, the unattributed rest, and whether one workload runs
+every process there (`WorkloadUsage.sole_owner`: device-wide values such as GPM can then
+carry its labels).
+
+Allocations (kubelet pod-resources, `AllocationRow`) add no memory and no energy: they
+only say which containers hold a GPU through the device plugin. A container with a GPU
+allocated gets workload series on it even with no process there (0 processes, 0 memory,
+0 utilisation, energy share 0), and its idle time counts while it is allocated or holds
+memory with zero SM: "allocated and unused" is idle from the moment of allocation.
+
+GPU time (docs/CHARGEBACK.md, "How a GPU's time is split"): per GPU and pass, the device's
+capacity seconds (`DeviceSample.capacity` x dt) are cut between its holders by
+`split_time`, and what nobody holds is the GPU's unallocated time, so that per GPU
+  sum of holders' allocation seconds + unallocated seconds = capacity seconds,
+exactly like memory and energy. A GPU that is down is held by nobody that pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Mapping, NamedTuple, Sequence
+
+from exporter.core.labels import Labeller, default_labeller, device_label_values, workload_id_values
+from exporter.core.model import UNKNOWN, AllocationRow, DeviceSample, Unattributed, Workload, WorkloadUsage
+from exporter.core.process_groups import OwnerGroup, group_processes
+
+# A workload's counters are kept per (device key, series label values).
+WorkloadKey = tuple[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class WorkloadCounters:
+    """What `step` remembers of one workload on one GPU.
+
+    Attributes:
+        workload: the owner as last seen (for the grace period, when no process names it).
+        usage_seconds: None until the device first reports an SM share for the workload's
+            processes: a Gaudi workload never gets one, so its usage series stays absent
+            instead of reading 0.
+        energy_joules: None until the device first reports an SM share or memory for them.
+    """
+
+    usage_seconds: float | None = None
+    allocation_seconds: float = 0.0
+    energy_joules: float | None = None
+    idle_since: float | None = None
+    last_seen: float = 0.0
+    workload: Workload = UNKNOWN
+
+
+@dataclass(frozen=True)
+class DeriveState:
+    """Everything `step` remembers between passes."""
+
+    last_now: float | None = None
+    energy_raw: Mapping[str, float] = field(default_factory=dict)
+    energy_total: Mapping[str, float] = field(default_factory=dict)
+    unattributed_energy: Mapping[str, float] = field(default_factory=dict)
+    workloads: Mapping[WorkloadKey, WorkloadCounters] = field(default_factory=dict)
+    capacity: Mapping[str, float] = field(default_factory=dict)
+    unallocated: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """What one pass contributes to the snapshot."""
+
+    device_energy_joules: Mapping[str, float]
+    workloads: tuple[WorkloadUsage, ...]
+    unattributed: tuple[Unattributed, ...]
+    unattributed_processes: int
+    device_capacity_seconds: Mapping[str, float] = field(default_factory=dict)
+
+
+def advance_energy(raw_before: float | None, total_before: float | None, device: DeviceSample,
+                   dt: float) -> tuple[float | None, float | None]:
+    """Next (raw reading, monotonic total) of a device's energy counter.
+
+    The device's own counter is used where it has one (a drop, e.g. after a driver
+    reload, adds nothing rather than going backwards); otherwise power is integrated
+    over ``dt`` seconds. Returns (None, total_before) when neither is known.
+    """
+    if device.energy_joules is not None:
+        raw = device.energy_joules
+        if total_before is None:
+            return raw, raw
+        if raw_before is None:
+            return raw, total_before
+        return raw, total_before + max(0.0, raw - raw_before)
+    if device.power_watts is not None:
+        return None, (total_before or 0.0) + device.power_watts * dt
+    return None, total_before
+
+
+def reports_nothing(shares: Sequence[tuple[float | None, int | None]]) -> bool:
+    """True when no process on the device has an SM share or a memory figure."""
+    return all(u is None and m is None for u, m in shares)
+
+
+def split_energy(delta: float, shares: Sequence[tuple[float | None, int | None]]) -> tuple[list[float], float]:
+    """Split one GPU's energy delta over its processes.
+
+    Args:
+        delta: joules the device used in this pass.
+        shares: per process (SM share 0-1 or None, memory bytes or None).
+
+    Returns:
+        (joules per process, joules that belong to nobody: idle with no holder).
+        Where the device reports neither for any process (Gaudi), the holders of the
+        device share ΔE equally.
+    """
+    parts = [0.0] * len(shares)
+    if delta <= 0 or not shares:
+        return parts, max(0.0, delta)
+    if reports_nothing(shares):  # e.g. Gaudi: only who holds the device is known
+        return [delta / len(shares)] * len(shares), 0.0
+    known = [u for u, _ in shares if u is not None]
+    util_sum = sum(max(0.0, u) for u in known)
+    busy = min(1.0, util_sum) if known else 0.0
+    busy_energy = delta * busy
+    if util_sum > 0:
+        for i, (u, _) in enumerate(shares):
+            if u is not None and u > 0:
+                parts[i] += busy_energy * u / util_sum
+    idle_energy = delta - busy_energy
+    memory_sum = sum(max(0, m or 0) for _, m in shares)
+    if memory_sum > 0:
+        for i, (_, m) in enumerate(shares):
+            if m:
+                parts[i] += idle_energy * max(0, m) / memory_sum
+        return parts, 0.0
+    return parts, idle_energy
+
+
+def split_time(holders: Sequence[tuple[int, int | None]], replicas: int | None) -> tuple[list[float], float]:
+    """Split one GPU's time between the workloads that hold it.
+
+    Args:
+        holders: per holder (device-plugin replicas it was allocated on this GPU, 0 for a
+            holder outside the device plugin; memory it holds there in bytes, None where
+            the device reports no per-process memory).
+        replicas: how many replicas the kubelet can allocate on this GPU (N), None where
+            unknown (then the replicas held count as all of them).
+
+    Returns:
+        (each holder's fraction of the GPU's time, the fraction nobody holds); they add
+        up to 1. The rules (docs/CHARGEBACK.md says why):
+
+        - A holder outside the device plugin (a Slurm job, a process beside the plugin's
+          pods, any holder where allocations are unknown) takes the share of the GPU that
+          its memory is of all memory the holders hold (holding memory is what keeps
+          others off the GPU); where memory is not reported, each holder counts the same.
+        - The rest is cut into the N replicas: a container holding k of them is allocated
+          k/N of it, and replicas nobody holds are unallocated.
+        - With no holder at all, the whole GPU is unallocated.
+    """
+    n = len(holders)
+    if n == 0:
+        return [], 1.0
+    held = 0  # replicas held, and whether anyone holds the GPU outside the device plugin
+    outside = False
+    for k, _ in holders:
+        if k > 0:
+            held += k
+        else:
+            outside = True
+    if not outside:  # the common case: device-plugin holders only (a whole GPU: 1 of 1)
+        total = max(replicas or 0, held)
+        return [k / total for k, _ in holders], (total - held) / total
+    memory_known = all(m is not None for _, m in holders)
+    weight = [max(0, m or 0) if memory_known else 1 for _, m in holders]
+    outside_weight = sum(w for (k, _), w in zip(holders, weight) if k <= 0)
+    if held:
+        all_weight = sum(weight)
+        outside_share = outside_weight / all_weight if all_weight else 0.0
+    else:
+        outside_share = 1.0
+    outsiders = sum(1 for k, _ in holders if k <= 0)
+    rest = 1.0 - outside_share
+    total = max(replicas or 0, held)
+    parts = [rest * k / total if k > 0 else
+             outside_share * (w / outside_weight if outside_weight else 1.0 / outsiders)
+             for (k, _), w in zip(holders, weight)]
+    return parts, (rest * (total - held) / total) if held else rest
+
+
+class _Pass:
+    """What one pass looks up more than once: label values and workloads by owner object.
+
+    A workload's identity (`workload_id_values`) names one `Workload` per pass: the owner
+    of its first process on the node (devices in order), so every GPU's usage of it
+    carries the same object (a Slurm job's step is the one it first runs on the node); a
+    container allocated a GPU it runs nothing on, and no process before, is its
+    allocation's.
+    """
+
+    def __init__(self, node: str, labeller: Labeller, owners: Mapping[int, Workload],
+                 allocations: Sequence[AllocationRow] | None):
+        self.node = node
+        self.labeller = labeller
+        self.owners = owners
+        self.known_allocations = allocations is not None
+        self._labels: dict[int, tuple[str, ...]] = {}
+        self._workloads: dict[tuple[str, ...], Workload] = {}
+        self.allocated_to: dict[str, list[AllocationRow]] = {}
+        for row in allocations or ():
+            if row.workload.attributed:
+                self.allocated_to.setdefault(row.device_key, []).append(row)
+
+    def labels(self, owner: Workload) -> tuple[str, ...]:
+        """The owner's label values after the device labels, once per owner object in a
+        pass (the objects live through the pass, so their ids are stable)."""
+        labels = self._labels.get(id(owner))
+        if labels is None:
+            labels = self._labels[id(owner)] = self.labeller(owner)
+        return labels
+
+    def workload(self, owner: Workload, runs: bool = True) -> Workload:
+        """The pass's one `Workload` with the owner's identity. Ask for process owners
+        (``runs``) in process order, devices in order: the first one asked for is it."""
+        if runs:
+            return self._workloads.setdefault(workload_id_values(owner), owner)
+        return self._workloads.get(workload_id_values(owner), owner)
+
+
+class HolderShare(NamedTuple):
+    """What one workload holds of one GPU in a pass, before its counters advance.
+
+    Attributes:
+        labels: its series label values (device labels first).
+        workload: its owner.
+        processes: its processes on the GPU (0 for a container allocated the GPU and
+            running nothing there).
+        memory: their memory, bytes (None where the device reports none per process).
+        utilization: their SM share summed, at most 1 (None where the device reports none).
+        energy: their part of this pass's energy delta, joules.
+        energy_known: whether the device reported something to split energy by.
+        allocated: whether the kubelet allocated it this GPU (None where unknown).
+        held: it holds memory (or, where memory is unknown, runs a process) on the GPU.
+        allocation_seconds: its part of the GPU's capacity seconds this pass.
+        sole_owner: it runs every process on the GPU.
+    """
+
+    labels: tuple[str, ...]
+    workload: Workload
+    processes: int
+    memory: int | None
+    utilization: float | None
+    energy: float
+    energy_known: bool
+    allocated: bool | None
+    held: bool
+    allocation_seconds: float = 0.0
+    sole_owner: bool = False
+
+
+class DeviceSplit(NamedTuple):
+    """One GPU's pass cut between its holders and nobody.
+
+    Attributes:
+        running: the workloads with processes on it, in the order of their first process.
+        idle_allocated: the containers allocated it that run nothing there.
+        rest_processes, rest_memory, rest_energy: what no workload owns (processes,
+            bytes or None where the device reports no per-process memory, joules).
+        unallocated_seconds: the part of its capacity seconds no holder holds.
+    """
+
+    running: tuple[HolderShare, ...]
+    idle_allocated: tuple[HolderShare, ...]
+    rest_processes: int
+    rest_memory: int | None
+    rest_energy: float
+    unallocated_seconds: float
+
+
+def _process_sm_shares(device: DeviceSample) -> list[float | None]:
+    """Each process's SM share; where the pass found one owner (`has_one_owner`) and read
+    its share off the device, the device's utilisation on its first process (so the energy split gives the owner all of
+    ΔE·busy and, holding memory, the rest)."""
+    procs = device.processes
+    if device.sm_share_from_device and procs and device.utilization is not None:
+        return [device.utilization] + [None] * (len(procs) - 1)
+    return [p.sm_utilization for p in procs]
+
+
+def _allocations_here(ctx: _Pass, device: DeviceSample, dev_labels: tuple[str, ...]
+                      ) -> tuple[dict[tuple[str, ...], tuple[Workload, set[str]]], int | None]:
+    """The containers the kubelet allocated this GPU, by labels, with the ids each holds
+    (one entry per container however many it was given), and how many the kubelet can
+    allocate on it."""
+    allocated: dict[tuple[str, ...], tuple[Workload, set[str]]] = {}
+    replicas: int | None = None
+    for row in ctx.allocated_to.get(device.key, ()):
+        entry = allocated.setdefault(dev_labels + ctx.labels(row.workload), (row.workload, set()))
+        entry[1].add(row.device_id)
+        if row.replicas is not None:
+            replicas = max(replicas or 0, row.replicas)
+    return allocated, replicas
+
+
+def _running_share(ctx: _Pass, group: OwnerGroup, device: DeviceSample, sms: Sequence[float | None],
+                   parts: Sequence[float], holders_only: bool, allocated: bool | None) -> HolderShare:
+    """What a group of processes holds of the GPU (allocation seconds still 0)."""
+    memory: int | None = None  # stays None when the device reports no per-process memory
+    util_sum: float | None = None
+    energy = 0.0
+    energy_known = holders_only
+    procs = device.processes
+    for i in group.members:
+        used, sm = procs[i].used_memory_bytes, sms[i]
+        if used is not None:
+            memory = used if memory is None else memory + used
+        if sm is not None:
+            util_sum = sm if util_sum is None else util_sum + sm
+        # An energy share needs an SM share or memory; without either the device's
+        # energy went to the unattributed bucket (split_energy), not to this workload.
+        energy_known = energy_known or used is not None or sm is not None
+        energy += parts[i]
+    # Holding the GPU: memory on it, or (where memory is unknown) a process on it.
+    held = memory > 0 if memory is not None else True
+    return HolderShare(group.labels, ctx.workload(group.owner), len(group.members), memory,
+                       None if util_sum is None else min(1.0, util_sum), energy, energy_known, allocated, held)
+
+
+def split_device(ctx: _Pass, device: DeviceSample, delta: float, device_seconds: float) -> DeviceSplit:
+    """Cut one GPU's pass (energy ``delta`` joules, ``device_seconds`` capacity seconds)
+    between its holders and nobody: processes by owner, energy by `split_energy`, time by
+    `split_time`."""
+    dev_labels = device_label_values(ctx.node, device)
+    groups = group_processes(device, ctx.owners, lambda owner: dev_labels + ctx.labels(owner))
+    procs = device.processes
+    sms = _process_sm_shares(device)
+    shares = [(sm, p.used_memory_bytes) for sm, p in zip(sms, procs)]
+    parts, nobody = split_energy(delta, shares)
+    holders_only = bool(procs) and reports_nothing(shares)
+    allocated_here, replicas = _allocations_here(ctx, device, dev_labels)
+    running = []
+    for group in groups.groups:
+        # Only a named Kubernetes container can be matched to an allocation (pod-resources
+        # names pods; a pod known by UID only cannot be told).
+        is_pod = group.owner.kind == "kubernetes" and bool(group.owner.pod)
+        allocated = (group.labels in allocated_here) if ctx.known_allocations and is_pod else None
+        running.append(_running_share(ctx, group, device, sms, parts, holders_only, allocated))
+    running_labels = {group.labels for group in groups.groups}
+    idle = [HolderShare(labels, ctx.workload(workload, runs=False), 0, 0, 0.0, 0.0, False, True, False)
+            for labels, (workload, _) in allocated_here.items() if labels not in running_labels]
+
+    # Holders taking part in the time split: those holding the GPU or replicas of it.
+    def replicas_of(share: HolderShare) -> int:
+        return len(allocated_here[share.labels][1]) if share.allocated else 0
+    taking = [share for share in running + idle if share.held or replicas_of(share)]
+    fractions, free = split_time([(replicas_of(s), s.memory) for s in taking], replicas)
+    seconds = {id(share): fraction * device_seconds for share, fraction in zip(taking, fractions)}
+    sole = groups.sole_workload
+    running = [share._replace(allocation_seconds=seconds.get(id(share), 0.0),
+                              sole_owner=sole is not None and share.labels == sole.labels) for share in running]
+    idle = [share._replace(allocation_seconds=seconds[id(share)]) for share in idle]
+
+    rest_memory: int | None = sum(procs[i].used_memory_bytes or 0 for i in groups.rest)
+    if groups.rest and all(p.used_memory_bytes is None for p in procs):
+        rest_memory = None  # the device reports no per-process memory at all
+    rest_energy = nobody
+    for i in groups.rest:
+        rest_energy += parts[i]
+    return DeviceSplit(tuple(running), tuple(idle), len(groups.rest), rest_memory, rest_energy,
+                       free * device_seconds)
+
+
+def advance_workload(old: WorkloadCounters, share: HolderShare, device_key: str, now: float,
+                     dt: float) -> tuple[WorkloadCounters, WorkloadUsage]:
+    """A holder's counters after this pass, and its usage as the snapshot shows it.
+
+    A workload running processes is idle (``idle_since``) while it holds the GPU or is
+    allocated it at an SM share of exactly 0; a container allocated the GPU and running
+    nothing there is idle from the moment of allocation.
+    """
+    util = share.utilization
+    if share.processes:
+        idle_since = old.idle_since
+        if (share.held or share.allocated) and util == 0.0:
+            idle_since = now if idle_since is None else idle_since
+        else:
+            idle_since = None
+        usage = old.usage_seconds if util is None else (old.usage_seconds or 0.0) + util * dt
+        energy = (old.energy_joules or 0.0) + share.energy if share.energy_known else old.energy_joules
+        # Idle time is unknown (None) while the SM share is: never 0 for "cannot tell".
+        idle_seconds = None if util is None else (now - idle_since if idle_since is not None else 0.0)
+    else:
+        idle_since = now if old.idle_since is None else old.idle_since
+        # Usage stays absent until the device reports an SM share for its processes
+        # (never 0 for "cannot tell" once a process runs on a device without one).
+        usage = old.usage_seconds
+        energy = old.energy_joules or 0.0  # no process, no memory: no share
+        idle_seconds = now - idle_since
+    new = WorkloadCounters(usage_seconds=usage, allocation_seconds=old.allocation_seconds + share.allocation_seconds,
+                           energy_joules=energy, idle_since=idle_since, last_seen=now, workload=share.workload)
+    return new, WorkloadUsage(
+        device_key=device_key, workload=share.workload, labels=share.labels, memory_used_bytes=share.memory,
+        utilization=util, processes=share.processes, idle_seconds=idle_seconds,
+        usage_seconds_total=new.usage_seconds, allocation_seconds_total=new.allocation_seconds,
+        energy_joules_total=new.energy_joules, allocated=share.allocated, sole_owner=share.sole_owner,
+    )
+
+
+def expire_workloads(counters: dict[WorkloadKey, WorkloadCounters], seen: set[WorkloadKey], now: float,
+                     grace_seconds: float) -> list[WorkloadUsage]:
+    """Vanished workloads: their counters stay exported for the grace period, then go.
+
+    Removes the expired ones from ``counters`` and clears the others' idle timers; returns
+    the usages (``present=False``) of those still kept.
+    """
+    kept: list[WorkloadUsage] = []
+    for wkey, old in list(counters.items()):
+        if wkey in seen:
+            continue
+        if now - old.last_seen > grace_seconds:
+            del counters[wkey]
+            continue
+        kept.append(WorkloadUsage(
+            device_key=wkey[0], workload=old.workload, labels=wkey[1], memory_used_bytes=0, utilization=None,
+            processes=0, idle_seconds=0.0, usage_seconds_total=old.usage_seconds,
+            allocation_seconds_total=old.allocation_seconds, energy_joules_total=old.energy_joules,
+            present=False,
+        ))
+        counters[wkey] = replace(old, idle_since=None)
+    return kept
+
+
+class _Ledger:
+    """The pass's working copy of the state's per-device totals."""
+
+    def __init__(self, state: DeriveState):
+        self.energy_raw = dict(state.energy_raw)
+        self.energy_total = dict(state.energy_total)
+        self.unattributed_energy = dict(state.unattributed_energy)
+        self.capacity = dict(state.capacity)
+        self.unallocated = dict(state.unallocated)
+
+    def advance_energy(self, device: DeviceSample, dt: float) -> float:
+        """Advance the device's energy counter; returns this pass's delta, joules."""
+        key = device.key
+        before = self.energy_total.get(key)
+        raw, total = advance_energy(self.energy_raw.get(key), before, device, dt)
+        if raw is not None:
+            self.energy_raw[key] = raw
+        if total is not None:
+            self.energy_total[key] = total
+        return (total - before) if (total is not None and before is not None) else 0.0
+
+    def add_time(self, key: str, capacity_seconds: float, unallocated_seconds: float) -> None:
+        self.capacity[key] = self.capacity.get(key, 0.0) + capacity_seconds
+        self.unallocated[key] = self.unallocated.get(key, 0.0) + unallocated_seconds
+
+    def unattributed(self, key: str, memory: int | None, processes: int, energy: float) -> Unattributed:
+        self.unattributed_energy[key] = self.unattributed_energy.get(key, 0.0) + energy
+        return Unattributed(key, memory, processes, self.unattributed_energy[key], self.unallocated[key])
+
+
+def step(
+    state: DeriveState,
+    now: float,
+    node: str,
+    devices: Sequence[DeviceSample],
+    owners: Mapping[int, Workload],
+    labeller: Labeller = default_labeller,
+    grace_seconds: float = 300.0,
+    allocations: Sequence[AllocationRow] | None = None,
+) -> tuple[DeriveState, Derived]:
+    """Fold one pass into the state.
+
+    Args:
+        state: the previous state (`DeriveState()` at start).
+        now: the pass's monotonic time, seconds.
+        node: the node name (first label of every series).
+        devices: this pass's samples; devices that are down keep their counters.
+        owners: owner of each PID; PIDs missing here are unknown (unattributed).
+        labeller: workload label values after the device labels.
+        grace_seconds: how long counters of a vanished workload are still exported.
+        allocations: the GPUs the kubelet allocated to containers this pass; None when
+            unknown (pod-resources off or never answered): then no series says whether a
+            GPU was allocated.
+    """
+    dt = 0.0 if state.last_now is None else max(0.0, now - state.last_now)
+    ledger = _Ledger(state)
+    ctx = _Pass(node, labeller, owners, allocations)
+    counters = dict(state.workloads)
+    usages: list[WorkloadUsage] = []
+    unattributed: list[Unattributed] = []
+    unattributed_count = 0
+    seen: set[WorkloadKey] = set()
+    for device in devices:
+        key = device.key
+        delta = ledger.advance_energy(device, dt)
+        device_seconds = max(0.0, device.capacity) * dt
+        if not device.up:
+            # Nobody can be told to hold a GPU the agent cannot read: its time is unallocated.
+            ledger.add_time(key, device_seconds, device_seconds)
+            unattributed.append(ledger.unattributed(key, None, 0, 0.0))
+            continue
+        split = split_device(ctx, device, delta, device_seconds)
+        ledger.add_time(key, device_seconds, split.unallocated_seconds)
+        unattributed_count += split.rest_processes
+        unattributed.append(ledger.unattributed(key, split.rest_memory, split.rest_processes, split.rest_energy))
+        for share in split.running + split.idle_allocated:
+            wkey = (key, share.labels)
+            seen.add(wkey)
+            counters[wkey], usage = advance_workload(counters.get(wkey, WorkloadCounters()), share, key, now, dt)
+            usages.append(usage)
+    usages += expire_workloads(counters, seen, now, grace_seconds)
+    new_state = DeriveState(now, ledger.energy_raw, ledger.energy_total, ledger.unattributed_energy, counters,
+                            ledger.capacity, ledger.unallocated)
+    return new_state, Derived(dict(ledger.energy_total), tuple(usages), tuple(unattributed), unattributed_count,
+                              dict(ledger.capacity))

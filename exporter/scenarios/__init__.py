@@ -1,3 +1,0 @@
-"""The simulated node's built-in scenarios (YAML files read by `exporter.devices.simulated`)."""
-
-__all__: list[str] = []
