@@ -280,17 +280,29 @@ class ProcCache:
                        if pidfds and self._real_procfs and _own_pid_namespace(procfs.root) else None)
         self._fds: dict[int, int] = {}
         self._max_open = max_kept_open()
+        # The last lookup, while it can stand for the next one (see `lookup`): its PIDs and
+        # its answer.
+        self._settled: tuple[list[int], dict[int, ProcInfo | None]] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def lookup(self, pids: Iterable[int]) -> dict[int, ProcInfo | None]:
-        """Info for each PID (None when gone); forgets PIDs not asked for this cycle."""
+        """Info for each PID (None when gone); forgets PIDs not asked for this cycle.
+
+        Watched through pidfds, the same PIDs as last time, each found then and none
+        exited since, are the same processes: the last answer is returned, the very same
+        mapping (callers read it, never change it), without looking at any of them.
+        """
+        pids = list(pids)
+        exited = self._exits.exited() if self._exits is not None else set()
+        settled = self._settled
+        if settled is not None and not exited and settled[0] == pids:
+            return settled[1]
         result: dict[int, ProcInfo | None] = {}
         fresh: dict[int, ProcInfo] = {}
         fds = self._fds
         kept: dict[int, int] = {}
-        exited = self._exits.exited() if self._exits is not None else set()
         for pid in pids:
             if self._real_procfs:
                 start, replaced = self._start_time(pid, fds, kept, exited)
@@ -313,6 +325,9 @@ class ProcCache:
             if kept.get(pid) != fd:
                 self._release(fd)
         self._fds = kept
+        # Every PID found and watched by its pidfd: until one exits, the answer stands.
+        watched = self._exits is not None and len(fresh) == len(kept) == len(pids)
+        self._settled = (pids, result) if watched else None
         return result
 
     def _start_time(self, pid: int, fds: dict[int, int], kept: dict[int, int],
@@ -383,6 +398,7 @@ class ProcCache:
 
     def close(self) -> None:
         """Close the pidfds and proc files kept open."""
+        self._settled = None
         for fd in self._fds.values():
             self._release(fd)
         self._fds = {}

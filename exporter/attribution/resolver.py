@@ -76,10 +76,18 @@ class ProcAttributor:
         # pid -> (the ProcInfo and index generation it was derived from, its workload)
         self._workloads: dict[int, tuple[ProcInfo, int, Workload]] = {}
         self._warned_host_pids = False
+        # The last answer, with the lookup and the index generation it was made from: while
+        # both are the same, so is the answer (`resolve`).
+        self._settled: tuple[Mapping[int, ProcInfo | None], int, dict[int, Workload]] | None = None
 
     def resolve(self, pids: Iterable[int], now: float) -> Mapping[int, Workload]:
+        """Each PID's owner. The same processes (the cache's very same answer) under the
+        same pod index get the last answer again, the same mapping: most passes."""
         pids = list(pids)
         infos = self.cache.lookup(pids)
+        settled = self._settled
+        if settled is not None and settled[0] is infos and settled[1] == self.index.generation:
+            return settled[2]
         missing = [pid for pid, info in infos.items() if info is None]
         if pids:
             self._host_pids_visible = len(missing) < len(pids)
@@ -102,26 +110,29 @@ class ProcAttributor:
                 workload = self.workload(info)
             known[pid] = (info, generation, workload)
             result[pid] = workload
-        if self.fallback is not None:
-            self._fill_in(known, result)
+        named = self.fallback is None or self._fill_in(known, result)
         self._workloads = known
         # keep the shared container workloads of live processes only
         self._containers = {(info.cgroup.pod_uid, info.cgroup.container_id): workload
                             for info, _, workload in known.values() if info.cgroup.kind == cgroups.KUBERNETES}
+        # With a container left unnamed the fallback is asked again next pass.
+        self._settled = (infos, generation, result) if named else None
         return result
 
-    def _fill_in(self, known: dict[int, tuple[ProcInfo, int, Workload]], result: dict[int, Workload]) -> None:
-        """Ask the fallback about containers without names; rejoin them if it knew them."""
+    def _fill_in(self, known: dict[int, tuple[ProcInfo, int, Workload]], result: dict[int, Workload]) -> bool:
+        """Ask the fallback about containers without names; rejoin them if it knew them.
+        True when no container was left without a name."""
         unnamed = {w.container_id for w in result.values()
                    if w.kind in ("kubernetes", "unknown") and w.container_id and not (w.pod and w.container)}
         if not self.fallback.missing(unnamed):
-            return
+            return not unnamed
         generation = self.index.generation
         for pid, (info, _, workload) in known.items():
             if workload.container_id in unnamed:
                 workload = self.workload(info)
                 known[pid] = (info, generation, workload)
                 result[pid] = workload
+        return False
 
     def workload(self, info: ProcInfo | None) -> Workload:
         """The owner of one process (pure apart from the index and user lookups)."""

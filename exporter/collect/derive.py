@@ -41,20 +41,29 @@ exactly like memory and energy. A GPU that is down is held by nobody that pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from operator import is_
 from typing import Mapping, NamedTuple, Sequence
 
 from exporter.core.labels import Labeller, default_labeller, device_label_values, workload_id_values
-from exporter.core.model import UNKNOWN, AllocationRow, DeviceSample, Unattributed, Workload, WorkloadUsage
-from exporter.core.process_groups import OwnerGroup, group_processes
+from exporter.core.model import (
+    UNKNOWN,
+    AllocationRow,
+    DeviceSample,
+    ProcessSample,
+    Unattributed,
+    Workload,
+    WorkloadUsage,
+)
+from exporter.core.process_groups import OwnerGroup, ProcessGroups, group_processes
 
 # A workload's counters are kept per (device key, series label values).
 WorkloadKey = tuple[str, tuple[str, ...]]
 
 
-@dataclass(frozen=True)
-class WorkloadCounters:
-    """What `step` remembers of one workload on one GPU.
+class WorkloadCounters(NamedTuple):
+    """What `step` remembers of one workload on one GPU (a named tuple: one is made per
+    workload, GPU and pass).
 
     Attributes:
         workload: the owner as last seen (for the grace period, when no process names it).
@@ -72,6 +81,9 @@ class WorkloadCounters:
     workload: Workload = UNKNOWN
 
 
+_NO_COUNTERS = WorkloadCounters()  # a workload's counters before its first pass
+
+
 @dataclass(frozen=True)
 class DeriveState:
     """Everything `step` remembers between passes."""
@@ -83,6 +95,29 @@ class DeriveState:
     workloads: Mapping[WorkloadKey, WorkloadCounters] = field(default_factory=dict)
     capacity: Mapping[str, float] = field(default_factory=dict)
     unallocated: Mapping[str, float] = field(default_factory=dict)
+    layouts: Mapping[str, DeviceLayout] = field(default_factory=dict)
+
+
+class DeviceLayout(NamedTuple):
+    """Who runs what on one GPU in a pass: its processes grouped by owner
+    (`group_processes`), kept for the next pass. Most passes see the same processes with
+    the same owner objects as the last, and then take the groups (and their label values)
+    from here instead of grouping and labelling again.
+
+    Attributes:
+        device_labels: the GPU's label values the groups' labels start with.
+        labeller: what made the groups' labels.
+        pids: the GPU's PIDs, in process order.
+        owners: each PID's owner object (None where unknown), held so that their
+            identities cannot be taken by other objects while the layout is kept.
+        groups: the processes by owner.
+    """
+
+    device_labels: tuple[str, ...]
+    labeller: Labeller
+    pids: list[int]
+    owners: list[Workload | None]
+    groups: ProcessGroups
 
 
 @dataclass(frozen=True)
@@ -139,7 +174,7 @@ def split_energy(delta: float, shares: Sequence[tuple[float | None, int | None]]
     if reports_nothing(shares):  # e.g. Gaudi: only who holds the device is known
         return [delta / len(shares)] * len(shares), 0.0
     known = [u for u, _ in shares if u is not None]
-    util_sum = sum(max(0.0, u) for u in known)
+    util_sum = sum([u if u > 0.0 else 0.0 for u in known])  # negative shares count as 0
     busy = min(1.0, util_sum) if known else 0.0
     busy_energy = delta * busy
     if util_sum > 0:
@@ -147,11 +182,11 @@ def split_energy(delta: float, shares: Sequence[tuple[float | None, int | None]]
             if u is not None and u > 0:
                 parts[i] += busy_energy * u / util_sum
     idle_energy = delta - busy_energy
-    memory_sum = sum(max(0, m or 0) for _, m in shares)
+    memory_sum = sum([m for _, m in shares if m and m > 0])
     if memory_sum > 0:
         for i, (_, m) in enumerate(shares):
-            if m:
-                parts[i] += idle_energy * max(0, m) / memory_sum
+            if m and m > 0:
+                parts[i] += idle_energy * m / memory_sum
         return parts, 0.0
     return parts, idle_energy
 
@@ -219,10 +254,12 @@ class _Pass:
     """
 
     def __init__(self, node: str, labeller: Labeller, owners: Mapping[int, Workload],
-                 allocations: Sequence[AllocationRow] | None):
+                 allocations: Sequence[AllocationRow] | None, layouts: Mapping[str, DeviceLayout]):
         self.node = node
         self.labeller = labeller
         self.owners = owners
+        self._last_layouts = layouts
+        self.layouts: dict[str, DeviceLayout] = {}  # this pass's, for the next
         self.known_allocations = allocations is not None
         self._labels: dict[int, tuple[str, ...]] = {}
         self._workloads: dict[tuple[str, ...], Workload] = {}
@@ -238,6 +275,22 @@ class _Pass:
         if labels is None:
             labels = self._labels[id(owner)] = self.labeller(owner)
         return labels
+
+    def groups(self, device: DeviceSample, device_labels: tuple[str, ...]) -> ProcessGroups:
+        """The GPU's processes by owner: the last pass's groups where the GPU has the same
+        PIDs with the same owner objects (and labels), else `group_processes` afresh."""
+        pids = [p.pid for p in device.processes]
+        get = self.owners.get
+        owners = [get(pid) for pid in pids]
+        last = self._last_layouts.get(device.key)
+        if (last is not None and last.pids == pids and last.device_labels == device_labels
+                and last.labeller is self.labeller and all(map(is_, owners, last.owners))):
+            layout = last
+        else:
+            groups = group_processes(device, self.owners, lambda owner: device_labels + self.labels(owner))
+            layout = DeviceLayout(device_labels, self.labeller, pids, owners, groups)
+        self.layouts[device.key] = layout
+        return layout.groups
 
     def workload(self, owner: Workload, runs: bool = True) -> Workload:
         """The pass's one `Workload` with the owner's identity. Ask for process owners
@@ -322,28 +375,32 @@ def _allocations_here(ctx: _Pass, device: DeviceSample, dev_labels: tuple[str, .
     return allocated, replicas
 
 
-def _running_share(ctx: _Pass, group: OwnerGroup, device: DeviceSample, sms: Sequence[float | None],
-                   parts: Sequence[float], holders_only: bool, allocated: bool | None) -> HolderShare:
-    """What a group of processes holds of the GPU (allocation seconds still 0)."""
+# A `HolderShare`'s fields before the time split (all but allocation_seconds and sole_owner).
+_Holding = tuple[tuple[str, ...], Workload, int, int | None, float | None, float, bool, bool | None, bool]
+
+
+def _running_share(ctx: _Pass, group: OwnerGroup, procs: Sequence[ProcessSample], sms: Sequence[float | None],
+                   parts: Sequence[float], holders_only: bool, allocated: bool | None) -> _Holding:
+    """What a group of processes holds of the GPU, before the time split."""
     memory: int | None = None  # stays None when the device reports no per-process memory
     util_sum: float | None = None
     energy = 0.0
     energy_known = holders_only
-    procs = device.processes
     for i in group.members:
         used, sm = procs[i].used_memory_bytes, sms[i]
         if used is not None:
             memory = used if memory is None else memory + used
+            energy_known = True
         if sm is not None:
             util_sum = sm if util_sum is None else util_sum + sm
-        # An energy share needs an SM share or memory; without either the device's
-        # energy went to the unattributed bucket (split_energy), not to this workload.
-        energy_known = energy_known or used is not None or sm is not None
+            # An energy share needs an SM share or memory; without either the device's
+            # energy went to the unattributed bucket (split_energy), not to this workload.
+            energy_known = True
         energy += parts[i]
     # Holding the GPU: memory on it, or (where memory is unknown) a process on it.
     held = memory > 0 if memory is not None else True
-    return HolderShare(group.labels, ctx.workload(group.owner), len(group.members), memory,
-                       None if util_sum is None else min(1.0, util_sum), energy, energy_known, allocated, held)
+    return (group.labels, ctx.workload(group.owner), len(group.members), memory,
+            None if util_sum is None else min(1.0, util_sum), energy, energy_known, allocated, held)
 
 
 def split_device(ctx: _Pass, device: DeviceSample, delta: float, device_seconds: float) -> DeviceSplit:
@@ -351,43 +408,58 @@ def split_device(ctx: _Pass, device: DeviceSample, delta: float, device_seconds:
     between its holders and nobody: processes by owner, energy by `split_energy`, time by
     `split_time`."""
     dev_labels = device_label_values(ctx.node, device)
-    groups = group_processes(device, ctx.owners, lambda owner: dev_labels + ctx.labels(owner))
+    groups = ctx.groups(device, dev_labels)
     procs = device.processes
     sms = _process_sm_shares(device)
     shares = [(sm, p.used_memory_bytes) for sm, p in zip(sms, procs)]
     parts, nobody = split_energy(delta, shares)
     holders_only = bool(procs) and reports_nothing(shares)
     allocated_here, replicas = _allocations_here(ctx, device, dev_labels)
-    running = []
+    known_allocations = ctx.known_allocations
+    running: list[_Holding] = []
     for group in groups.groups:
-        # Only a named Kubernetes container can be matched to an allocation (pod-resources
-        # names pods; a pod known by UID only cannot be told).
-        is_pod = group.owner.kind == "kubernetes" and bool(group.owner.pod)
-        allocated = (group.labels in allocated_here) if ctx.known_allocations and is_pod else None
-        running.append(_running_share(ctx, group, device, sms, parts, holders_only, allocated))
-    running_labels = {group.labels for group in groups.groups}
-    idle = [HolderShare(labels, ctx.workload(workload, runs=False), 0, 0, 0.0, 0.0, False, True, False)
-            for labels, (workload, _) in allocated_here.items() if labels not in running_labels]
+        allocated = None
+        if known_allocations:
+            # Only a named Kubernetes container can be matched to an allocation (pod-resources
+            # names pods; a pod known by UID only cannot be told).
+            owner = group.owner
+            if owner.kind == "kubernetes" and owner.pod:
+                allocated = group.labels in allocated_here
+        running.append(_running_share(ctx, group, procs, sms, parts, holders_only, allocated))
+    idle: list[_Holding] = []
+    if allocated_here:
+        running_labels = {group.labels for group in groups.groups}
+        idle = [(labels, ctx.workload(workload, runs=False), 0, 0, 0.0, 0.0, False, True, False)
+                for labels, (workload, _) in allocated_here.items() if labels not in running_labels]
 
-    # Holders taking part in the time split: those holding the GPU or replicas of it.
-    def replicas_of(share: HolderShare) -> int:
-        return len(allocated_here[share.labels][1]) if share.allocated else 0
-    taking = [share for share in running + idle if share.held or replicas_of(share)]
-    fractions, free = split_time([(replicas_of(s), s.memory) for s in taking], replicas)
-    seconds = {id(share): fraction * device_seconds for share, fraction in zip(taking, fractions)}
-    sole = groups.sole_workload
-    running = [share._replace(allocation_seconds=seconds.get(id(share), 0.0),
-                              sole_owner=sole is not None and share.labels == sole.labels) for share in running]
-    idle = [share._replace(allocation_seconds=seconds[id(share)]) for share in idle]
+    # Holders taking part in the time split: those holding the GPU or replicas of it
+    # (a holder's ``allocated`` is its 8th field, ``held`` its 9th).
+    taking: list[int] = []
+    holders: list[tuple[int, int | None]] = []
+    for n, holding in enumerate(running + idle):
+        replicas_held = len(allocated_here[holding[0]][1]) if holding[7] else 0
+        if holding[8] or replicas_held:
+            taking.append(n)
+            holders.append((replicas_held, holding[3]))
+    fractions, free = split_time(holders, replicas)
+    seconds = [0.0] * (len(running) + len(idle))
+    for n, fraction in zip(taking, fractions):
+        seconds[n] = fraction * device_seconds
+    sole = groups.sole_workload is not None  # then it is the one running holder
+    running_shares = tuple(HolderShare(*holding, seconds[n], sole) for n, holding in enumerate(running))
+    idle_shares = tuple(HolderShare(*holding, seconds[n], False) for n, holding in enumerate(idle, len(running)))
 
-    rest_memory: int | None = sum(procs[i].used_memory_bytes or 0 for i in groups.rest)
-    if groups.rest and all(p.used_memory_bytes is None for p in procs):
-        rest_memory = None  # the device reports no per-process memory at all
+    rest_memory: int | None = None
     rest_energy = nobody
-    for i in groups.rest:
-        rest_energy += parts[i]
-    return DeviceSplit(tuple(running), tuple(idle), len(groups.rest), rest_memory, rest_energy,
-                       free * device_seconds)
+    if groups.rest:
+        rest_memory = sum([procs[i].used_memory_bytes or 0 for i in groups.rest])
+        if all(p.used_memory_bytes is None for p in procs):
+            rest_memory = None  # the device reports no per-process memory at all
+        for i in groups.rest:
+            rest_energy += parts[i]
+    else:
+        rest_memory = 0
+    return DeviceSplit(running_shares, idle_shares, len(groups.rest), rest_memory, rest_energy, free * device_seconds)
 
 
 def advance_workload(old: WorkloadCounters, share: HolderShare, device_key: str, now: float,
@@ -416,8 +488,8 @@ def advance_workload(old: WorkloadCounters, share: HolderShare, device_key: str,
         usage = old.usage_seconds
         energy = old.energy_joules or 0.0  # no process, no memory: no share
         idle_seconds = now - idle_since
-    new = WorkloadCounters(usage_seconds=usage, allocation_seconds=old.allocation_seconds + share.allocation_seconds,
-                           energy_joules=energy, idle_since=idle_since, last_seen=now, workload=share.workload)
+    new = WorkloadCounters(usage, old.allocation_seconds + share.allocation_seconds, energy, idle_since, now,
+                           share.workload)
     return new, WorkloadUsage(
         device_key=device_key, workload=share.workload, labels=share.labels, memory_used_bytes=share.memory,
         utilization=util, processes=share.processes, idle_seconds=idle_seconds,
@@ -446,7 +518,7 @@ def expire_workloads(counters: dict[WorkloadKey, WorkloadCounters], seen: set[Wo
             allocation_seconds_total=old.allocation_seconds, energy_joules_total=old.energy_joules,
             present=False,
         ))
-        counters[wkey] = replace(old, idle_since=None)
+        counters[wkey] = old._replace(idle_since=None)
     return kept
 
 
@@ -506,7 +578,7 @@ def step(
     """
     dt = 0.0 if state.last_now is None else max(0.0, now - state.last_now)
     ledger = _Ledger(state)
-    ctx = _Pass(node, labeller, owners, allocations)
+    ctx = _Pass(node, labeller, owners, allocations, state.layouts)
     counters = dict(state.workloads)
     usages: list[WorkloadUsage] = []
     unattributed: list[Unattributed] = []
@@ -528,10 +600,10 @@ def step(
         for share in split.running + split.idle_allocated:
             wkey = (key, share.labels)
             seen.add(wkey)
-            counters[wkey], usage = advance_workload(counters.get(wkey, WorkloadCounters()), share, key, now, dt)
+            counters[wkey], usage = advance_workload(counters.get(wkey, _NO_COUNTERS), share, key, now, dt)
             usages.append(usage)
     usages += expire_workloads(counters, seen, now, grace_seconds)
     new_state = DeriveState(now, ledger.energy_raw, ledger.energy_total, ledger.unattributed_energy, counters,
-                            ledger.capacity, ledger.unallocated)
+                            ledger.capacity, ledger.unallocated, ctx.layouts)
     return new_state, Derived(dict(ledger.energy_total), tuple(usages), tuple(unattributed), unattributed_count,
                               dict(ledger.capacity))
