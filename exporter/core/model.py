@@ -72,9 +72,16 @@ def updated(sample: _T, **changes: object) -> _T:
     return new
 
 
-@dataclass(frozen=True)
+_set = object.__setattr__
+
+
+@dataclass(frozen=True, init=False)
 class ProcessSample:
     """One process that holds a GPU, as the vendor library reports it.
+
+    Made by the hundred each pass on a busy node: its ``__init__`` fills the instance in
+    one step instead of the generated one's frozen assignment per field, which costs twice
+    as much (tests/test_model.py holds it to the fields).
 
     Attributes:
         pid: host PID (NVML and amdsmi report PIDs in the host's PID namespace).
@@ -91,6 +98,11 @@ class ProcessSample:
     sm_utilization: float | None = None
     memory_utilization: float | None = None
     kind: str = "compute"
+
+    def __init__(self, pid: int, used_memory_bytes: int | None = None, sm_utilization: float | None = None,
+                 memory_utilization: float | None = None, kind: str = "compute"):
+        _set(self, "__dict__", {"pid": pid, "used_memory_bytes": used_memory_bytes, "sm_utilization": sm_utilization,
+                                "memory_utilization": memory_utilization, "kind": kind})
 
 
 @dataclass(frozen=True)
@@ -221,9 +233,12 @@ UNKNOWN = Workload()
 HOST = Workload(kind="host")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ProcessRow:
-    """A GPU process joined to its owner, for `l9gpu snapshot` and per-PID series."""
+    """A GPU process joined to its owner, for `l9gpu snapshot` and per-PID series.
+
+    Made by the hundred each pass on a busy node: filled in one step, as `ProcessSample`.
+    """
 
     device_key: str
     pid: int
@@ -232,6 +247,12 @@ class ProcessRow:
     used_memory_bytes: int | None
     sm_utilization: float | None
     start_time: float | None = None  # seconds since boot (/proc/<pid>/stat), None where unknown
+
+    def __init__(self, device_key: str, pid: int, comm: str, workload: Workload, used_memory_bytes: int | None,
+                 sm_utilization: float | None, start_time: float | None = None):
+        _set(self, "__dict__", {"device_key": device_key, "pid": pid, "comm": comm, "workload": workload,
+                                "used_memory_bytes": used_memory_bytes, "sm_utilization": sm_utilization,
+                                "start_time": start_time})
 
 
 @dataclass(frozen=True)
