@@ -103,7 +103,7 @@ class Collector:
         self._state = DeriveState()
         self._health = HealthStageState()
         self._snapshot: Snapshot | None = None
-        self._rows: dict[tuple[str, int], ProcessRow] = {}  # the last pass's, by (device key, PID)
+        self._rows: dict[str, dict[int, ProcessRow]] = {}  # the last pass's, by device key and PID
         self.read_timeout = read_timeout
         self._bulkhead = Bulkhead(read_timeout)
         self.process_metrics = process_metrics
@@ -211,18 +211,21 @@ class Collector:
         last, kept, rows = self._rows, {}, []
         comm = self.attributor.comm
         start_of = self.attributor.start_time
+        get_owner = owners.get
         for d in devices:
             if not d.up:
                 continue
             key = d.key
+            last_here = last.get(key, {})
+            kept[key] = here = {}
             for p in d.processes:
-                pid, owner, name = p.pid, owners.get(p.pid, UNKNOWN), comm(p.pid)
-                started = start_of(pid)
-                row = last.get((key, pid))
+                pid = p.pid
+                owner, name, started = get_owner(pid, UNKNOWN), comm(pid), start_of(pid)
+                row = last_here.get(pid)
                 if (row is None or row.workload is not owner or row.comm != name or row.start_time != started
                         or row.used_memory_bytes != p.used_memory_bytes or row.sm_utilization != p.sm_utilization):
                     row = ProcessRow(key, pid, name, owner, p.used_memory_bytes, p.sm_utilization, started)
-                kept[(key, pid)] = row
+                here[pid] = row
                 rows.append(row)
         self._rows = kept
         return tuple(rows)

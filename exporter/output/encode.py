@@ -42,6 +42,10 @@ _EOF = "# EOF\n"
 # Samples named <family><suffix> that prometheus_client's text format takes out of their
 # family and writes after it, as a gauge family of their own (OpenMetrics keeps them).
 _TEXT_MOVED_SUFFIXES = ("_created", "_gsum", "_gcount")
+_MINUS_INF = float("-inf")
+# Positive values from here on may take Go's exponent form in `floatToGoString` (a repr
+# with more than six digits before its point).
+_EXPONENT_FROM = 1e6
 
 
 class BareCounterName(str):
@@ -184,14 +188,17 @@ class Encoder:
             help_text = help_text.replace("\\", r"\\").replace("\n", r"\n")
             out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
         cache = self._labels
+        names = self._names
         # the text format's series carry the header's name (``name``); only a sample named
         # otherwise needs the closer look
         text_format = not self.openmetrics
         for sample in family.samples:
-            if sample.value is None or sample.timestamp is not None or sample.exemplar is not None or getattr(
-                    sample, "native_histogram", None) is not None or not self._plain(sample.name):
+            sample_name, value = sample.name, sample.value
+            if value is None or sample.timestamp is not None or sample.exemplar is not None or getattr(
+                    sample, "native_histogram", None) is not None or (sample_name not in names
+                                                                      and not self._plain(sample_name)):
                 return None
-            if text_format and sample.name != name and _moved_in_text(family.name, sample.name):
+            if text_format and sample_name != name and _moved_in_text(family.name, sample_name):
                 return None  # the text format moves these to a gauge family of their own
             labels = sample.labels
             if labels:
@@ -206,8 +213,17 @@ class Encoder:
                     used[key] = text
             else:
                 text = ""
-            out.append(f"{sample.name}{text} {floatToGoString(sample.value)}\n")
+            out.append(f"{sample_name}{text} {_go_float(value)}\n")
         return "".join(out)
+
+
+def _go_float(value: Any) -> str:
+    """``floatToGoString(value)``, the common case first: a float above -Inf and under a
+    million is its ``repr`` there (Go's exponent form begins at a million, and infinities
+    and NaN are spelled otherwise)."""
+    if value.__class__ is float and _MINUS_INF < value < _EXPONENT_FROM:
+        return repr(value)
+    return floatToGoString(value)
 
 
 def _moved_in_text(family: str, sample: str) -> bool:
