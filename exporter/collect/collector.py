@@ -208,7 +208,8 @@ class Collector:
                       ) -> tuple[ProcessRow, ...]:
         """The pass's processes joined to their owners; a row equal to the last pass's is
         that row again (most are, pass after pass: building them is most of their cost)."""
-        last, kept, rows = self._rows, {}, []
+        last, rows = self._rows, []
+        kept: dict[str, dict[int, ProcessRow]] = {}
         comm = self.attributor.comm
         start_of = self.attributor.start_time
         get_owner = owners.get

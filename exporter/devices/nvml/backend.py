@@ -123,8 +123,8 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         self._xid_devices: dict[Any, int] = {}
         self._xid_counts: dict[int, Counter[str]] = defaultdict(Counter)
         self._last_seen: dict[int, int] = {}
-        # per GPU (or MIG instance), its processes' samples of the last pass, by PID
-        self._last_processes: dict[tuple[int, Any], dict[int, ProcessSample]] = {}
+        # per GPU (or MIG instance), its processes as the last pass listed them
+        self._last_processes: dict[tuple[int, Any], Any] = {}
         self._errors: Counter[str] = Counter()
         self._initialized = False
         self._next_read: dict[tuple[int, Hashable], float] = {}  # (gpu, what) -> when to re-read

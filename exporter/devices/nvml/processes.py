@@ -31,7 +31,7 @@ import functools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from exporter.core.bulkhead import Read
 from exporter.core.model import DeviceSample, ProcessSample
@@ -61,7 +61,7 @@ class ProcessesMixin(NvmlState):
 
     _last_seen: dict[int, int]
     _unfinished: set[int]
-    _last_processes: dict[tuple[int, Any], dict[int, ProcessSample]]
+    _last_processes: dict[tuple[int, Any], _Listing]
 
     def _went_down(self, index: int, down: DeviceDown) -> list[DeviceSample]:
         raise NotImplementedError
@@ -75,48 +75,38 @@ class ProcessesMixin(NvmlState):
     ) -> tuple[ProcessSample, ...]:
         """The GPU's processes, with their SM shares where this pass reads them or carries
         them (``utilization``: the GPU's, this pass)."""
-        found: dict[int, tuple[int | None, str]] = {}
         graphics_key = (index, "graphics", handle_key(handle))
         kinds = [("compute", COMPUTE_PROCESS_FUNCTIONS)]
         if self._slow_values.get(graphics_key) or self._due(index, graphics_key[1:], now, GRAPHICS_PERIOD):
             kinds.append(("graphics", GRAPHICS_PROCESS_FUNCTIONS))
+        listed: list[tuple[str, list[tuple[Any, Any]]]] = []
         for kind, functions in kinds:
             infos = self._guard(nvml, lambda fns=functions: nvml.first(fns, handle))
             if kind == "graphics":
                 self._slow_values[graphics_key] = bool(infos)
-            if infos is NA or infos is None:
-                continue
-            for info in infos:
-                try:  # the binding's process objects always have both
-                    pid, memory = info.pid, info.usedGpuMemory
-                except AttributeError:
-                    pid, memory = getattr(info, "pid", 0), getattr(info, "usedGpuMemory", None)
-                pid = int(pid or 0)
-                if pid <= 0:
-                    continue
-                memory = process_memory(memory)
-                known = found.get(pid)
-                if known is None:
-                    found[pid] = (memory, kind)
-                elif known[0] is None:
-                    # Compute and graphics contexts of one process share its memory
-                    # figure; keep the first kind and a figure if either has one.
-                    found[pid] = (memory, known[1])
-        if not found:
+            if infos is not NA and infos:
+                listed.append((kind, _pids_and_memory(infos)))
+        key = (index, handle_key(handle))
+        last = self._last_processes.get(key)
+        if last is not None and last.listed == listed:
+            # The driver listed what it listed last pass: the same processes, the same memory.
+            entries, previous = last.entries, last.processes
+        else:
+            entries, previous = _entries(listed), ()
+        if not entries:
             # No process, nothing to ask the driver's per-process samples about (they
             # cost milliseconds). The last-seen timestamp stays, so the next pass with
             # processes reads only samples newer than the last one read.
+            self._last_processes[key] = _Listing(listed, entries, ())
             return ()
         util: Mapping[int, tuple[float, float | None]] | None = None
         if per_process_util and self._plan.reads_shares(index):
             util = self._process_utilization(nvml, index, handle)
         elif per_process_util and index in self._plan.carried:
             # a shared GPU between two reads: the last read's shares, carried (`exporter.core.shares`)
-            util = carried_utilization(self._plan.carried[index], found, utilization)
-        key = (index, handle_key(handle))
-        processes = processes_with_shares([(pid, *found[pid]) for pid in sorted(found)], util,
-                                          self._last_processes.get(key))
-        self._last_processes[key] = {p.pid: p for p in processes}
+            util = carried_utilization(self._plan.carried[index], [pid for pid, _, _ in entries], utilization)
+        processes = processes_with_shares(entries, util, previous)
+        self._last_processes[key] = _Listing(listed, entries, processes)
         return processes
 
     def process_share_reads(self, devices: Sequence[DeviceSample]) -> list[Read]:
@@ -238,23 +228,63 @@ class ProcessesMixin(NvmlState):
 
 def processes_with_shares(processes: Sequence[tuple[int, int | None, str]],
                           util: Mapping[int, tuple[float, float | None]] | None,
-                          previous: Mapping[int, ProcessSample] | None = None) -> tuple[ProcessSample, ...]:
+                          previous: Sequence[ProcessSample] = ()) -> tuple[ProcessSample, ...]:
     """(pid, memory, kind) of each process, with its SM and memory shares from ``util`` (see
     the module doc for the rule): a process without a sample was idle (0); None (the
     device cannot sample processes, or they were not read) leaves the shares unknown.
 
-    ``previous``: the GPU's samples of the last pass by PID; one equal to what this pass
-    read is that sample again (most are: a pass builds only what changed).
+    ``previous``: the GPU's samples of the last pass when its processes were the same ones
+    in the same order (else empty); one whose shares are this pass's is that sample again
+    (a pass builds only what changed).
     """
-    previous = previous or {}
     out = []
-    for pid, memory, kind in processes:
+    for n, (pid, memory, kind) in enumerate(processes):
         sm, mem = (None, None) if util is None else util.get(pid, (0.0, 0.0))
-        last = previous.get(pid)
-        if (last is not None and last.used_memory_bytes == memory and last.sm_utilization == sm
-                and last.memory_utilization == mem and last.kind == kind):
+        last = previous[n] if previous else None
+        if last is not None and last.sm_utilization == sm and last.memory_utilization == mem:
             out.append(last)
         else:
-            out.append(ProcessSample(pid=pid, used_memory_bytes=memory, sm_utilization=sm, memory_utilization=mem,
-                                     kind=kind))
+            out.append(ProcessSample(pid, memory, sm, mem, kind))
     return tuple(out)
+
+
+class _Listing(NamedTuple):
+    """A GPU's processes as its last pass listed them.
+
+    Attributes:
+        listed: what the driver's process lists said, per kind asked: (kind, [(pid,
+            memory) as the binding gave them]).
+        entries: (pid, memory bytes or None, kind) per process, by PID.
+        processes: the samples made of them.
+    """
+
+    listed: list[tuple[str, list[tuple[Any, Any]]]]
+    entries: list[tuple[int, int | None, str]]
+    processes: tuple[ProcessSample, ...]
+
+
+def _pids_and_memory(infos: Iterable[Any]) -> list[tuple[Any, Any]]:
+    """(pid, usedGpuMemory) of each process the binding listed."""
+    try:  # the binding's process objects always have both
+        return [(info.pid, info.usedGpuMemory) for info in infos]
+    except AttributeError:
+        return [(getattr(info, "pid", 0), getattr(info, "usedGpuMemory", None)) for info in infos]
+
+
+def _entries(listed: Sequence[tuple[str, Sequence[tuple[Any, Any]]]]) -> list[tuple[int, int | None, str]]:
+    """(pid, memory bytes or None, kind) per process of the lists, by PID. A process in both
+    the compute and the graphics list shares its memory figure between its contexts: it
+    keeps its first kind and a figure if either has one."""
+    found: dict[int, tuple[int | None, str]] = {}
+    for kind, processes in listed:
+        for pid, memory in processes:
+            pid = int(pid or 0)
+            if pid <= 0:
+                continue
+            memory = process_memory(memory)
+            known = found.get(pid)
+            if known is None:
+                found[pid] = (memory, kind)
+            elif known[0] is None:
+                found[pid] = (memory, known[1])
+    return [(pid, *found[pid]) for pid in sorted(found)]
