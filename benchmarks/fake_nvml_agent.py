@@ -59,13 +59,13 @@ def install(scenario_path: str, h200_costs: bool, real_proc_checks: bool = True)
     """
     import os
 
-    from exporter import attribution
+    from exporter.app import wiring
     from exporter.attribution import procfs
     from exporter.devices.simulated.backend import load_scenario
 
     scenario = load_scenario(scenario_path)
     sys.modules["pynvml"] = fake_node(scenario, h200_costs)
-    attribution._simulated_scenario = lambda backend: scenario  # type: ignore[attr-defined]
+    wiring.simulated_scenario = lambda backends: scenario  # the NVML fake's processes are the scenario's
     if real_proc_checks:
         plain_init = procfs.ProcCache.__init__
 

@@ -87,7 +87,7 @@ def test_amd_processes_attributed_to_pod_and_slurm_job(tmp_path: Path, cgroups: 
     backend.open()
     args = argparse.Namespace(proc_root="/proc", kubernetes="on", kubeconfig=kubeconfig(tmp_path, apiserver),
                               pod_label=["team"])
-    attributor = build_attributor(args, [backend], NODE, wait_for_pods=30.0)  # names from the first pass on
+    attributor = build_attributor(args, NODE, wait_for_pods=30.0)  # names from the first pass on
     extra, labeller = label_schema(["team"])
     clock = [1000.0]
     collector = Collector([backend], NODE, interval=10.0, attributor=attributor, labeller=labeller,

@@ -94,7 +94,7 @@ def test_pods_and_slurm_in_real_cgroups(tmp_path: Path, cgroups: Cgroups, apiser
 
     args = argparse.Namespace(proc_root="/proc", kubernetes="on", kubeconfig=kubeconfig(tmp_path, apiserver),
                               pod_label=["team"])
-    attributor = build_attributor(args, [backend], NODE)
+    attributor = build_attributor(args, NODE)
     attributor.pod_source.backoff = (0.05, 0.2)
     # the first list runs in the watch thread (start-up never waits on the API server)
     wait_until(lambda: attributor.pod_source.index.get(uid_a) is not None, what="the first pod list")

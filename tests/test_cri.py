@@ -110,7 +110,7 @@ def test_pods_from_containers_uses_the_kubelet_labels_and_skips_the_rest() -> No
 def test_names_come_from_cri_when_the_api_server_is_off(tmp_path: Path, runtime: FakeRuntime) -> None:
     runtime.containers = [container(CID, UID, "vllm-6d8b94df7-q5z82", "ml", "engine")]
     write_proc(tmp_path, 10, cgroup_line(UID, CID))
-    attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket=runtime.path), [], "node-a")
+    attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket=runtime.path), "node-a")
     try:
         assert isinstance(attributor, ProcAttributor) and attributor.pod_source is None
         w = attributor.resolve([10], 0.0)[10]
@@ -207,7 +207,7 @@ def test_a_missing_socket_never_stalls_a_pass_and_is_unhealthy(tmp_path: Path, s
     missing = os.path.join(sockdir, "crio.sock")
     with caplog.at_level(logging.WARNING):
         started = time.monotonic()
-        attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket=missing), [], "node-a")
+        attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket=missing), "node-a")
         try:
             w = attributor.resolve([10], 0.0)[10]
             # Two calls at most (the first listing, then the unknown container's), each
@@ -267,7 +267,7 @@ def test_malformed_entries_and_unknown_container_ids_are_harmless(tmp_path: Path
     ]
     write_proc(tmp_path, 10, cgroup_line(UID, CID))  # its container is not among them
     write_proc(tmp_path, 11, "0::/kubepods.slice/kubepods-besteffort.slice/cri-containerd-zz.scope\n")
-    attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket="unix://" + runtime.path), [], "n")
+    attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket="unix://" + runtime.path), "n")
     try:
         owners = attributor.resolve([10, 11, 12], 0.0)
         assert (owners[10].kind, owners[10].pod, owners[10].pod_uid, owners[10].container_id) == (
@@ -288,14 +288,14 @@ def test_the_flag_auto_detection_and_off(monkeypatch, sockdir: str, caplog) -> N
     server = FakeRuntime(sockdir)
     try:
         monkeypatch.setattr(cri, "CRI_SOCKETS", (os.path.join(sockdir, "absent.sock"), server.path))
-        auto = build_attributor(_args(), [], "n")
+        auto = build_attributor(_args(), "n")
         assert auto.statuses() == {"cri": True}
         auto.close()
-        off = build_attributor(_args(cri_socket="off"), [], "n")
+        off = build_attributor(_args(cri_socket="off"), "n")
         assert off.statuses() == {} and off.fallback is None  # type: ignore[attr-defined]
         off.close()
         monkeypatch.setattr(cri, "CRI_SOCKETS", (os.path.join(sockdir, "absent.sock"),))
-        nothing = build_attributor(_args(), [], "n")
+        nothing = build_attributor(_args(), "n")
         assert nothing.statuses() == {}
         nothing.close()
     finally:
@@ -307,12 +307,12 @@ def test_the_flag_auto_detection_and_off(monkeypatch, sockdir: str, caplog) -> N
     try:
         monkeypatch.setattr(cri, "CRI_SOCKETS", (not_cri.path,))
         with caplog.at_level(logging.INFO):
-            quiet = build_attributor(_args(), [], "n")
+            quiet = build_attributor(_args(), "n")
         assert quiet.statuses() == {}
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
         quiet.close()
         # Asked for by path, the same socket is reported as unhealthy instead.
-        explicit = build_attributor(_args(cri_socket=not_cri.path), [], "n")
+        explicit = build_attributor(_args(cri_socket=not_cri.path), "n")
         assert explicit.statuses() == {"cri": False}
         explicit.close()
     finally:
@@ -325,7 +325,7 @@ def test_without_grpcio_the_fallback_is_off_with_one_warning(monkeypatch, runtim
 
     monkeypatch.setitem(sys.modules, "grpc", None)  # as if not installed
     with caplog.at_level(logging.WARNING):
-        attributor = build_attributor(_args(cri_socket=runtime.path), [], "n")
+        attributor = build_attributor(_args(cri_socket=runtime.path), "n")
     assert attributor.statuses() == {}
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "grpc" in warnings[0] and "'.[k8s]'" in warnings[0]
@@ -348,7 +348,7 @@ def test_scraped_series_carry_cri_names_and_the_cri_collector_health(tmp_path: P
         fake_pynvml.FakeProcess(pid=4242, used_memory=2**30)])])
     backend = nvml.NvmlBackend(nvml=fake)
     backend.open()
-    attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket=runtime.path), [backend], "node-a")
+    attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket=runtime.path), "node-a")
     collector = Collector([backend], "node-a", interval=1.0, attributor=attributor)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: collector.snapshot, None))

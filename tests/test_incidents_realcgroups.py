@@ -52,7 +52,7 @@ def test_a_pid_reused_by_another_pod_after_the_fault_never_makes_it_the_culprit(
     backend = nvml_backend.NvmlBackend(nvml=fake, energy_counter_period=0)
     backend.open()
     args = argparse.Namespace(proc_root="/proc", kubernetes="off", pod_label=[])
-    attributor = build_attributor(args, [backend], "gpu-node-1")
+    attributor = build_attributor(args, "gpu-node-1")
     names, labeller = label_schema([])
     collector = Collector([backend], "gpu-node-1", interval=1.0, attributor=attributor, labeller=labeller,
                           clock=time.monotonic)  # the clock of /proc's start times and the kernel log's stamps

@@ -373,7 +373,7 @@ def test_an_older_kubelet_without_allocatable_shares_the_gpu_by_the_replicas_hel
 
 def test_a_missing_socket_is_unhealthy_and_passes_stay_fast(tmp_path: Path, sockdir: str) -> None:
     missing = os.path.join(sockdir, "nothing-here.sock")
-    attributor = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket=missing), [], "n")
+    attributor = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket=missing), "n")
     try:
         assert isinstance(attributor, ProcAttributor) and attributor.allocation_source is not None
         devices = [DeviceSample(index=0, uuid=GPU0)]
@@ -437,17 +437,17 @@ def test_a_hung_kubelet_never_stalls_a_pass(tmp_path: Path, kubelet: FakeKubelet
 # ---- flags -----------------------------------------------------------------------------
 
 def test_flag_off_auto_and_path(tmp_path: Path, kubelet: FakeKubelet, monkeypatch: pytest.MonkeyPatch) -> None:
-    off = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket="off"), [], "n")
+    off = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket="off"), "n")
     assert isinstance(off, ProcAttributor) and off.allocation_source is None
     assert "pod_resources" not in off.statuses() and off.allocations([]) is None
     off.close()
     monkeypatch.setattr(podresources, "POD_RESOURCES_SOCKET", os.path.join(os.path.dirname(kubelet.path), "no.sock"))
-    quiet = build_attributor(_args(proc_root=str(tmp_path)), [], "n")  # auto, no kubelet socket: off
+    quiet = build_attributor(_args(proc_root=str(tmp_path)), "n")  # auto, no kubelet socket: off
     assert isinstance(quiet, ProcAttributor) and quiet.allocation_source is None
     quiet.close()
     monkeypatch.setattr(podresources, "POD_RESOURCES_SOCKET", kubelet.path)
     for value_ in ("auto", kubelet.path, "unix://" + kubelet.path):
-        on = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket=value_), [], "n")
+        on = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket=value_), "n")
         try:
             assert isinstance(on, ProcAttributor) and on.allocation_source is not None
             assert on.statuses() == {"pod_resources": True}  # listed once before the first pass

@@ -324,13 +324,12 @@ def test_over_a_minute_of_the_simulated_node_carried_shares_stay_within_a_point_
     from exporter.attribution import build_attributor
     from exporter.core.bulkhead import Read
     from exporter.core.model import updated
+    from exporter.devices.capabilities import ProcessShareReads
     from exporter.devices.simulated.backend import SimulatedBackend
 
-    class Deferring(SimulatedBackend):
+    class Deferring(SimulatedBackend, ProcessShareReads):
         """The demo node read as NVML reads a GPU: per-process samples only where the
         pass's plan says, or when the collector asks for them."""
-
-        defers_process_shares = True
 
         def reads(self, now, plan=READ_ALL):  # type: ignore[no-untyped-def]
             self._plan, self._now = plan, now
@@ -354,7 +353,7 @@ def test_over_a_minute_of_the_simulated_node_carried_shares_stay_within_a_point_
         backend = Deferring(clock=clock)
         backend.open()
         args = build_parser().parse_args(["serve", "--backend", "simulated"])
-        attributor = build_attributor(args, [backend], "n")
+        attributor = build_attributor(args, "n", scenario=backend.scenario)
         _, labeller = label_schema([])
         collector = Collector([backend], "n", attributor=attributor, labeller=labeller, clock=clock,
                               process_metrics=process_metrics)

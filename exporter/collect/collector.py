@@ -12,7 +12,7 @@ have a deadline, and a part stuck in a driver call is published down, with the c
 while the others go on; nothing more is asked of it until the call returns
 (docs/HEALTH.md).
 
-Per-process SM shares of a backend that `defers_process_shares` are planned in
+Per-process SM shares of a backend with `exporter.devices.capabilities.ProcessShareReads` are planned in
 `exporter.core.shares`: the collector keeps each backend's `PassPlan` for its next pass.
 """
 
@@ -43,6 +43,7 @@ from exporter.core.model import (
 )
 from exporter.core.shares import PassPlan, passes_between_reads, plan_shares
 from exporter.devices.base import Backend
+from exporter.devices.capabilities import ProcessShareReads
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ class Collector:
         # A GPU several owners share has its samples read every few passes, its shares
         # carried in between (`exporter.core.shares`).
         every = passes_between_reads(interval)
-        self._plans = [PassPlan(process_metrics=process_metrics or not b.defers_process_shares, every=every)
+        self._plans = [PassPlan(process_metrics=process_metrics or not isinstance(b, ProcessShareReads), every=every)
                        for b in self.backends]
         self._progress_clock = time.monotonic  # real time: liveness is about a stuck thread
         self._published_at: float | None = None
@@ -309,7 +310,7 @@ class Collector:
         read_owners: list[int] = []
         places: list[int] = []
         for place, (backend, plan) in enumerate(zip(self.backends, self._plans)):
-            if plan.process_metrics:
+            if plan.process_metrics or not isinstance(backend, ProcessShareReads):
                 continue
             positions = [n for n, source in enumerate(sources) if source == place]
             decided = plan_shares([devices[n] for n in positions], owners, self._labeller, plan)

@@ -2,7 +2,8 @@
 
 Vendor libraries are imported inside each backend's ``open()``, so a node without them
 can still run the others (or the simulated backend for a demo). A node's backends are a
-list (``--backend amd,gaudi`` on a mixed-vendor node): `open_backends`.
+list (``--backend amd,gaudi`` on a mixed-vendor node): `open_backends`. What every backend
+does is `base.Backend`; what only some do is an interface of `capabilities` they declare.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from exporter.devices.base import SAMPLING_FLAGS, SOURCE_FLAGS, Backend, BackendUnavailable
+from exporter.devices.capabilities import CallTiming, GpmStatus, ProcessShareReads, Timings
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,6 @@ def joined_name(backends: Sequence[Backend]) -> str:
     return ",".join(b.name for b in backends)
 
 
-__all__ = ["AUTO_ORDER", "SAMPLING_FLAGS", "SOURCE_FLAGS", "Backend", "BackendUnavailable", "add_arguments",
-           "call_prefixes", "close_backends", "joined_name", "known_backends", "open_backends", "options_from",
-           "registry"]
+__all__ = ["AUTO_ORDER", "SAMPLING_FLAGS", "SOURCE_FLAGS", "Backend", "BackendUnavailable", "CallTiming", "GpmStatus",
+           "ProcessShareReads", "Timings", "add_arguments", "call_prefixes", "close_backends", "joined_name",
+           "known_backends", "open_backends", "options_from", "registry"]

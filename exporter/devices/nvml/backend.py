@@ -25,6 +25,7 @@ from exporter.core.model import DeviceSample, ProcessSample, frozen_mapping
 from exporter.core.parsing import argtype, parse_duration_or_seconds
 from exporter.core.shares import READ_ALL, PassPlan
 from exporter.devices.base import SAMPLING_FLAGS, Backend, BackendUnavailable
+from exporter.devices.capabilities import CallTiming, GpmStatus, ProcessShareReads, Timings
 from exporter.devices.health_schedule import (
     BOOT_ID_PATH,
     DEFAULT_HEALTH_INTERVAL,
@@ -70,7 +71,7 @@ def parse_gpm_interval(text: str) -> float | None:
     return parse_duration_or_seconds(text)
 
 
-class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
+class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend, Timings, GpmStatus, ProcessShareReads):
     """NVIDIA GPUs (and MIG instances) through NVML.
 
     Args:
@@ -86,7 +87,6 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
 
     name = "nvml"
     call_prefixes = CALL_PREFIXES
-    defers_process_shares = True
 
     @classmethod
     def add_arguments(cls, group: Any, place: str) -> None:
@@ -254,15 +254,15 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         self._nvml.timings = {}
         return True
 
-    def timings(self, reset: bool = False) -> dict[str, tuple[int, float, float, float]]:
-        """Per NVML function: (calls, wall seconds, CPU seconds, slowest call's wall seconds).
+    def timings(self, reset: bool = False) -> dict[str, CallTiming]:
+        """Per NVML function: calls, wall and CPU seconds, the slowest call's wall seconds.
 
         Empty unless `enable_timings` was called; ``reset`` starts counting afresh.
         """
         nvml = self._nvml
         if nvml is None or nvml.timings is None:
             return {}
-        out = {name: (int(e[0]), e[1], e[2], e[3]) for name, e in nvml.timings.items()}
+        out = {name: CallTiming(int(e[0]), e[1], e[2], e[3]) for name, e in nvml.timings.items()}
         if reset:
             nvml.timings = {}
         return out
