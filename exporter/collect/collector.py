@@ -28,6 +28,7 @@ from typing import Callable, Mapping, NoReturn, Sequence
 from exporter.attribution import Attributor, NullAttributor
 from exporter.collect.derive import DeriveState, step
 from exporter.collect.health_stage import HealthStageState, health_step
+from exporter.collect.xids import XidBaseline, xid_step
 from exporter.core.bulkhead import DEFAULT_READ_TIMEOUT, Bulkhead, Failed, Read, Stuck
 from exporter.core.labels import Labeller, default_labeller
 from exporter.core.model import (
@@ -103,6 +104,7 @@ class Collector:
         self.on_snapshot = on_snapshot
         self._state = DeriveState()
         self._health = HealthStageState()
+        self._xids = XidBaseline()
         self._snapshot: Snapshot | None = None
         self._rows: dict[tuple[str, int], ProcessRow] = {}  # the last pass's, by (device key, PID)
         self.read_timeout = read_timeout
@@ -165,7 +167,8 @@ class Collector:
 
         self._state, derived = step(self._state, now, self.node, devices, owners, self._labeller, self._grace,
                                     allocations=allocations)
-        self._health, health = health_step(self._health, now, devices, {k for s in stuck for k in s.devices})
+        self._xids, new_xids = xid_step(self._xids, devices)
+        self._health, health = health_step(self._health, now, devices, new_xids, {k for s in stuck for k in s.devices})
         for line in health.problems:
             log.warning("GPU health: %s", line)
         rows = self._process_rows(devices, owners)
@@ -195,6 +198,7 @@ class Collector:
             health_transitions=frozen_mapping(health.transitions),
             device_unhealthy_seconds=frozen_mapping(health.unhealthy_seconds),
             health_signals=frozen_mapping(health.signals),
+            new_xids=new_xids,
         )
         self._snapshot = snapshot  # the atomic swap readers rely on
         self._published_at = self._progress_clock()
