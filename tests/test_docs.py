@@ -148,6 +148,9 @@ def known_metrics() -> frozenset[str]:
     names = set(BY_NAME)
     for module in (REPO / "exporter" / "output" / "dcgm").glob("*.py"):  # the DCGM schema's field tables
         names |= set(re.findall(r"DCGM_FI_[A-Z0-9_]+", module.read_text()))
+    from exporter.output.dcgm.fields import FIELDS
+
+    names |= {field.name for field in FIELDS}  # with those the catalogue's rows declare
     names |= {rule["record"] for rule in rules() if "record" in rule}
     return frozenset(names)
 
