@@ -96,7 +96,8 @@ def _simulated_node(scenario: str | None, passes: int = 61) -> set[str]:
     backend = SimulatedBackend(scenario, clock=lambda: t[0])
     backend.open()
     node = backend.node_name()
-    attributor = build_attributor(build_parser().parse_args(["serve", "--backend", "simulated"]), [backend], node)
+    attributor = build_attributor(build_parser().parse_args(["serve", "--backend", "simulated"]), node,
+                                   scenario=backend.scenario)
     extra, labeller = label_schema([])
     collector = Collector([backend], node, attributor=attributor, labeller=labeller, clock=lambda: t[0],
                           wall=lambda: 1.8e9 + t[0])
