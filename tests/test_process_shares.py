@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 from agent import parse_metrics, pick
 from aiohttp.test_utils import TestClient, TestServer
-from fake_pynvml import FakeGpu, FakeNvml, FakeProcess, FakeUtilSample
+from fakes.pynvml_fake import FakeGpu, FakeNvml, FakeProcess, FakeUtilSample
 
 from exporter.app.cli import build_parser
 from exporter.app.wiring import build_collector, build_registry
