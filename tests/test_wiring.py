@@ -101,7 +101,7 @@ def test_the_collector_takes_its_pass_settings_from_the_flags() -> None:
     assert build_collector(snapshot, [], None)[0].read_timeout == 4.0
 
 
-def test_the_node_is_named_by_the_flag_else_by_what_the_backend_knows(monkeypatch) -> None:
+def test_the_node_is_named_by_the_flag_else_by_what_the_backend_knows() -> None:
     args = build_parser().parse_args(["serve", "--backend", "simulated"])
     backends, attributor = open_sources(args)
     attributor.close()
