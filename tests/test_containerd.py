@@ -38,8 +38,8 @@ pytest.importorskip("exporter.attribution.cri_api_pb2", reason="protobuf is not 
 
 import containerd_runtime as runtime  # noqa: E402
 import cri_runtime_api_pb2 as api  # noqa: E402
-import fake_pynvml as F  # noqa: E402
 from agent import REPO  # noqa: E402
+from fakes import pynvml_fake as F  # noqa: E402
 from test_podresources import scrape as _scrape  # noqa: E402
 from waiting import PATIENCE, wait_until, within  # noqa: E402
 
@@ -203,7 +203,7 @@ def test_a_pod_without_a_pod_cgroup_is_named_through_the_api_server(containerd, 
     names the container, its pod's owner and labels included."""
     pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
     from cgroup_helpers import kubeconfig
-    from kubernetes_apiserver import FakeApiServer, make_pod
+    from fakes.kubernetes_apiserver import FakeApiServer, make_pod
 
     pod, cid, pid = _pod_without_pod_cgroup(kubelet)
     apiserver = FakeApiServer()
@@ -298,7 +298,7 @@ def test_an_agent_in_its_own_cgroup_namespace_reads_the_host_proc(containerd, ku
     host_proc = tmp_path / "host-proc"
     host_proc.mkdir()
     seen = tmp_path / "seen-cgroup"
-    launcher = [sys.executable, str(REPO / "tests" / "fake_nvml_cli.py"), ",".join(map(str, pids)), "--",
+    launcher = [sys.executable, str(REPO / "tests" / "fakes" / "nvml_cli.py"), ",".join(map(str, pids)), "--",
                 "snapshot", "--json", "--backend", "nvml", "--kubernetes", "off", "--pod-resources-socket", "off",
                 "--cri-socket", containerd.socket, "--node-name", NODE]
     agent = " ".join(map(shlex.quote, launcher))

@@ -109,7 +109,7 @@ XID_79 = "3,9002,123456790,-;NVRM: Xid (PCI:0000:78:00): 79, pid='<unknown>', na
 
 @pytest.fixture(params=["grpc", "http/protobuf"])
 def otlp_receiver(request):
-    from otlp_receivers import GrpcReceiver, HttpReceiver
+    from fakes.otlp_receivers import GrpcReceiver, HttpReceiver
 
     receiver = (GrpcReceiver() if request.param == "grpc" else HttpReceiver()).start()
     receiver.protocol = request.param

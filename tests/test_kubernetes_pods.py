@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
 
+from fakes.kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 from kubernetes import client  # noqa: E402
-from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 from waiting import wait_until, within  # noqa: E402
 
 from exporter.attribution.kubernetes import PodIndex, PodWatcher, pod_meta, resolve_owner  # noqa: E402
