@@ -26,6 +26,7 @@ from exporter.core.bulkhead import Read
 from exporter.core.model import UNKNOWN, AllocationRow, CollectorStatus, DeviceSample, ProcessSample, Workload
 from exporter.core.shares import READ_ALL, PassPlan, passes_between_reads
 from exporter.devices.base import Backend
+from exporter.devices.capabilities import ProcessShareReads
 from exporter.output.render import SnapshotCollector
 
 GIB = 2**30
@@ -57,10 +58,12 @@ class StaticBackend(Backend):
         return dict(self.problems)
 
 
-class Deferring(StaticBackend):
+class Deferring(StaticBackend, ProcessShareReads):
     """A backend that leaves per-process samples until the owners are known (as NVML's)."""
 
-    defers_process_shares = True
+    def process_share_reads(self, devices: Sequence[DeviceSample]) -> list[Read]:
+        return [Read(("shares", d.index), f"GPU {d.index}'s shares", functools.partial(lambda d: d, d))
+                for d in devices]
 
 
 class Owners(NullAttributor):

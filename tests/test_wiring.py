@@ -35,6 +35,7 @@ from exporter.core.labels import label_schema
 from exporter.core.model import DeviceSample
 from exporter.devices import close_backends
 from exporter.devices.base import Backend
+from exporter.devices.capabilities import GpmStatus
 from exporter.devices.nvml import NvmlBackend
 from exporter.nodestatus import NodeStatusWriter
 from exporter.output import catalogue as cat
@@ -224,7 +225,7 @@ def test_the_node_status_writer_follows_node_condition_and_the_kubernetes_api(ca
 
 
 def test_gpm_status_joins_every_backends() -> None:
-    class WithGpm(Backend):
+    class WithGpm(Backend, GpmStatus):
         name = "gpm"
 
         def __init__(self, status: Mapping[tuple[int, str], str]):
