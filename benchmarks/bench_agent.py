@@ -7,7 +7,7 @@ tree in real cgroup layouts, the pods in the index, the kubelet's allocations jo
   (one per GPU: a GPU held by one owner is not asked for per-process samples), and 8 GPUs
   x 256 processes (64 containers);
 * read through the NVML backend on the tests' NVML fake, once answering for free and once
-  charging every call what it cost on a real H200 (``fake_pynvml.H200_COSTS``: CPU burnt
+  charging every call what it cost on a real H200 (``fakes.pynvml_fake.H200_COSTS``: CPU burnt
   with the GIL released, blocking calls sleep) - the figures a real driver gives;
 * cached processes checked as on a real /proc (``fake_nvml_agent.install``); the
   simulated node's row checks them by path, as its fixture tree requires.

@@ -3,7 +3,7 @@
     python benchmarks/bench_gpm.py [--gpus 8] [--passes 60]
 
 Eight fake H200s, one process each, every NVML call charged what it cost on a real H200
-(`fake_pynvml.H200_COSTS`: CPU burnt with the GIL released), passes one simulated second
+(`fakes.pynvml_fake.H200_COSTS`: CPU burnt with the GIL released), passes one simulated second
 apart. Prints the backend's CPU per pass with GPM off, at the default --gpm-interval (5 s)
 and with a GPM window every pass.
 """
@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 
 def measure(gpus: int, passes: int, **options: object) -> list[float]:
-    import fake_pynvml as F
+    from fakes import pynvml_fake as F
 
     from exporter.devices.nvml import NvmlBackend
 

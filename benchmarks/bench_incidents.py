@@ -46,7 +46,7 @@ def snapshots(path: Path, passes: int) -> list:
     now = [1000.0]
     backend = SimulatedBackend(path, clock=lambda: now[0])
     backend.open()
-    attributor = build_attributor(argparse.Namespace(), [backend], backend.node_name())
+    attributor = build_attributor(argparse.Namespace(), backend.node_name(), scenario=backend.scenario)
     _, labeller = label_schema(["team"])
     collector = Collector([backend], backend.node_name(), attributor=attributor, labeller=labeller,
                           clock=lambda: now[0])

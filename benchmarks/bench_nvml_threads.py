@@ -1,7 +1,7 @@
 """Would reading GPUs concurrently shorten a pass? Sequential vs one thread per GPU.
 
 8 fake H200s with 16 processes each, every NVML call charged its H200 cost
-(``fake_pynvml.H200_COSTS``: CPU burnt with the GIL released, as a ctypes call into the
+(``fakes.pynvml_fake.H200_COSTS``: CPU burnt with the GIL released, as a ctypes call into the
 driver releases it). Times 60 passes of the NVML backend's per-GPU reads, sequentially
 (as the agent reads) and with a pool of 8 threads, and prints the median wall and CPU
 time of each. Run: ``python benchmarks/bench_nvml_threads.py``; the figures and the
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-import fake_pynvml as F  # noqa: E402
+from fakes import pynvml_fake as F  # noqa: E402
 
 from exporter.devices.nvml import NvmlBackend  # noqa: E402
 

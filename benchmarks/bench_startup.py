@@ -1,7 +1,7 @@
 """How soon the agent listens when the Kubernetes API server hangs.
 
-``l9gpu serve --backend nvml`` on the tests' NVML fake (tests/fake_nvml_node.py) with
-``--kubernetes on``, pointed at the tests' local API server (tests/kubernetes_apiserver.py)
+``l9gpu serve --backend nvml`` on the tests' NVML fake (tests/fakes/nvml_node.py) with
+``--kubernetes on``, pointed at the tests' local API server (tests/fakes/kubernetes_apiserver.py)
 that answers normally, or accepts the pod list and never answers (``stall``). For each,
 ``--runs`` starts; reported: seconds from the process start to ``/healthz`` answering
 200, and to ``/readyz`` answering 200 (the first pass published), median and max.
@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from cgroup_helpers import kubeconfig  # noqa: E402
-from kubernetes_apiserver import FakeApiServer  # noqa: E402
+from fakes.kubernetes_apiserver import FakeApiServer  # noqa: E402
 from processes import free_port  # noqa: E402
 
 
@@ -50,7 +50,10 @@ def one_start(tmp: Path, server: FakeApiServer, tree: str) -> tuple[float, float
     processes.write_text("")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("L9GPU_", "OTEL_"))}
     env["PYTHONPATH"] = tree
-    cmd = [sys.executable, str(Path(tree) / "tests" / "fake_nvml_node.py"), str(processes), "--", "serve",
+    harness = Path(tree) / "tests" / "fakes" / "nvml_node.py"  # the tree's own
+    if not harness.exists():  # a checkout from before tests/fakes/
+        harness = Path(tree) / "tests" / "fake_nvml_node.py"
+    cmd = [sys.executable, str(harness), str(processes), "--", "serve",
            "--listen", f"127.0.0.1:{port}", "--node-name", "gpu-node-1", "--kubernetes", "on",
            "--kubeconfig", kubeconfig(tmp, server), "--cri-socket", "off", "--pod-resources-socket", "off"]
     started = time.monotonic()
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tree", default=str(REPO),
-                        help="checkout whose agent to run, with this tests/fake_nvml_node.py (default: this one)")
+                        help="checkout whose agent to run, with its tests/fakes/nvml_node.py (default: this one)")
     args = parser.parse_args(argv)
     for name, hang in (("API server answering", False), ("API server hung (accepts, never answers)", True)):
         server = FakeApiServer()

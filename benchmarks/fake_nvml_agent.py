@@ -8,7 +8,7 @@ scenario's PIDs are live processes (bench_agent gives it sleeping ones) through 
 the agent does on its own /proc, otherwise with a ``pread`` of each one's kept-open
 ``comm`` (``--proc-checks-by-path`` for the fixture-tree way). With
 ``--h200-costs`` every NVML call costs what it cost on a real H200
-(`fake_pynvml.H200_COSTS`: CPU burnt with the GIL released, blocking calls sleep), so the
+(`fakes.pynvml_fake.H200_COSTS`: CPU burnt with the GIL released, blocking calls sleep), so the
 agent's CPU and pass times are what a user pays on a real driver.
 
 Usage (what benchmarks/bench_agent.py runs)::
@@ -32,7 +32,7 @@ GiB = 2**30
 
 def fake_node(scenario: Any, h200_costs: bool) -> Any:
     """A FakeNvml with the scenario's GPUs and processes, answering like an H200."""
-    import fake_pynvml as F
+    from fakes import pynvml_fake as F
 
     gpus = []
     for spec in scenario.gpus:
@@ -59,13 +59,13 @@ def install(scenario_path: str, h200_costs: bool, real_proc_checks: bool = True)
     """
     import os
 
-    from exporter import attribution
+    from exporter.app import wiring
     from exporter.attribution import procfs
     from exporter.devices.simulated.backend import load_scenario
 
     scenario = load_scenario(scenario_path)
     sys.modules["pynvml"] = fake_node(scenario, h200_costs)
-    attribution._simulated_scenario = lambda backend: scenario  # type: ignore[attr-defined]
+    wiring.simulated_scenario = lambda backends: scenario  # the NVML fake's processes are the scenario's
     if real_proc_checks:
         plain_init = procfs.ProcCache.__init__
 

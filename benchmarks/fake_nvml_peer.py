@@ -36,12 +36,12 @@ MISSING: set[str] = set()
 
 def binding_on_fake(fake: object) -> types.ModuleType:
     """nvidia-ml-py's module, each NVML function answered by ``fake`` or not found."""
-    import fake_pynvml
     import pynvml as real  # nvidia-ml-py
+    from fakes import pynvml_fake
 
     # The fake raises NVMLError(code): make that the binding's class (its __new__ picks
     # the subclass for the code, e.g. NVMLError_NotSupported), so nvitop catches it.
-    fake_pynvml.NVMLError = real.NVMLError  # type: ignore[misc]
+    pynvml_fake.NVMLError = real.NVMLError  # type: ignore[misc]
 
     def missing(name: str):  # type: ignore[no-untyped-def]
         def call(*args, **kwargs):  # type: ignore[no-untyped-def]

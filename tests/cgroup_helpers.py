@@ -5,7 +5,7 @@ Tests that put real processes into Kubernetes- or Slurm-shaped cgroups share the
 /sys/fs/cgroup/unified, not writable), `Cgroups` creates cgroups inside one parent named
 for the test run (so a real node's hierarchy is never touched) and `cleanup` removes all
 of it, even after a failure; `pod_uid`, `container_id` and `kubeconfig` give the
-identities and client configuration the fake API server (kubernetes_apiserver) needs.
+identities and client configuration the fake API server (fakes.kubernetes_apiserver) needs.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def cgroups():
 @pytest.fixture
 def apiserver():
     """A local HTTP server speaking the Kubernetes pod list and watch protocol."""
-    from kubernetes_apiserver import FakeApiServer
+    from fakes.kubernetes_apiserver import FakeApiServer
 
     server = FakeApiServer()
     server.start()
@@ -86,9 +86,9 @@ def apiserver():
 
 @pytest.fixture
 def fake_nvml_node(tmp_path, cgroups, apiserver):
-    """`fake_nvml_node.Node`: the agent on a one-GPU NVML fake with real processes in pod
+    """`fakes.nvml_node.Node`: the agent on a one-GPU NVML fake with real processes in pod
     cgroups, named by the local API server; its agent is stopped after."""
-    from fake_nvml_node import Node
+    from fakes.nvml_node import Node
 
     n = Node(tmp_path, cgroups, apiserver)
     yield n

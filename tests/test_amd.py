@@ -15,7 +15,7 @@ from fakes.amdsmi_fake import (
     FakeProcess,
 )
 
-from exporter.devices import amd
+from exporter.devices.amd import backend as amd
 from exporter.devices.amd.backend import AmdBackend
 from exporter.devices.base import Backend, BackendUnavailable
 

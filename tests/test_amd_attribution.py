@@ -4,7 +4,7 @@ The amdsmi stand-in (fakes/amdsmi_fake) reports the real PIDs of three child pro
 one in a Kubernetes pod's cgroup, one in a Slurm step's cgroup, one in a host login
 session's cgroup. The real `ProcAttributor` (built from the CLI flags by
 `build_attributor`) reads their /proc/<pid>/cgroup files and joins the pod with a local
-API server (kubernetes_apiserver); the real `Collector` derives the counters and
+API server (fakes.kubernetes_apiserver); the real `Collector` derives the counters and
 `render` turns the snapshot into Prometheus text. So the PID -> cgroup -> pod path runs
 unchanged for AMD, with per-process VRAM and GFX engine time, and the per-GPU memory and
 energy add up. Skips with the reason where cgroups cannot be created (not root, no
@@ -38,7 +38,7 @@ from exporter.output.render import SnapshotCollector
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
 pytestmark = pytest.mark.skipif(bool(cgroup2_unwritable()), reason=cgroup2_unwritable() or "ok")
 
-from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
+from fakes.kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 
 GiB = 2**30
 NODE = "mi300-node-1"
@@ -87,7 +87,7 @@ def test_amd_processes_attributed_to_pod_and_slurm_job(tmp_path: Path, cgroups: 
     backend.open()
     args = argparse.Namespace(proc_root="/proc", kubernetes="on", kubeconfig=kubeconfig(tmp_path, apiserver),
                               pod_label=["team"])
-    attributor = build_attributor(args, [backend], NODE, wait_for_pods=30.0)  # names from the first pass on
+    attributor = build_attributor(args, NODE, wait_for_pods=30.0)  # names from the first pass on
     extra, labeller = label_schema(["team"])
     clock = [1000.0]
     collector = Collector([backend], NODE, interval=10.0, attributor=attributor, labeller=labeller,

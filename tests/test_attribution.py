@@ -248,7 +248,7 @@ def test_simulated_node_runs_the_real_attribution() -> None:
     backend = SimulatedBackend(clock=lambda: clock[0])
     backend.open()
     attributor = build_attributor(argparse.Namespace(proc_root="/proc", kubernetes="auto", kubeconfig=None),
-                                  [backend], "sim-node-01")
+                                  "sim-node-01", scenario=backend.scenario)
     root = attributor.procfs.root
     _, labeller = label_schema(["team"])
     collector = Collector([backend], "sim-node-01", attributor=attributor, labeller=labeller, clock=lambda: clock[0])

@@ -26,7 +26,7 @@ from cgroup_helpers import (  # noqa: E402
     pod_uid,
     spawn_with_pid,
 )
-from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
+from fakes.kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from waiting import wait_until, within  # noqa: E402
@@ -36,7 +36,7 @@ from exporter.collect.collector import Collector  # noqa: E402
 from exporter.core.labels import label_schema  # noqa: E402
 from exporter.output.render import SnapshotCollector  # noqa: E402
 
-fake_pynvml = pytest.importorskip("fake_pynvml", reason="the NVML fake is not available")
+pynvml_fake = pytest.importorskip("fakes.pynvml_fake", reason="the NVML fake is not available")
 nvml_backend = pytest.importorskip("exporter.devices.nvml", reason="the NVML backend is not available")
 
 GiB = 2**30
@@ -63,7 +63,7 @@ def _value(metrics, name: str, **labels: str) -> float:
 
 
 def test_pods_and_slurm_in_real_cgroups(tmp_path: Path, cgroups: Cgroups, apiserver: FakeApiServer, caplog) -> None:
-    F = fake_pynvml
+    F = pynvml_fake
     uid_a, uid_b, uid_c = pod_uid(), pod_uid(), pod_uid()
     cid_a, cid_b, cid_c = container_id(), container_id(), container_id()
     ua, ub, uc = (u.replace("-", "_") for u in (uid_a, uid_b, uid_c))
@@ -94,7 +94,7 @@ def test_pods_and_slurm_in_real_cgroups(tmp_path: Path, cgroups: Cgroups, apiser
 
     args = argparse.Namespace(proc_root="/proc", kubernetes="on", kubeconfig=kubeconfig(tmp_path, apiserver),
                               pod_label=["team"])
-    attributor = build_attributor(args, [backend], NODE)
+    attributor = build_attributor(args, NODE)
     attributor.pod_source.backoff = (0.05, 0.2)
     # the first list runs in the watch thread (start-up never waits on the API server)
     wait_until(lambda: attributor.pod_source.index.get(uid_a) is not None, what="the first pod list")

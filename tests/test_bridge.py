@@ -1,7 +1,7 @@
 """OTLP bridge: the registry /metrics serves, pushed over OTLP gRPC and HTTP.
 
 Conversion and settings are checked in-process; pushing is checked end to end against
-real OTLP receivers on loopback (tests/otlp_receivers.py) with `l9gpu serve` as a
+real OTLP receivers on loopback (tests/fakes/otlp_receivers.py) with `l9gpu serve` as a
 subprocess.
 """
 
@@ -22,6 +22,7 @@ pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="openteleme
 pytest.importorskip("opentelemetry.proto", reason="opentelemetry-proto is not installed")
 
 from agent import parse_metrics, run_cli
+from fakes.otlp_receivers import GrpcReceiver, HttpReceiver
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
@@ -30,7 +31,6 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from otlp_receivers import GrpcReceiver, HttpReceiver
 from prometheus_client import CollectorRegistry, Counter, Summary
 from prometheus_client import Histogram as PromHistogram
 from prometheus_client.core import CounterMetricFamily

@@ -6,15 +6,16 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
-from exporter.core.model import DeviceSample, Snapshot
+from exporter.core.model import DeviceSample, Snapshot, StuckCall
 from exporter.output import catalogue as cat
+from exporter.output import metrics_doc
 from exporter.output.render import families
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
 
 
 def test_metrics_doc_is_generated_from_the_catalogue():
-    assert DOC.read_text(encoding="utf-8") == cat.markdown(), (
+    assert DOC.read_text(encoding="utf-8") == metrics_doc.markdown(), (
         "docs/METRICS.md is stale: run `python -m exporter.output.catalogue > docs/METRICS.md`")
 
 
@@ -71,6 +72,85 @@ def test_all_off_exports_nothing_and_each_family_can_be_disabled():
     assert "gpu_power_watts" not in {f.name for f in families(snap, without_power)}
 
 
+# --- every family of the table has a way to render, and renders something --------------------
+
+
+def _sampled(snapshot: Snapshot, now: float, extra: tuple[str, ...] = ()) -> set[str]:
+    """The families with at least one series for ``snapshot``, every family enabled."""
+    out = set()
+    for family in families(snapshot, frozenset(spec.name for spec in cat.METRICS), extra, now=now):
+        if family.samples:
+            out |= {family.name, family.name + "_total"}  # a counter family drops its _total
+    return out
+
+
+def _simulated_node(scenario: str | None, passes: int = 61) -> set[str]:
+    """The families the simulated node gives a series in any of ``passes`` passes a second apart."""
+    from exporter.app.cli import build_parser
+    from exporter.attribution import build_attributor
+    from exporter.collect.collector import Collector
+    from exporter.core.labels import label_schema
+    from exporter.devices.simulated.backend import SimulatedBackend
+
+    t = [1000.0]
+    backend = SimulatedBackend(scenario, clock=lambda: t[0])
+    backend.open()
+    node = backend.node_name()
+    attributor = build_attributor(build_parser().parse_args(["serve", "--backend", "simulated"]), node,
+                                   scenario=backend.scenario)
+    extra, labeller = label_schema([])
+    collector = Collector([backend], node, attributor=attributor, labeller=labeller, clock=lambda: t[0],
+                          wall=lambda: 1.8e9 + t[0])
+    seen: set[str] = set()
+    try:
+        for n in range(passes):
+            t[0] = 1000.0 + n
+            seen |= _sampled(collector.collect_once(), 1.8e9 + t[0], extra)
+    finally:
+        attributor.close()
+    return seen
+
+
+# Families whose value no simulated scenario has: a fan (data-centre cards have none), a
+# driver call stuck past its deadline, an error a backend survived.
+NO_SCENARIO_HAS = {"gpu_fan_speed_ratio", "gpu_stuck_call_seconds", "l9gpu_backend_errors_total"}
+
+
+def _what_the_simulation_lacks() -> Snapshot:
+    """A node with what the simulated scenarios never show: a GPU with a fan, a driver call
+    stuck past its deadline, an error a backend survived."""
+    gpu = DeviceSample(index=0, uuid="GPU-x", model="m", fan_speed_ratio=0.4)
+    stuck = StuckCall(backend="nvml", what="GPU 0", call="nvmlDeviceGetPowerUsage", since=0.0, seconds=2.0,
+                      devices=(gpu.key,))
+    return Snapshot(seq=1, node="n", timestamp=0.0, devices=(gpu,), stuck=(stuck,),
+                    backend_errors={("gaudi", "timeout"): 1})
+
+
+def test_every_family_declares_how_it_is_rendered():
+    """A row says what renders it (its extractor) or which part registers it; a row with
+    neither cannot be written, so no family comes out empty for want of a renderer."""
+    for spec in cat.METRICS:
+        assert (spec.extract is None) == bool(spec.registered_by), spec.name
+    assert {spec.name for spec in cat.METRICS if spec.scope == cat.HEALTH} <= \
+        {spec.name for spec in cat.METRICS if spec.extract is not None}
+    with pytest.raises(ValueError, match="give exactly one"):
+        cat.MetricSpec("gpu_new_health_ratio", cat.GAUGE, "ratio", "A family nothing renders.", cat.DEVICE_LABELS,
+                       cat.HEALTH)
+
+
+def test_every_family_renders_series_where_its_value_exists():
+    """Every family the snapshot renders, health families included, gives series on the
+    simulated nodes (the demo and the incidents scenario), or, for what no scenario has,
+    on a node that has it: an extractor that reads the wrong place comes out empty here."""
+    rendered = {spec.name for spec in cat.METRICS if spec.extract is not None}
+    simulated = _simulated_node(None) | _simulated_node("incidents")
+    lacking = rendered - simulated
+    assert sorted(lacking - NO_SCENARIO_HAS) == [], "these families give no series on the simulated nodes"
+    assert sorted(NO_SCENARIO_HAS - lacking) == [], "the simulated nodes give these now: take them off NO_SCENARIO_HAS"
+    empty = sorted(NO_SCENARIO_HAS - _sampled(_what_the_simulation_lacks(), now=5.0))
+    assert empty == [], "these families render nothing where their value exists"
+
+
 def test_opt_in_families_are_off_by_default_and_unknown_names_are_rejected():
     defaults = cat.enabled_names()
     assert "gpu_process_memory_used_bytes" not in defaults
@@ -91,14 +171,15 @@ def documented() -> set[str]:
 
 def test_every_family_of_the_catalogue_has_its_section():
     assert {spec.name for spec in cat.METRICS} <= documented()
-    assert {spec.scope for spec in cat.METRICS} <= set(cat.SECTIONS)
+    assert {spec.scope for spec in cat.METRICS} <= set(metrics_doc.SECTIONS)
 
 
 def test_a_family_of_a_scope_without_a_section_cannot_be_left_out(monkeypatch):
-    orphan = cat.MetricSpec("gpu_orphan_ratio", cat.GAUGE, "ratio", "A family of a new scope.", (), "new_scope")
+    orphan = cat.MetricSpec("gpu_orphan_ratio", cat.GAUGE, "ratio", "A family of a new scope.", (), "new_scope",
+                            lambda frame, spec: ())
     monkeypatch.setattr(cat, "METRICS", cat.METRICS + (orphan,))
     with pytest.raises(ValueError, match="no section for the families of scope"):
-        cat.markdown()
+        metrics_doc.markdown()
 
 
 def _served(agent) -> set[str]:

@@ -3,7 +3,7 @@
 The agent runs as a subprocess, most often with its open-file limit held low (soft and
 hard, so it cannot raise it), on an NVML fake whose GPU processes are real child
 processes in real Kubernetes-shaped cgroups, named by a local API server
-(tests/fake_nvml_node.py, tests/kubernetes_apiserver.py). tests/flood.py holds the
+(tests/fakes/nvml_node.py, tests/fakes/kubernetes_apiserver.py). tests/flood.py holds the
 silent, half-sent and header-bloated connections.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from agent import REPO, AgentProcess, parse_metrics, pick
 from cgroup_helpers import cgroup2_unwritable
-from fake_nvml_node import GiB, Node
+from fakes.nvml_node import GiB, Node
 from flood import Flood
 from waiting import PATIENCE, wait_until
 

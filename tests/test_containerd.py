@@ -38,8 +38,8 @@ pytest.importorskip("exporter.attribution.cri_api_pb2", reason="protobuf is not 
 
 import containerd_runtime as runtime  # noqa: E402
 import cri_runtime_api_pb2 as api  # noqa: E402
-import fake_pynvml as F  # noqa: E402
 from agent import REPO  # noqa: E402
+from fakes import pynvml_fake as F  # noqa: E402
 from test_podresources import scrape as _scrape  # noqa: E402
 from waiting import PATIENCE, wait_until, within  # noqa: E402
 
@@ -142,7 +142,7 @@ def test_pods_of_every_qos_class_are_named_on_the_metrics(containerd, kubelet) -
             "kubernetes", pod.uid, qos, cids[qos], ""), runtime.read_cgroup(pids[qos])
     memory = {pids["burstable"]: 1 * GiB, pids["guaranteed"]: 2 * GiB, pids["besteffort"]: 3 * GiB}
     _, backend = _nvml(memory)
-    attributor = build_attributor(_args(cri_socket=containerd.socket), [backend], NODE)
+    attributor = build_attributor(_args(cri_socket=containerd.socket), NODE)
     try:
         collector = Collector([backend], NODE, interval=1.0, attributor=attributor)
         collector.collect_once()
@@ -184,7 +184,7 @@ def test_a_pod_without_a_pod_cgroup_is_named_through_cri(containerd, kubelet) ->
         attributor.close()
 
     _, backend = _nvml({pid: 5 * GiB})
-    attributor = build_attributor(_args(), [backend], NODE)  # no API, no CRI
+    attributor = build_attributor(_args(), NODE)  # no API, no CRI
     try:
         collector = Collector([backend], NODE, interval=1.0, attributor=attributor)
         collector.collect_once()
@@ -203,7 +203,7 @@ def test_a_pod_without_a_pod_cgroup_is_named_through_the_api_server(containerd, 
     names the container, its pod's owner and labels included."""
     pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
     from cgroup_helpers import kubeconfig
-    from kubernetes_apiserver import FakeApiServer, make_pod
+    from fakes.kubernetes_apiserver import FakeApiServer, make_pod
 
     pod, cid, pid = _pod_without_pod_cgroup(kubelet)
     apiserver = FakeApiServer()
@@ -215,7 +215,7 @@ def test_a_pod_without_a_pod_cgroup_is_named_through_the_api_server(containerd, 
     attributor = None
     try:
         attributor = build_attributor(_args(kubernetes="on", kubeconfig=kubeconfig(tmp_path, apiserver),
-                                            pod_label=["team"]), [backend], NODE,
+                                            pod_label=["team"]), NODE,
                                      wait_for_pods=PATIENCE)  # start-up does not wait for the first list
         collector = Collector([backend], NODE, interval=1.0, attributor=attributor, labeller=labeller)
         collector.collect_once()
@@ -268,7 +268,7 @@ def test_a_process_started_by_exec_belongs_to_its_container(containerd, kubelet)
     exec_pid = wait_until(lambda: runtime.host_pid(in_container, cid), what="the exec'd process on the host")
     assert exec_pid != main_pid and runtime.read_cgroup(exec_pid) == runtime.read_cgroup(main_pid)
     _, backend = _nvml({main_pid: 1 * GiB, exec_pid: 3 * GiB})
-    attributor = build_attributor(_args(cri_socket=containerd.socket), [backend], NODE)
+    attributor = build_attributor(_args(cri_socket=containerd.socket), NODE)
     try:
         collector = Collector([backend], NODE, interval=1.0, attributor=attributor)
         collector.collect_once()
@@ -298,7 +298,7 @@ def test_an_agent_in_its_own_cgroup_namespace_reads_the_host_proc(containerd, ku
     host_proc = tmp_path / "host-proc"
     host_proc.mkdir()
     seen = tmp_path / "seen-cgroup"
-    launcher = [sys.executable, str(REPO / "tests" / "fake_nvml_cli.py"), ",".join(map(str, pids)), "--",
+    launcher = [sys.executable, str(REPO / "tests" / "fakes" / "nvml_cli.py"), ",".join(map(str, pids)), "--",
                 "snapshot", "--json", "--backend", "nvml", "--kubernetes", "off", "--pod-resources-socket", "off",
                 "--cri-socket", containerd.socket, "--node-name", NODE]
     agent = " ".join(map(shlex.quote, launcher))

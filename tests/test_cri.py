@@ -1,8 +1,8 @@
 """Pod names from the container runtime's CRI socket, against a real gRPC server.
 
-The server below is a grpcio server on a unix socket in a temporary directory that
-implements ``runtime.v1.RuntimeService/ListContainers`` from the agent's own
-``cri_api.proto``, serving containers labelled the way the kubelet labels them.
+The server (tests/fakes/cri_runtime.py) is a grpcio server on a unix socket in a
+temporary directory that implements ``runtime.v1.RuntimeService/ListContainers`` from the
+agent's own ``cri_api.proto``, serving containers labelled the way the kubelet labels them.
 """
 
 from __future__ import annotations
@@ -12,17 +12,16 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
-from concurrent import futures
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
 grpc = pytest.importorskip("grpc", reason="grpcio is not installed (pip install '.[k8s]' in l9gpu's checkout)")
 api = pytest.importorskip("exporter.attribution.cri_api_pb2", reason="protobuf is not installed")
 
+from fakes.cri_runtime import FakeRuntime, container  # noqa: E402
 from test_attribution import write_proc  # noqa: E402
 from waiting import wait_until, within  # noqa: E402
 
@@ -39,42 +38,6 @@ OTHER_CID = "b" * 64
 def cgroup_line(uid: str, cid: str) -> str:
     return (f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid.replace('-', '_')}.slice/"
             f"cri-containerd-{cid}.scope\n")
-
-
-def container(cid: str, uid: str, pod: str, namespace: str, name: str, **extra: str) -> Any:
-    labels = {cri.POD_UID: uid, cri.POD_NAME: pod, cri.POD_NAMESPACE: namespace, cri.CONTAINER_NAME: name, **extra}
-    return api.Container(id=cid, pod_sandbox_id="sandbox-" + uid[:8], metadata=api.ContainerMetadata(name=name),
-                         state=api.CONTAINER_RUNNING, labels=labels,
-                         annotations={"io.kubernetes.container.restartCount": "0"})
-
-
-class FakeRuntime:
-    """A CRI runtime that answers ListContainers from `containers` (or hangs, or is not CRI)."""
-
-    def __init__(self, directory: str, serve_cri: bool = True):
-        self.path = os.path.join(directory, "containerd.sock")
-        self.containers: list[Any] = []
-        self.requests: list[Any] = []
-        self.hang = threading.Event()  # set: every call blocks until `release` is set
-        self.release = threading.Event()
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        service = "runtime.v1.RuntimeService" if serve_cri else "runtime.v1.ImageService"
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {
-            "ListContainers": grpc.unary_unary_rpc_method_handler(
-                self._list, request_deserializer=api.ListContainersRequest.FromString,
-                response_serializer=api.ListContainersResponse.SerializeToString)}),))
-        self.server.add_insecure_port("unix:" + self.path)
-        self.server.start()
-
-    def _list(self, request: Any, context: Any) -> Any:
-        self.requests.append(request)
-        if self.hang.is_set():
-            self.release.wait(10)
-        return api.ListContainersResponse(containers=list(self.containers))
-
-    def stop(self) -> None:
-        self.release.set()
-        self.server.stop(0).wait(5)
 
 
 @pytest.fixture
@@ -110,7 +73,7 @@ def test_pods_from_containers_uses_the_kubelet_labels_and_skips_the_rest() -> No
 def test_names_come_from_cri_when_the_api_server_is_off(tmp_path: Path, runtime: FakeRuntime) -> None:
     runtime.containers = [container(CID, UID, "vllm-6d8b94df7-q5z82", "ml", "engine")]
     write_proc(tmp_path, 10, cgroup_line(UID, CID))
-    attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket=runtime.path), [], "node-a")
+    attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket=runtime.path), "node-a")
     try:
         assert isinstance(attributor, ProcAttributor) and attributor.pod_source is None
         w = attributor.resolve([10], 0.0)[10]
@@ -207,7 +170,7 @@ def test_a_missing_socket_never_stalls_a_pass_and_is_unhealthy(tmp_path: Path, s
     missing = os.path.join(sockdir, "crio.sock")
     with caplog.at_level(logging.WARNING):
         started = time.monotonic()
-        attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket=missing), [], "node-a")
+        attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket=missing), "node-a")
         try:
             w = attributor.resolve([10], 0.0)[10]
             # Two calls at most (the first listing, then the unknown container's), each
@@ -267,7 +230,7 @@ def test_malformed_entries_and_unknown_container_ids_are_harmless(tmp_path: Path
     ]
     write_proc(tmp_path, 10, cgroup_line(UID, CID))  # its container is not among them
     write_proc(tmp_path, 11, "0::/kubepods.slice/kubepods-besteffort.slice/cri-containerd-zz.scope\n")
-    attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket="unix://" + runtime.path), [], "n")
+    attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket="unix://" + runtime.path), "n")
     try:
         owners = attributor.resolve([10, 11, 12], 0.0)
         assert (owners[10].kind, owners[10].pod, owners[10].pod_uid, owners[10].container_id) == (
@@ -288,14 +251,14 @@ def test_the_flag_auto_detection_and_off(monkeypatch, sockdir: str, caplog) -> N
     server = FakeRuntime(sockdir)
     try:
         monkeypatch.setattr(cri, "CRI_SOCKETS", (os.path.join(sockdir, "absent.sock"), server.path))
-        auto = build_attributor(_args(), [], "n")
+        auto = build_attributor(_args(), "n")
         assert auto.statuses() == {"cri": True}
         auto.close()
-        off = build_attributor(_args(cri_socket="off"), [], "n")
+        off = build_attributor(_args(cri_socket="off"), "n")
         assert off.statuses() == {} and off.fallback is None  # type: ignore[attr-defined]
         off.close()
         monkeypatch.setattr(cri, "CRI_SOCKETS", (os.path.join(sockdir, "absent.sock"),))
-        nothing = build_attributor(_args(), [], "n")
+        nothing = build_attributor(_args(), "n")
         assert nothing.statuses() == {}
         nothing.close()
     finally:
@@ -307,12 +270,12 @@ def test_the_flag_auto_detection_and_off(monkeypatch, sockdir: str, caplog) -> N
     try:
         monkeypatch.setattr(cri, "CRI_SOCKETS", (not_cri.path,))
         with caplog.at_level(logging.INFO):
-            quiet = build_attributor(_args(), [], "n")
+            quiet = build_attributor(_args(), "n")
         assert quiet.statuses() == {}
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
         quiet.close()
         # Asked for by path, the same socket is reported as unhealthy instead.
-        explicit = build_attributor(_args(cri_socket=not_cri.path), [], "n")
+        explicit = build_attributor(_args(cri_socket=not_cri.path), "n")
         assert explicit.statuses() == {"cri": False}
         explicit.close()
     finally:
@@ -325,7 +288,7 @@ def test_without_grpcio_the_fallback_is_off_with_one_warning(monkeypatch, runtim
 
     monkeypatch.setitem(sys.modules, "grpc", None)  # as if not installed
     with caplog.at_level(logging.WARNING):
-        attributor = build_attributor(_args(cri_socket=runtime.path), [], "n")
+        attributor = build_attributor(_args(cri_socket=runtime.path), "n")
     assert attributor.statuses() == {}
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "grpc" in warnings[0] and "'.[k8s]'" in warnings[0]
@@ -334,7 +297,7 @@ def test_without_grpcio_the_fallback_is_off_with_one_warning(monkeypatch, runtim
 
 def test_scraped_series_carry_cri_names_and_the_cri_collector_health(tmp_path: Path, runtime: FakeRuntime) -> None:
     """Through the real collector and renderer, with the NVML fake reporting a fixture PID."""
-    fake_pynvml = pytest.importorskip("fake_pynvml", reason="the NVML fake is not available")
+    pynvml_fake = pytest.importorskip("fakes.pynvml_fake", reason="the NVML fake is not available")
     nvml = pytest.importorskip("exporter.devices.nvml", reason="the NVML backend is not available")
     from agent import parse_metrics, pick
     from prometheus_client import CollectorRegistry, generate_latest
@@ -344,11 +307,11 @@ def test_scraped_series_carry_cri_names_and_the_cri_collector_health(tmp_path: P
 
     runtime.containers = [container(CID, UID, "notebook-0", "research", "jupyter")]
     write_proc(tmp_path, 4242, cgroup_line(UID, CID))
-    fake = fake_pynvml.FakeNvml(gpus=[fake_pynvml.FakeGpu(processes=[
-        fake_pynvml.FakeProcess(pid=4242, used_memory=2**30)])])
+    fake = pynvml_fake.FakeNvml(gpus=[pynvml_fake.FakeGpu(processes=[
+        pynvml_fake.FakeProcess(pid=4242, used_memory=2**30)])])
     backend = nvml.NvmlBackend(nvml=fake)
     backend.open()
-    attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket=runtime.path), [backend], "node-a")
+    attributor = build_attributor(_args(proc_root=str(tmp_path), cri_socket=runtime.path), "node-a")
     collector = Collector([backend], "node-a", interval=1.0, attributor=attributor)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: collector.snapshot, None))

@@ -1,6 +1,6 @@
 """The Grafana dashboards: valid JSON, only names the agent exports, and every expression
 evaluated by a real Prometheus that scrapes the agent on the simulated node and, for the
-Inference row, inference engines' /metrics on the demo's pods (tests/fake_engines.py)."""
+Inference row, inference engines' /metrics on the demo's pods (tests/fakes/inference_engines.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import yaml
 from agent import AgentProcess, ambient_setting
 from conftest import need_tool
-from fake_engines import app, demo_engines, scrape_jobs
+from fakes.inference_engines import app, demo_engines, scrape_jobs
 from loopback_http import LoopbackServer
 from promserver import PrometheusServer
 

@@ -499,3 +499,23 @@ def test_the_catalogues_dcgm_equivalents_hold(simulated_snapshot):
         assert served == pytest.approx(native, rel=1e-9), (spec.name, name)
         checked.append(spec.name)
     assert len(checked) >= 12, checked
+
+
+def test_the_fields_a_catalogue_row_declares_are_its_series_times_their_factor(simulated_snapshot):
+    """A DCGM field a family's row declares (`MetricSpec.dcgm_fields`: remapped rows, PCIe
+    replays, NVLink errors, violation times) is, on each GPU, the sum of the family's series
+    its labels pick, times its factor: what docs/MIGRATING-FROM-DCGM.md says it is."""
+    everything = dcgm.select([dcgm.CounterLine(f.name, f.type, "", n) for n, f in enumerate(dcgm.FIELDS)])
+    ours, theirs = _l9gpu(simulated_snapshot), dcgm_samples(simulated_snapshot, selection=everything)
+    checked = []
+    for spec in cat.METRICS:
+        for alias in spec.dcgm_fields:
+            native: dict[tuple[str, str], float] = {}
+            for lab, value in ours.get(spec.name, []):
+                if all(lab[label] == want for label, want in alias.where):
+                    gpu = (lab["gpu"], lab["gpu_instance"])
+                    native[gpu] = native.get(gpu, 0.0) + value * alias.factor
+            served = {(lab["gpu"], lab.get("GPU_I_ID", "")): value for lab, value in theirs.get(alias.name, [])}
+            assert served == pytest.approx(native, rel=1e-12), alias.name
+            checked += [alias.name] if served else []
+    assert len(checked) == sum(len(spec.dcgm_fields) for spec in cat.METRICS), checked  # each with a value here

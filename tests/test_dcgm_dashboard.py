@@ -18,7 +18,7 @@ from promserver import PrometheusServer
 
 REPO = Path(__file__).resolve().parent.parent
 QUERIES = json.loads((Path(__file__).resolve().parent / "data" / "dcgm-exporter-dashboard-queries.json").read_text())
-SCENARIO = yaml.safe_load((REPO / "exporter" / "scenarios" / "default.yaml").read_text())
+SCENARIO = yaml.safe_load((REPO / "exporter" / "devices" / "simulated" / "scenarios" / "default.yaml").read_text())
 NODE = SCENARIO["node"]
 GPU6_PODS = {"jupyter-alice-0", "embedder-7c9f5-abcde", "reranker-5b8d4-fghij", "ocr-worker-66f7d-klmno"}
 

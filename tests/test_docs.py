@@ -146,8 +146,11 @@ def known_metrics() -> frozenset[str]:
     from exporter.output.catalogue import BY_NAME
 
     names = set(BY_NAME)
-    for module in ("dcgm.py", "dcgm_health.py"):  # the DCGM schema's field tables
-        names |= set(re.findall(r"DCGM_FI_[A-Z0-9_]+", (REPO / "exporter" / module).read_text()))
+    for module in (REPO / "exporter" / "output" / "dcgm").glob("*.py"):  # the DCGM schema's field tables
+        names |= set(re.findall(r"DCGM_FI_[A-Z0-9_]+", module.read_text()))
+    from exporter.output.dcgm.fields import FIELDS
+
+    names |= {field.name for field in FIELDS}  # with those the catalogue's rows declare
     names |= {rule["record"] for rule in rules() if "record" in rule}
     return frozenset(names)
 

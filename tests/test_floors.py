@@ -34,8 +34,6 @@ SIDEWAYS = {
     ("app", "report"): "the command line dispatches `l9gpu report` to its package",
     ("report", "inference"): "`l9gpu report` prices inference engines' tokens",
 }
-# The demo's scenario and kernel log still pass through the vendor contract; being taken out.
-NOT_YET = {("attribution", "devices"), ("devices", "incidents")}
 
 
 def _imports() -> list[tuple[str, str, str]]:
@@ -57,7 +55,7 @@ def _imports() -> list[tuple[str, str, str]]:
                 targets = [alias.name for alias in node.names if alias.name.startswith("exporter.")]
             for target in targets:
                 folder = target.split(".")[1]
-                if folder != source and folder in FLOORS and (source, folder) not in NOT_YET:
+                if folder != source and folder in FLOORS:
                     arrows.append((source, folder, str(path.relative_to(REPO))))
     return arrows
 

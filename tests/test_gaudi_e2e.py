@@ -7,7 +7,7 @@ duration (and removes them after). Where /dev/accel already exists (a real Gaudi
 the test is not root, it skips with the reason.
 
 The pod test also puts one holder into a real Kubernetes-shaped cgroup (see
-cgroup_helpers) and serves its pod from a local API server (kubernetes_apiserver), so
+cgroup_helpers) and serves its pod from a local API server (fakes.kubernetes_apiserver), so
 the agent's whole attribution path (PID -> /proc/<pid>/cgroup -> pod) runs unchanged
 for Gaudi, and checks the pod-labelled series it serves.
 """
@@ -192,7 +192,7 @@ def test_serve_gaudi_attributes_accel_holders_to_pods(tmp_path, accel_nodes, age
     if reason:
         pytest.skip(reason)
     pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
-    from kubernetes_apiserver import FakeApiServer, make_pod
+    from fakes.kubernetes_apiserver import FakeApiServer, make_pod
 
     node = "gaudi-node-1"
     uid, cid = pod_uid(), container_id()

@@ -34,6 +34,7 @@ def render_node(scenario: str | None, passes: int = PASSES) -> str:
     from exporter.core.labels import label_schema
     from exporter.devices.simulated.backend import SimulatedBackend
     from exporter.incidents.engine import IncidentConfig, IncidentTracker
+    from exporter.incidents.simulated import scenario_kernel_log
     from exporter.incidents.watch import IncidentFamilies, IncidentWatch
     from exporter.output import catalogue as cat
     from exporter.output.encode import Encoder
@@ -44,12 +45,12 @@ def render_node(scenario: str | None, passes: int = PASSES) -> str:
     backend.open()
     args = build_parser().parse_args(["serve", "--backend", "simulated"])
     node = backend.node_name()
-    attributor = build_attributor(args, [backend], node)
+    attributor = build_attributor(args, node, scenario=backend.scenario)
     extra, labeller = label_schema([])
     collector = Collector([backend], node, attributor=attributor, labeller=labeller, clock=lambda: t[0],
                           wall=lambda: 1.8e9 + t[0])
     watch = IncidentWatch(node, labeller, extra, tracker=IncidentTracker(node, IncidentConfig(xid_hold=2.0)),
-                          kernel_log=backend.kernel_log(), clock=lambda: t[0])
+                          kernel_log=scenario_kernel_log(backend), clock=lambda: t[0])
     enabled = cat.enabled_names()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: collector.snapshot, enabled, extra))

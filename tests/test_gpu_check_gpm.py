@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_pynvml import (
+from fakes.pynvml_fake import (
     NVML_GPM_METRIC_ANY_TENSOR_UTIL,
     NVML_GPM_METRIC_GRAPHICS_UTIL,
     NVML_GPM_METRIC_HMMA_TENSOR_UTIL,

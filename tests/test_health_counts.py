@@ -16,13 +16,26 @@ import pytest
 from exporter.core.model import DeviceSample, Snapshot
 from exporter.health import HealthSignals, HealthState, Pcie, Violations, assess
 from exporter.health.signals import as_count, count_problem
-from exporter.output.dcgm.health import HEALTH_FIELDS
-from exporter.output.render_health import health_rows
+from exporter.output import catalogue as cat
+from exporter.output.dcgm import fields as dcgm
+from exporter.output.extract import Frame
 
 GARBAGE = [math.nan, math.inf, -math.inf, 3.5, -1, -0.5, True, "7", b"7", object()]
 GOOD = [0, 7, 7.0, 2**63]
-DCGM = {name: get for name, _, _, _, get in HEALTH_FIELDS}
-DCGM_REPLAYS = DCGM["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"]
+DEVICE = DeviceSample(index=0, uuid="GPU-0", vendor="nvidia")
+
+
+def _snapshot(signals: HealthSignals) -> Snapshot:
+    return Snapshot(seq=1, node="n", timestamp=1.0, devices=(DEVICE,), health_signals={DEVICE.key: signals})
+
+
+def _dcgm(field: str, signals: HealthSignals):
+    """The DCGM field's value on the GPU, as --metric-schema dcgm serves it (from the family's row)."""
+    return dcgm.BY_NAME[field].value(dcgm.FieldDevice(DEVICE, None, None, _snapshot(signals)))
+
+
+def _dcgm_replays(signals: HealthSignals):
+    return _dcgm("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", signals)
 
 
 def _signals(replays: object) -> HealthSignals:
@@ -32,10 +45,9 @@ def _signals(replays: object) -> HealthSignals:
 
 def _native(replays: object, family: str = "gpu_pcie_replays_total", signals: HealthSignals | None = None
             ) -> list[float]:
-    device = DeviceSample(index=0, uuid="GPU-0")
-    snap = Snapshot(seq=1, node="n", timestamp=1.0, devices=(device,),
-                    health_signals={device.key: signals or _signals(replays)})
-    return [value for _, value in health_rows(family, snap, {device.key: ("n", "0")})]
+    spec = cat.get(family)
+    assert spec.extract is not None
+    return [value for _, value in spec.extract(Frame.of(_snapshot(signals or _signals(replays)), 1.0), spec)]
 
 
 @pytest.mark.parametrize("value", GARBAGE, ids=repr)
@@ -44,7 +56,7 @@ def test_garbage_is_garbage_for_the_policy_and_both_renderings(value):
     _, verdict = assess(HealthState(), 100.0, _signals(value))
     assert [line for line in verdict.problems if "pcie.replays" in line], verdict.problems
     assert _native(value) == []
-    assert DCGM_REPLAYS(_signals(value)) is None
+    assert _dcgm_replays(_signals(value)) is None
 
 
 @pytest.mark.parametrize("value", GOOD, ids=repr)
@@ -53,12 +65,12 @@ def test_a_count_is_the_same_number_everywhere(value):
     _, verdict = assess(HealthState(), 100.0, _signals(value))
     assert not [line for line in verdict.problems if "pcie.replays" in line]
     assert _native(value) == [float(int(value))]
-    assert DCGM_REPLAYS(_signals(value)) == int(value)
+    assert _dcgm_replays(_signals(value)) == int(value)
 
 
 def test_not_read_is_no_problem_and_no_series():
     assert count_problem(None) is None and as_count(None) is None
-    assert _native(None) == [] and DCGM_REPLAYS(_signals(None)) is None
+    assert _native(None) == [] and _dcgm_replays(_signals(None)) is None
 
 
 @pytest.mark.parametrize("power, seconds", [(2.5, 2.5), (0, 0.0), (7, 7.0), (math.inf, None), (math.nan, None),
@@ -69,5 +81,5 @@ def test_a_violation_time_is_judged_by_one_rule_too(power, seconds):
     named = [line for line in verdict.problems if "violations.power" in line]
     assert bool(named) == (seconds is None)
     assert _native(None, "gpu_violation_seconds_total", signals) == ([] if seconds is None else [seconds])
-    dcgm = DCGM["DCGM_FI_DEV_POWER_VIOLATION"](signals)
-    assert dcgm == (None if seconds is None else pytest.approx(seconds * 1e6))
+    served = _dcgm("DCGM_FI_DEV_POWER_VIOLATION", signals)
+    assert served == (None if seconds is None else pytest.approx(seconds * 1e6))

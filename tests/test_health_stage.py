@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from exporter.collect.collector import Collector
-from exporter.collect.health_stage import HealthStageState, health_step, new_xids
+from exporter.collect.health_stage import HealthStageState, health_step, xid_codes
+from exporter.collect.xids import XidBaseline, xid_growth, xid_step
 from exporter.core.model import DeviceSample
 from exporter.devices.simulated.backend import ScenarioError, SimulatedBackend, parse_scenario
 from exporter.health import HEALTHY_VERDICT
@@ -89,10 +90,12 @@ def test_mig_instances_inherit_their_parents_verdict_and_down_gpus_get_one():
     parent = DeviceSample(index=0, uuid="GPU-a", vendor="nvidia", capacity=0.0)
     mig = DeviceSample(index=0, uuid="MIG-a", vendor="nvidia", gpu_instance="1", capacity=0.5, xid_errors={"79": 1})
     other = DeviceSample(index=1, uuid="GPU-b", vendor="nvidia", up=False, error="lost", xid_errors={"79": 1})
-    state, got = health_step(HealthStageState(), 1.0, [parent, mig, other])
+    baseline, new = xid_step(XidBaseline(), [parent, mig, other])
+    state, got = health_step(HealthStageState(), 1.0, [parent, mig, other], new)
     assert got.verdicts["MIG-a"] == got.verdicts["GPU-a"] == HEALTHY_VERDICT
     assert got.verdicts["GPU-b"].reason_names == ("xid_79",) and got.verdicts["GPU-b"].action == "reboot_node"
-    state, got = health_step(state, 2.0, [parent, mig, other], stuck={"GPU-a"})
+    baseline, new = xid_step(baseline, [parent, mig, other])
+    state, got = health_step(state, 2.0, [parent, mig, other], new, stuck={"GPU-a"})
     assert got.verdicts["MIG-a"].reason_names == ("stuck_in_driver_call",)
     assert got.verdicts["MIG-a"].problems == ()
     assert got.transitions["MIG-a"] == got.transitions["GPU-a"] == 1
@@ -102,8 +105,8 @@ def test_mig_instances_inherit_their_parents_verdict_and_down_gpus_get_one():
 
 
 def test_new_xids_are_the_growth_of_the_cumulative_counts():
-    assert new_xids({}, {"31": 2, "79": 1}) == [31, 31, 79]
-    assert new_xids({"31": 2}, {"31": 2, "13": 1}) == [13]
+    assert xid_codes(xid_growth({}, {"31": 2, "79": 1})) == [31, 31, 79]
+    assert xid_codes(xid_growth({"31": 2}, {"31": 2, "13": 1})) == [13]
 
 
 @pytest.mark.parametrize("entry,message", [
@@ -133,6 +136,7 @@ def test_a_verdict_kept_from_the_last_pass_is_the_one_assessed_afresh(scenario):
     backend = SimulatedBackend(scenario, clock=lambda: t[0])
     backend.open()
     kept, fresh = HealthStageState(), HealthStageState()
+    baseline = XidBaseline()
     shortcuts = 0
     for n in range(240):
         t[0] = float(n)
@@ -140,8 +144,9 @@ def test_a_verdict_kept_from_the_last_pass_is_the_one_assessed_afresh(scenario):
         devices = [d if n % 10 == d.index else updated(d, health=None) for d in backend.sample(t[0])]
         stuck = {devices[2].key} if 100 <= n < 104 else set()
         before = dict(kept.verdicts)
-        kept, got = health_step(kept, t[0], devices, stuck)
-        fresh, want = health_step(replace(fresh, verdicts={}), t[0], devices, stuck)
+        baseline, new = xid_step(baseline, devices)
+        kept, got = health_step(kept, t[0], devices, new, stuck)
+        fresh, want = health_step(replace(fresh, verdicts={}), t[0], devices, new, stuck)
         assert got.verdicts == want.verdicts, n
         assert got.transitions == want.transitions and got.unhealthy_seconds == want.unhealthy_seconds, n
         assert got.problems == want.problems and got.signals == want.signals, n

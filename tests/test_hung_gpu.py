@@ -1,6 +1,6 @@
 """A driver call that never returns degrades only its own GPU, and the agent says so.
 
-The NVML fake's calls can be made to hang until released (`fake_pynvml.Block`: a
+The NVML fake's calls can be made to hang until released (`fakes.pynvml_fake.Block`: a
 ``threading.Event`` wait, which, like a thread stuck in a ctypes call, nothing can
 interrupt). The real collector runs its own thread on it, as in the agent, and what a
 user sees is read where they read it: the rendered exposition, the snapshot document
@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import pytest
 from agent import parse_metrics, pick
 from aiohttp.test_utils import TestClient, TestServer
-from fake_pynvml import Block, FakeGpu, FakeHandle, FakeNvml, install
+from fakes.pynvml_fake import Block, FakeGpu, FakeHandle, FakeNvml, install
 from prometheus_client import CollectorRegistry, generate_latest
 from waiting import wait_until, within
 
@@ -566,14 +566,14 @@ def test_snapshot_timeout_must_be_a_duration() -> None:
 
 
 def _agent(tmp_path, hang: list[dict[str, Any]], *extra: str) -> Any:
-    """``l9gpu serve --backend nvml`` whose ``import pynvml`` is the fake (tests/nvml_shim)."""
+    """``l9gpu serve --backend nvml`` whose ``import pynvml`` is the fake (tests/fakes/nvml_shim)."""
     import json
     import os
 
     from agent import REPO, AgentProcess
 
     spec = {"gpus": [{"utilization_gpu": 10, "power_mw": 200_000} for _ in range(4)], "hang": hang}
-    path = os.pathsep.join([str(REPO / "tests" / "nvml_shim"), str(REPO / "tests"), str(REPO)])
+    path = os.pathsep.join([str(REPO / "tests" / "fakes" / "nvml_shim"), str(REPO / "tests"), str(REPO)])
     return AgentProcess(["--backend", "nvml", "--interval", f"{INTERVAL}s", "--kubernetes", "off",
                          "--cri-socket", "off", "--pod-resources-socket", "off", *extra],
                         env={"PYTHONPATH": path, "FAKE_NVML_SPEC": json.dumps(spec)},

@@ -109,7 +109,7 @@ XID_79 = "3,9002,123456790,-;NVRM: Xid (PCI:0000:78:00): 79, pid='<unknown>', na
 
 @pytest.fixture(params=["grpc", "http/protobuf"])
 def otlp_receiver(request):
-    from otlp_receivers import GrpcReceiver, HttpReceiver
+    from fakes.otlp_receivers import GrpcReceiver, HttpReceiver
 
     receiver = (GrpcReceiver() if request.param == "grpc" else HttpReceiver()).start()
     receiver.protocol = request.param
@@ -394,7 +394,7 @@ def test_a_reader_that_raises_costs_its_records_of_that_pass_only(caplog):
     now = [1000.0]
     backend = SimulatedBackend(None, clock=lambda: now[0])
     backend.open()
-    attributor = build_attributor(argparse.Namespace(), [backend], backend.node_name())
+    attributor = build_attributor(argparse.Namespace(), backend.node_name(), scenario=backend.scenario)
     names, labeller = label_schema([])
     collector = Collector([backend], backend.node_name(), attributor=attributor, labeller=labeller,
                           clock=lambda: now[0])

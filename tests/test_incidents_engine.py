@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from exporter.collect.xids import XidBaseline, xid_step
 from exporter.core.model import DeviceSample, ProcessSample, Workload
 from exporter.incidents.engine import IncidentConfig, IncidentTracker, event_messages, incident_json
 from exporter.incidents.kmsg import XidRecord
@@ -27,7 +28,8 @@ def gpu(procs: dict[int, int], index: int = 2, xids: dict[str, int] | None = Non
 
 
 class Node:
-    """Passes one second apart through one tracker (times: seconds since boot)."""
+    """Passes one second apart through one tracker (times: seconds since boot), with the
+    pass's new XIDs as the collector gives them (`exporter.collect.xids`)."""
 
     def __init__(self, owners: dict[int, Workload], **config: float) -> None:
         self.tracker = IncidentTracker("gpu-node-7", IncidentConfig(**config))  # type: ignore[arg-type]
@@ -35,12 +37,14 @@ class Node:
         self.starts: dict[int, float] = {}
         self.comms: dict[int, str] = {}
         self.now = 1000.0
+        self.xids = XidBaseline()
 
     def pass_(self, *devices: DeviceSample, records: tuple[XidRecord, ...] = (),
               reasons: dict[str, set[str]] | None = None) -> list:
         self.now += 1.0
+        self.xids, new_xids = xid_step(self.xids, devices)
         return self.tracker.observe(self.now, 1.7e9 + self.now, devices, self.owners, records, reasons,
-                                    starts=self.starts, comms=self.comms)
+                                    starts=self.starts, comms=self.comms, new_xids=new_xids)
 
 
 def xid(code: int, pid: int | None, at: float, comm: str = "python3", text: str = "MMU Fault") -> XidRecord:

@@ -20,7 +20,7 @@ from exporter.incidents.engine import IncidentConfig, IncidentTracker
 from exporter.incidents.kmsg import KernelLog
 from exporter.incidents.watch import IncidentWatch
 
-fake_pynvml = pytest.importorskip("fake_pynvml", reason="the NVML fake is not available")
+pynvml_fake = pytest.importorskip("fakes.pynvml_fake", reason="the NVML fake is not available")
 nvml_backend = pytest.importorskip("exporter.devices.nvml", reason="the NVML backend is not available")
 
 pytestmark = pytest.mark.skipif(bool(cgroup2_unwritable()), reason=cgroup2_unwritable() or "ok")
@@ -42,7 +42,7 @@ def _line(pid: int, at: float, seq: int) -> str:
 
 def test_a_pid_reused_by_another_pod_after_the_fault_never_makes_it_the_culprit(tmp_path: Path,
                                                                                    cgroups: Cgroups) -> None:
-    F = fake_pynvml
+    F = pynvml_fake
     uid_a, uid_b, uid_c = pod_uid(), pod_uid(), pod_uid()
     a = cgroups.spawn(burstable_scope(uid_a, container_id()))
     c = cgroups.spawn(burstable_scope(uid_c, container_id()))  # shares the GPU: no sole holder to fall back on
@@ -52,7 +52,7 @@ def test_a_pid_reused_by_another_pod_after_the_fault_never_makes_it_the_culprit(
     backend = nvml_backend.NvmlBackend(nvml=fake, energy_counter_period=0)
     backend.open()
     args = argparse.Namespace(proc_root="/proc", kubernetes="off", pod_label=[])
-    attributor = build_attributor(args, [backend], "gpu-node-1")
+    attributor = build_attributor(args, "gpu-node-1")
     names, labeller = label_schema([])
     collector = Collector([backend], "gpu-node-1", interval=1.0, attributor=attributor, labeller=labeller,
                           clock=time.monotonic)  # the clock of /proc's start times and the kernel log's stamps

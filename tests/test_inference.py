@@ -1,6 +1,6 @@
 """Inference economics against real components: a real Prometheus scraping the agent on the
 simulated node and, beside it, real HTTP servers serving each engine's /metrics as the
-engine writes it (tests/fake_engines.py), on the demo's pods: vLLM on the vLLM pod (GPUs
+engine writes it (tests/fakes/inference_engines.py), on the demo's pods: vLLM on the vLLM pod (GPUs
 0-1), SGLang, Triton with TensorRT-LLM and an idle TGI on pods of the time-shared GPU 6, NIM
 on the pod allocated GPU 7. Prometheus attaches namespace and pod by the relabelling
 docs/INFERENCE.md gives. Every expected figure is written out from the engines' known
@@ -21,7 +21,7 @@ import pytest
 import yaml
 from agent import AgentProcess, ambient_setting
 from conftest import need_tool
-from fake_engines import SHARED_GPU6, app, demo_engines, scrape_jobs
+from fakes.inference_engines import SHARED_GPU6, app, demo_engines, scrape_jobs
 from loopback_http import LoopbackServer
 from promserver import PrometheusServer
 from waiting import PATIENCE, wait_until

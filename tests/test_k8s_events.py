@@ -17,7 +17,7 @@ pytest.importorskip("kubernetes", reason="the kubernetes client is not installed
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate checks posted Events")
 
 from cgroup_helpers import kubeconfig  # noqa: E402
-from kubernetes_apiserver import FakeApiServer, is_dns_subdomain  # noqa: E402
+from fakes.kubernetes_apiserver import FakeApiServer, is_dns_subdomain  # noqa: E402
 from waiting import PATIENCE, FakeClock, wait_until  # noqa: E402
 
 from exporter.incidents.events import EventSink, PodEvent, default_api_factory, event_name  # noqa: E402

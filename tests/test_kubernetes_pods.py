@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
 
+from fakes.kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 from kubernetes import client  # noqa: E402
-from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 from waiting import wait_until, within  # noqa: E402
 
 from exporter.attribution.kubernetes import PodIndex, PodWatcher, pod_meta, resolve_owner  # noqa: E402
@@ -201,8 +201,7 @@ def test_a_hung_api_server_does_not_hold_up_building_the_attributor(apiserver: F
     apiserver.add(make_pod("a", "ns", "uid-a", "node-a", {"c": C1}))
     apiserver.stall()
     started = time.monotonic()
-    attributor = build_attributor(_args(kubernetes="on", kubeconfig=kubeconfig(tmp_path, apiserver)), [],
-                                  "node-a")
+    attributor = build_attributor(_args(kubernetes="on", kubeconfig=kubeconfig(tmp_path, apiserver)), "node-a")
     # returned before the list could even time out once (it waited out 4 of them: 41 s)
     assert time.monotonic() - started < attributor.pod_source.request_timeout
     try:
@@ -262,7 +261,7 @@ def test_auto_outside_a_cluster_is_quietly_off(monkeypatch, caplog) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("KUBECONFIG", raising=False)
     with caplog.at_level(logging.INFO):
-        attributor = build_attributor(_args(), [], "n")
+        attributor = build_attributor(_args(), "n")
     assert attributor.pod_source is None and attributor.statuses() == {}
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     attributor.close()
@@ -276,10 +275,10 @@ def test_on_without_the_package_or_a_config_is_a_clear_error(monkeypatch) -> Non
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("KUBECONFIG", raising=False)
     with pytest.raises(ValueError, match="not in a cluster"):
-        build_attributor(_args(kubernetes="on"), [], "n")
+        build_attributor(_args(kubernetes="on"), "n")
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if not installed
     with pytest.raises(ValueError, match="needs the kubernetes package"):
-        build_attributor(_args(kubernetes="on"), [], "n")
+        build_attributor(_args(kubernetes="on"), "n")
 
 
 def test_cli_accepts_the_attribution_flags() -> None:

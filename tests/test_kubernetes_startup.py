@@ -1,8 +1,8 @@
 """The agent and a Kubernetes API server that hangs or answers garbage: start-up never
 waits on it, and a malformed pod list is a failure of the ``kubernetes`` collector.
 
-The agent runs as a subprocess on the NVML fake (tests/fake_nvml_node.py) with a real
-GPU process in a real pod cgroup, against the local API server (tests/kubernetes_apiserver.py).
+The agent runs as a subprocess on the NVML fake (tests/fakes/nvml_node.py) with a real
+GPU process in a real pod cgroup, against the local API server (tests/fakes/kubernetes_apiserver.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ pytest.importorskip("kubernetes", reason="the kubernetes client is not installed
 
 from agent import pick  # noqa: E402
 from cgroup_helpers import cgroup2_unwritable  # noqa: E402
-from fake_nvml_node import NODE, GiB, Node  # noqa: E402
+from fakes.nvml_node import NODE, GiB, Node  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 from exporter.attribution.kubernetes import REQUEST_TIMEOUT  # noqa: E402

@@ -7,7 +7,7 @@ import logging
 import sys
 
 import pytest
-from fake_pynvml import (
+from fakes.pynvml_fake import (
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_LIBRARY_NOT_FOUND,
@@ -44,7 +44,7 @@ def by_index(samples, index, gpu_instance=""):  # type: ignore[no-untyped-def]
 
 def test_fake_matches_installed_pynvml_codes_and_constants():
     pynvml = pytest.importorskip("pynvml")
-    import fake_pynvml
+    from fakes import pynvml_fake as fake_pynvml
 
     for name in dir(fake_pynvml):
         value = getattr(fake_pynvml, name)

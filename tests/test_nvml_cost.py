@@ -1,6 +1,6 @@
 """What a pass asks of NVML, and what that costs on a real driver.
 
-The fake charges each call what it cost on a real H200 (``fake_pynvml.H200_COSTS``);
+The fake charges each call what it cost on a real H200 (``fakes.pynvml_fake.H200_COSTS``);
 here it keeps the bill without spending it, so these tests check the *call plan*
 (which calls, how often) deterministically, whatever the machine is doing. The timed
 figures are in benchmarks/bench_agent.py and docs/PERFORMANCE.md.
@@ -12,7 +12,7 @@ import collections
 import math
 
 import pytest
-from fake_pynvml import (
+from fakes.pynvml_fake import (
     DEFAULT_COST,
     H200_COSTS,
     NVML_ERROR_NOT_SUPPORTED,
@@ -370,7 +370,7 @@ def test_a_gpu_held_by_one_owner_is_not_asked_for_per_process_samples():
 
 def test_snapshot_timings_show_what_each_call_costs(monkeypatch, capsys):
     """`l9gpu snapshot --timings` on a node whose driver charges H200 prices."""
-    from fake_pynvml import install
+    from fakes.pynvml_fake import install
 
     from exporter.app.cli import main
 

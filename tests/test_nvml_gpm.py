@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from fake_pynvml import (
+from fakes.pynvml_fake import (
     NVML_ERROR_UNKNOWN,
     NVML_GPM_METRIC_ANY_TENSOR_UTIL,
     NVML_GPM_METRIC_HMMA_TENSOR_UTIL,
@@ -287,7 +287,7 @@ def test_close_frees_every_buffer_and_gpm_can_be_turned_off():
 
 def test_fake_gpm_shapes_match_the_installed_binding():
     pynvml = pytest.importorskip("pynvml")
-    import fake_pynvml
+    from fakes import pynvml_fake as fake_pynvml
 
     for struct in ("c_nvmlGpmSupport_t", "c_nvmlGpmMetric_t", "c_nvmlGpmMetricsGet_t", "c_metricInfo_t"):
         real = [name for name, *_ in getattr(pynvml, struct)._fields_]
@@ -304,7 +304,7 @@ def test_fake_gpm_shapes_match_the_installed_binding():
 def test_snapshot_shows_gpm_activity_and_why_a_gpu_has_none(monkeypatch, capsys):
     import json
 
-    from fake_pynvml import install
+    from fakes.pynvml_fake import install
 
     from exporter.app import cli, snapshot_cmd
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 
 import pytest
-from fake_pynvml import (
+from fakes.pynvml_fake import (
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_RESET_REQUIRED,
     NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,

@@ -1,7 +1,7 @@
 """How soon `l9gpu_collector_success` shows that a node-local source is gone, or hangs.
 
 Each source runs against its real local server: the Kubernetes API server of
-tests/kubernetes_apiserver.py, and grpcio servers on unix sockets for the container
+tests/fakes/kubernetes_apiserver.py, and grpcio servers on unix sockets for the container
 runtime (CRI) and the kubelet's pod-resources API. The collector runs its own thread, as
 in the agent, and the metric is read from the rendered exposition. Each outage is either
 **gone** (the server stops: connections refused or cut, the socket removed) or **silent**
@@ -24,11 +24,12 @@ import pytest
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
 pytest.importorskip("grpc", reason="grpcio is not installed (pip install '.[k8s]' in l9gpu's checkout)")
 
+from fakes.cri_runtime import FakeRuntime, container  # noqa: E402
+from fakes.kubelet_podresources import FakeKubelet  # noqa: E402
+from fakes.kubelet_podresources import pod as pod_resources  # noqa: E402
+from fakes.kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
 from kubernetes import client  # noqa: E402
-from kubernetes_apiserver import FakeApiServer, make_pod  # noqa: E402
-from test_cri import FakeRuntime, container  # noqa: E402
-from test_podresources import GPU0, FakeKubelet, StaticBackend, scrape  # noqa: E402
-from test_podresources import pod as pod_resources  # noqa: E402
+from test_podresources import GPU0, StaticBackend, scrape  # noqa: E402
 from waiting import wait_until, within  # noqa: E402
 
 from exporter.attribution import cri, podresources  # noqa: E402

@@ -109,6 +109,6 @@ def test_the_wheel_built_from_the_checkout_is_this_agent(tmp_path: Path) -> None
         metadata = archive.read(f"{dist_info}/METADATA").decode()
         entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
     assert re.search(r"^Name: l9gpu-agent$", metadata, re.M)
-    assert re.search(r"^l9gpu = exporter\.cli:main$", entry_points, re.M)
+    assert re.search(r"^l9gpu = exporter\.app\.cli:main$", entry_points, re.M)
     assert {"exporter/app/cli.py", "bridge/__init__.py", "exporter/web/page.html", "exporter/devices/simulated/scenarios/default.yaml",
             "exporter/devices/simulated/scenarios/incidents.yaml", "exporter/py.typed"} <= names

@@ -51,7 +51,7 @@ def _demo():
     backend = SimulatedBackend(clock=clock)
     backend.open()
     names, labeller = label_schema(["team"])
-    attributor = build_attributor(argparse.Namespace(), [backend], "sim-node-01")
+    attributor = build_attributor(argparse.Namespace(), "sim-node-01", scenario=backend.scenario)
     collector = Collector([backend], "sim-node-01", attributor=attributor, labeller=labeller, clock=clock)
     return collector, clock, names
 

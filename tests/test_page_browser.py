@@ -19,7 +19,7 @@ from agent import REPO, AgentProcess, run_cli
 from browser import DevTools, dump_dom, need_chromium, png_size_and_colours, screenshot
 from waiting import wait_until
 
-SCENARIO = yaml.safe_load((REPO / "exporter" / "scenarios" / "default.yaml").read_text())
+SCENARIO = yaml.safe_load((REPO / "exporter" / "devices" / "simulated" / "scenarios" / "default.yaml").read_text())
 PODS = sorted({p["workload"]["pod"] for p in SCENARIO["processes"] if "pod" in p["workload"]}
               | {a["workload"]["pod"] for a in SCENARIO.get("allocations", [])})
 AGENT_ARGS = ["--backend", "simulated", "--interval", "250ms", "--pod-label", "team"]
@@ -254,7 +254,7 @@ def test_a_gpu_fallen_off_the_bus_is_down_on_metrics_and_the_page(tmp_path):
     """After Xid 79 the simulated driver answers every call about the GPU with GPU_IS_LOST,
     as a real one does: /metrics and the page show it down, with nobody's share on it."""
     need_chromium()
-    doc = yaml.safe_load((REPO / "exporter" / "scenarios" / "incidents.yaml").read_text())
+    doc = yaml.safe_load((REPO / "exporter" / "devices" / "simulated" / "scenarios" / "incidents.yaml").read_text())
     doc["xids"] = [{"at": "1s", "gpu": 3, "xid": 79, "text": "GPU has fallen off the bus."}]
     scenario = tmp_path / "lost.yaml"
     scenario.write_text(yaml.safe_dump(doc))

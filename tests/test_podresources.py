@@ -1,7 +1,8 @@
 """GPU allocations from the kubelet's pod-resources socket, against a real gRPC server.
 
-The kubelet below is a grpcio server on a unix socket in a temporary directory that
-implements ``v1.PodResourcesLister/List`` from the agent's own ``podresources_api.proto``.
+The kubelet (tests/fakes/kubelet_podresources.py) is a grpcio server on a unix socket in
+a temporary directory that implements ``v1.PodResourcesLister/List`` from the agent's own
+``podresources_api.proto``.
 The attributor reads it through the real client, joins it with a fixture /proc tree and
 a pod index, and the collector and renderer turn it into series, as on a node.
 """
@@ -13,9 +14,8 @@ import logging
 import os
 import sys
 import threading
-from concurrent import futures
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 grpc = pytest.importorskip("grpc", reason="grpcio is not installed (pip install '.[k8s]' in l9gpu's checkout)")
 api = pytest.importorskip("exporter.attribution.podresources_api_pb2", reason="protobuf is not installed")
 
+from fakes.kubelet_podresources import FakeKubelet, pod  # noqa: E402
 from test_attribution import write_proc  # noqa: E402
 from waiting import wait_until, within  # noqa: E402
 
@@ -43,56 +44,6 @@ GPU0 = "GPU-1b849e72-0000-4c1d-9a3e-5f0c2d7b0000"
 GPU1 = "GPU-1b849e72-0001-4c1d-9a3e-5f0c2d7b0001"
 GPU2 = "GPU-1b849e72-0002-4c1d-9a3e-5f0c2d7b0002"
 MIG = "MIG-5e2a3c4d-1111-5a6b-8c9d-0e1f2a3b4c5d"
-
-
-class FakeKubelet:
-    """A kubelet that answers List with `pods` (or hangs until released)."""
-
-    def __init__(self, directory: str):
-        self.path = os.path.join(directory, "kubelet.sock")
-        self.pods: list[Any] = []
-        # GetAllocatableResources: [(resource name, [device ids])], or None for a kubelet
-        # older than 1.23 (the method is unimplemented)
-        self.allocatable: list[tuple[str, list[str]]] | None = None
-        self.requests = 0
-        self.hang = threading.Event()  # set: every call blocks until `release` is set
-        self.release = threading.Event()
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
-            "List": grpc.unary_unary_rpc_method_handler(
-                self._list, request_deserializer=api.ListPodResourcesRequest.FromString,
-                response_serializer=api.ListPodResourcesResponse.SerializeToString),
-            "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(
-                self._allocatable, request_deserializer=api.AllocatableResourcesRequest.FromString,
-                response_serializer=api.AllocatableResourcesResponse.SerializeToString)}),))
-        self.server.add_insecure_port("unix:" + self.path)
-        self.server.start()
-
-    def _list(self, request: Any, context: Any) -> Any:
-        self.requests += 1
-        if self.hang.is_set():
-            self.release.wait(10)
-        return api.ListPodResourcesResponse(pod_resources=list(self.pods))
-
-    def _allocatable(self, request: Any, context: Any) -> Any:
-        if self.allocatable is None:
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "unknown method GetAllocatableResources")
-        return api.AllocatableResourcesResponse(devices=[
-            api.ContainerDevices(resource_name=resource, device_ids=ids) for resource, ids in self.allocatable])
-
-    def stop(self) -> None:
-        self.release.set()
-        self.server.stop(0).wait(5)
-
-
-def pod(namespace: str, name: str, **containers: list[tuple[str, list[str]]]) -> Any:
-    """PodResources with containers {name: [(resource_name, [device ids])]}."""
-    return api.PodResources(name=name, namespace=namespace, containers=[
-        api.ContainerResources(name=cname, devices=[
-            api.ContainerDevices(resource_name=resource, device_ids=ids,
-                                 topology=api.TopologyInfo(nodes=[api.NUMANode(ID=0)]))
-            for resource, ids in devices])
-        for cname, devices in containers.items()])
 
 
 @pytest.fixture
@@ -373,7 +324,7 @@ def test_an_older_kubelet_without_allocatable_shares_the_gpu_by_the_replicas_hel
 
 def test_a_missing_socket_is_unhealthy_and_passes_stay_fast(tmp_path: Path, sockdir: str) -> None:
     missing = os.path.join(sockdir, "nothing-here.sock")
-    attributor = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket=missing), [], "n")
+    attributor = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket=missing), "n")
     try:
         assert isinstance(attributor, ProcAttributor) and attributor.allocation_source is not None
         devices = [DeviceSample(index=0, uuid=GPU0)]
@@ -437,17 +388,17 @@ def test_a_hung_kubelet_never_stalls_a_pass(tmp_path: Path, kubelet: FakeKubelet
 # ---- flags -----------------------------------------------------------------------------
 
 def test_flag_off_auto_and_path(tmp_path: Path, kubelet: FakeKubelet, monkeypatch: pytest.MonkeyPatch) -> None:
-    off = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket="off"), [], "n")
+    off = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket="off"), "n")
     assert isinstance(off, ProcAttributor) and off.allocation_source is None
     assert "pod_resources" not in off.statuses() and off.allocations([]) is None
     off.close()
     monkeypatch.setattr(podresources, "POD_RESOURCES_SOCKET", os.path.join(os.path.dirname(kubelet.path), "no.sock"))
-    quiet = build_attributor(_args(proc_root=str(tmp_path)), [], "n")  # auto, no kubelet socket: off
+    quiet = build_attributor(_args(proc_root=str(tmp_path)), "n")  # auto, no kubelet socket: off
     assert isinstance(quiet, ProcAttributor) and quiet.allocation_source is None
     quiet.close()
     monkeypatch.setattr(podresources, "POD_RESOURCES_SOCKET", kubelet.path)
     for value_ in ("auto", kubelet.path, "unix://" + kubelet.path):
-        on = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket=value_), [], "n")
+        on = build_attributor(_args(proc_root=str(tmp_path), pod_resources_socket=value_), "n")
         try:
             assert isinstance(on, ProcAttributor) and on.allocation_source is not None
             assert on.statuses() == {"pod_resources": True}  # listed once before the first pass

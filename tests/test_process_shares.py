@@ -6,7 +6,7 @@ belongs to one workload (or none is attributed) and per-process series are off, 
 owner's SM share is the GPU's utilisation; the read comes back in the very pass a second
 owner appears. Owners come from the real attribution code (a fixture /proc tree in real
 cgroup layouts, pods in the index), GPUs from the tests' NVML fake, /metrics from the
-agent's HTTP app.
+agent's HTTP app. The rules alone, pass by pass, are in tests/test_shares.py.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from types import SimpleNamespace
 import pytest
 from agent import parse_metrics, pick
 from aiohttp.test_utils import TestClient, TestServer
-from fake_pynvml import FakeGpu, FakeNvml, FakeProcess, FakeUtilSample
+from fakes.pynvml_fake import FakeGpu, FakeNvml, FakeProcess, FakeUtilSample
 
 from exporter.app.cli import build_parser
-from exporter.app.wiring import build_collector, build_registry
+from exporter.app.wiring import build_registry
 from exporter.attribution.kubernetes import PodIndex, pod_meta
 from exporter.attribution.resolver import ProcAttributor
 from exporter.attribution.simulated import scenario_pods, write_proc_tree
@@ -243,19 +243,6 @@ def test_process_metrics_on_keeps_reading_per_process_samples(tmp_path):
     assert not snap.devices[0].sm_share_from_device
 
 
-@pytest.mark.parametrize("flags", [["--process-metrics"], ["--enable-metric", "gpu_process_utilization_ratio"]])
-def test_the_flags_that_export_per_process_series_keep_the_read(flags):
-    args = build_parser().parse_args(["serve", "--backend", "simulated", *flags])
-    args.node_name = "n"
-    fake = FakeNvml([FakeGpu(processes=[FakeProcess(pid=9)])])
-    backend = NvmlBackend(nvml=fake, gpm=False)
-    backend.open()
-    collector, _ = build_collector(args, [backend], None)
-    assert collector.process_metrics
-    collector.collect_once()
-    assert len(fake.called(UTIL_CALL)) == 1
-
-
 def test_a_per_process_read_stuck_in_the_driver_degrades_only_its_gpu(tmp_path):
     """The second read of a pass has a deadline like the first: a GPU stuck in it is
     published down, with the call, and the other GPUs as read."""
@@ -281,38 +268,6 @@ def test_a_per_process_read_stuck_in_the_driver_degrades_only_its_gpu(tmp_path):
         collector.stop()
 
 
-def test_carried_shares_follow_the_gpus_utilisation_and_a_changed_gpu_is_read_again():
-    """Between two reads of a shared GPU, each process keeps its share of the last read
-    scaled by the GPU's utilisation since; what cannot be carried is read now."""
-    from exporter.core.model import DeviceSample, ProcessSample
-    from exporter.core.shares import LastRead, carry_shares
-
-    def gpu(util: float | None, *procs: ProcessSample) -> DeviceSample:
-        return DeviceSample(index=0, uuid="GPU-0", model="m", utilization=util, processes=procs)
-
-    read = LastRead.of(gpu(0.8, ProcessSample(1, GiB, 0.6, 0.3), ProcessSample(2, GiB, 0.2, 0.1)))
-    assert read is not None
-    now = carry_shares(gpu(0.4, ProcessSample(1, 2 * GiB), ProcessSample(2, GiB)), read)
-    assert now is not None
-    assert [(p.pid, p.used_memory_bytes, p.sm_utilization, p.memory_utilization) for p in now.processes] == [
-        (1, 2 * GiB, pytest.approx(0.3), 0.3), (2, GiB, pytest.approx(0.1), 0.1)]
-    # never more than the whole GPU
-    full = carry_shares(gpu(1.0, ProcessSample(1), ProcessSample(2)), LastRead.of(
-        gpu(0.5, ProcessSample(1, None, 0.45), ProcessSample(2, None, 0.05))))
-    assert full is not None and [p.sm_utilization for p in full.processes] == [pytest.approx(0.9), 1.0 * 0.1]
-    # a process came or went, the utilisation is unknown, or an idle GPU got busy: read now
-    assert carry_shares(gpu(0.4, ProcessSample(1)), read) is None
-    assert carry_shares(gpu(0.4, ProcessSample(1), ProcessSample(3)), read) is None
-    assert carry_shares(gpu(None, ProcessSample(1), ProcessSample(2)), read) is None
-    idle = LastRead.of(gpu(0.0, ProcessSample(1, None, 0.0), ProcessSample(2, None, 0.0)))
-    assert idle is not None
-    assert carry_shares(gpu(0.3, ProcessSample(1), ProcessSample(2)), idle) is None
-    still = carry_shares(gpu(0.0, ProcessSample(1), ProcessSample(2)), idle)
-    assert still is not None and [p.sm_utilization for p in still.processes] == [0.0, 0.0]
-    # a device that cannot sample its processes has nothing to carry
-    assert LastRead.of(gpu(0.5, ProcessSample(1))) is None
-
-
 def test_over_a_minute_of_the_simulated_node_carried_shares_stay_within_a_point_of_reading_every_pass():
     """The demo node's GPU 6 is shared by five pods (steady shares, a wave, an idle
     notebook) and GPUs 0-1 by two processes of one pod beside nothing else: over a minute,
@@ -324,13 +279,12 @@ def test_over_a_minute_of_the_simulated_node_carried_shares_stay_within_a_point_
     from exporter.attribution import build_attributor
     from exporter.core.bulkhead import Read
     from exporter.core.model import updated
+    from exporter.devices.capabilities import ProcessShareReads
     from exporter.devices.simulated.backend import SimulatedBackend
 
-    class Deferring(SimulatedBackend):
+    class Deferring(SimulatedBackend, ProcessShareReads):
         """The demo node read as NVML reads a GPU: per-process samples only where the
         pass's plan says, or when the collector asks for them."""
-
-        defers_process_shares = True
 
         def reads(self, now, plan=READ_ALL):  # type: ignore[no-untyped-def]
             self._plan, self._now = plan, now
@@ -354,7 +308,7 @@ def test_over_a_minute_of_the_simulated_node_carried_shares_stay_within_a_point_
         backend = Deferring(clock=clock)
         backend.open()
         args = build_parser().parse_args(["serve", "--backend", "simulated"])
-        attributor = build_attributor(args, [backend], "n")
+        attributor = build_attributor(args, "n", scenario=backend.scenario)
         _, labeller = label_schema([])
         collector = Collector([backend], "n", attributor=attributor, labeller=labeller, clock=clock,
                               process_metrics=process_metrics)

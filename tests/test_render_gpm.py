@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 import pytest
-from fake_pynvml import (
+from fakes.pynvml_fake import (
     NVML_GPM_METRIC_ANY_TENSOR_UTIL,
     NVML_GPM_METRIC_SM_UTIL,
     FakeGpm,

@@ -29,7 +29,7 @@ def test_the_idle_reservation_has_series_with_its_pod_identity_and_gpu_7_stays_i
     backend.open()
     from exporter.attribution import build_attributor
 
-    attributor = build_attributor(argparse.Namespace(), [backend], "sim-node-01")
+    attributor = build_attributor(argparse.Namespace(), "sim-node-01", scenario=backend.scenario)
     names, labeller = label_schema(["team"])
     collector = Collector([backend], "sim-node-01", attributor=attributor, labeller=labeller, clock=lambda: now[0])
     try:

@@ -18,6 +18,7 @@ from exporter.collect.collector import Collector
 from exporter.core.labels import label_schema
 from exporter.devices.simulated.backend import DEFAULT_SCENARIO, ScenarioError, SimulatedBackend, parse_scenario
 from exporter.incidents.engine import IncidentConfig, IncidentTracker
+from exporter.incidents.simulated import scenario_kernel_log
 from exporter.incidents.watch import IncidentWatch
 
 GIB = 2**30
@@ -39,16 +40,8 @@ class JournalNode:
         self.reader = JournalKernelLog(str(directory))
 
     def poll(self) -> list:
-        from exporter.devices.simulated.backend import _pci_bus_id
-
-        scenario = self.backend.scenario
-        assert scenario is not None
-        t = self.backend.elapsed(self.backend.now())
-        due = []
-        while self.next < len(scenario.xids) and scenario.xids[self.next].at <= t:
-            spec = scenario.xids[self.next]
-            self.next += 1
-            due.append(self._entry(spec.kernel_line(_pci_bus_id(spec.gpu)), self.backend.start_time() + spec.at))
+        due = [self._entry(line.text, line.at) for line in self.backend.kernel_lines(self.next)]
+        self.next += len(due)
         if due:
             self._append(self.path, due)
         return self.reader.poll()
@@ -68,11 +61,13 @@ def play(scenario: str | None, seconds: float, step: float = 1.0, kernel_log: bo
     backend = SimulatedBackend(scenario, clock=lambda: now[0])
     backend.open()
     node = backend.node_name()
-    attributor = build_attributor(argparse.Namespace(), [backend], node)
+    attributor = build_attributor(argparse.Namespace(), node, scenario=backend.scenario)
     names, labeller = label_schema(["team"])
     collector = Collector([backend], node, attributor=attributor, labeller=labeller, clock=lambda: now[0])
     config = IncidentConfig(xid_hold=2.0 if kernel_log else 0.0)
-    source = (JournalNode(backend, journal) if journal is not None else backend.kernel_log()) if kernel_log else None
+    source = None  # the node's own kernel log, as --kernel-log auto reads it there, or the journal's
+    if kernel_log:
+        source = JournalNode(backend, journal) if journal is not None else scenario_kernel_log(backend)
     watch = IncidentWatch(node, labeller, names, tracker=IncidentTracker(node, config),
                           kernel_log=source, clock=lambda: now[0])
     try:

@@ -21,7 +21,7 @@ from agent import REPO
 from cgroup_helpers import cgroup2_unwritable, cgroup_tree
 from waiting import PATIENCE, wait_until
 
-pytest.importorskip("fake_pynvml", reason="the NVML fake is not available")
+pytest.importorskip("fakes.pynvml_fake", reason="the NVML fake is not available")
 
 TESTS = Path(__file__).resolve().parent
 # ESC ] 0 ; PWN BEL retitles an xterm, ESC [ 2 J clears it: 12 bytes, under comm's 15.
@@ -44,7 +44,7 @@ time.sleep(600)
 SNAPSHOT = f"""
 import json, sys
 sys.path.insert(0, {str(TESTS)!r})
-import fake_pynvml as F
+from fakes import pynvml_fake as F
 pids = json.loads(sys.argv[1])
 sys.modules["pynvml"] = F.FakeNvml(gpus=[F.FakeGpu(processes=[F.FakeProcess(pid=p, used_memory=2 * 2**30)
                                                                for p in pids])])

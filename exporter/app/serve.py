@@ -9,7 +9,8 @@ import logging
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from exporter import __version__
 from exporter.app.errors import UsageError
@@ -27,9 +28,26 @@ from exporter.app.wiring import (
     select_dcgm_fields,
     web_config_watcher,
 )
-from exporter.devices import close_backends, joined_name
+from exporter.attribution import Attributor
+from exporter.core.model import Snapshot
+from exporter.devices import Backend, close_backends, joined_name
+
+if TYPE_CHECKING:  # what only a running agent imports (aiohttp, the OTLP bridge, the parts the flags turn on)
+    from aiohttp import web
+
+    from bridge.incident_logs import IncidentLogs
+    from bridge.push import OtlpPusher
+    from exporter.collect.collector import Collector
+    from exporter.incidents.watch import IncidentWatch
+    from exporter.nodestatus import NodeStatusWriter
+    from exporter.output.counts import Rejections
+    from exporter.web.descriptors import OpenFileLimit
+    from exporter.web.exposition import Exposition
+    from exporter.web.watcher import WebConfigWatcher
 
 log = logging.getLogger("l9gpu")
+
+T = TypeVar("T")
 
 # Seconds a thread holding the interpreter runs before a waiting one gets it (`serve`).
 SWITCH_INTERVAL = 0.001
@@ -39,16 +57,16 @@ SWITCH_INTERVAL = 0.001
 class _Agent:
     """The parts of a running agent that `serve` starts and stops."""
 
-    backends: list[Any]
-    attributor: Any
-    collector: Any
-    app: Any
-    rejections: Any
-    watcher: Any
-    bridge: Any
-    open_files: Any
-    watch: Any
-    node_status: Any = None
+    backends: list[Backend]
+    attributor: Attributor
+    collector: Collector
+    app: web.Application
+    rejections: Rejections
+    watcher: WebConfigWatcher | None
+    bridge: OtlpPusher | None
+    open_files: OpenFileLimit
+    watch: IncidentWatch
+    node_status: NodeStatusWriter | None = None
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -98,7 +116,8 @@ def _build(args: argparse.Namespace) -> _Agent:
     registry = build_registry(lambda: collector.snapshot, enabled, extra_names, dcgm_selection)
     if REJECTIONS_METRIC in enabled:
         registry.register(rejections)
-    logs = _from_bridge(backends, lambda bridge: bridge.incident_logs_from_args(args, args.node_name))
+    logs: IncidentLogs | None = _from_bridge(
+        backends, lambda bridge: bridge.incident_logs_from_args(args, args.node_name))
     watch = build_incident_watch(args, logs, backends)
     registry.register(IncidentFamilies(watch, enabled, extra_names))
     node_status = build_node_status(args, watch.events)
@@ -113,7 +132,8 @@ def _build(args: argparse.Namespace) -> _Agent:
         exposition = Exposition(registry, lambda: collector.snapshot, max_age=2 * args.interval,
                                 interval=args.interval, prefer_text=dcgm_selection is not None)
     collector.on_snapshot = _after_each_pass(watch, exposition, node_status)
-    bridge = _from_bridge(backends, lambda bridge: bridge.start_from_args(args, registry, args.node_name))
+    bridge: OtlpPusher | None = _from_bridge(
+        backends, lambda bridge: bridge.start_from_args(args, registry, args.node_name))
     notes = _notes(node_status)
     pages = SnapshotPages(lambda: collector.snapshot, args.node_name, args.interval, extra_names,
                           gpm_status=lambda: gpm_status(backends), incidents=watch.recent_json, notes=notes)
@@ -123,7 +143,7 @@ def _build(args: argparse.Namespace) -> _Agent:
     return _Agent(backends, attributor, collector, app, rejections, watcher, bridge, open_files, watch, node_status)
 
 
-def _notes(node_status: Any) -> Callable[[], list[str]]:
+def _notes(node_status: NodeStatusWriter | None) -> Callable[[], list[str]]:
     """What the agent cannot do beside its passes, one line each (the node's condition)."""
     def notes() -> list[str]:
         note = node_status.note() if node_status is not None else ""
@@ -142,10 +162,11 @@ def _with_notes(liveness: Callable[[], tuple[bool, str]], notes: Callable[[], li
     return health
 
 
-def _after_each_pass(watch: Any, exposition: Any, node_status: Any = None) -> Any:
+def _after_each_pass(watch: IncidentWatch, exposition: Exposition | None, node_status: NodeStatusWriter | None = None
+                     ) -> Callable[[Snapshot], None]:
     """The collector's hook: the incident watch and the node's condition follow the pass,
     then the exposition is rendered (with the watch's counts and peaks of this pass)."""
-    def hook(snapshot: Any) -> None:
+    def hook(snapshot: Snapshot) -> None:
         try:
             watch.observe(snapshot)
         except Exception:  # noqa: BLE001 - the incidents part degrades only itself
@@ -161,10 +182,10 @@ def _after_each_pass(watch: Any, exposition: Any, node_status: Any = None) -> An
     return hook
 
 
-def _from_bridge(backends: list[Any], start: Callable[[Any], Any]) -> Any:
+def _from_bridge(backends: list[Backend], start: Callable[[ModuleType], T]) -> T | None:
     """``start(bridge.cli)``: a part of the OTLP bridge the flags ask for (the metrics push,
-    the incidents' log records), None without the bridge installed; a bad setting closes
-    the backends and is a usage error."""
+    the incidents' log records), None without the bridge installed (or where the flags ask
+    for none); a bad setting closes the backends and is a usage error."""
     try:
         from bridge import cli as bridge_cli
     except ImportError:

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from exporter.app.wiring import CLOSE_TIMEOUT, build_collector, close_backends_within, gpm_status, open_sources_within
 from exporter.core.escape import for_terminal
 from exporter.devices import joined_name
+from exporter.devices.capabilities import CallTiming, Timings
 from exporter.devices.nvml.gpm import WARMING_UP
 from exporter.output.snapshot_json import describe_owner, document_json, duration, snapshot_document
 
@@ -33,13 +34,13 @@ def snapshot(args: argparse.Namespace) -> int:
         args.gpm_interval = 0.0  # sample on each of the (at most two) passes
     backends, attributor = open_sources_within(args, args.timeout,
                                         wait_for_pods=min(SNAPSHOT_POD_LIST_WAIT, args.timeout / 2))
-    timed: list[Any] = []
-    passes: list[tuple[str, dict[str, Any]]] = []
+    timed: list[Timings] = []
+    passes: list[tuple[str, dict[str, CallTiming]]] = []
     collector = None
     try:
         collector, extra_names = build_collector(args, backends, attributor)
         if args.timings:
-            timed = [b for b in backends if b.enable_timings()]
+            timed = [b for b in backends if isinstance(b, Timings) and b.enable_timings()]
         snap = collector.collect_once()
         gpm_warming = any(status == WARMING_UP for status in gpm_status(backends).values())
         if args.timings:
@@ -204,14 +205,15 @@ def format_incidents(base: str, items: list[dict[str, Any]] | None, error: str =
     return "\n".join(for_terminal(line) for line in lines)
 
 
-def call_timings(backends: list[Any]) -> dict[str, Any]:
-    calls: dict[str, Any] = {}
+def call_timings(backends: list[Timings]) -> dict[str, CallTiming]:
+    """What each library call of ``backends`` cost since the last time they were asked."""
+    calls: dict[str, CallTiming] = {}
     for part in backends:
         calls.update(part.timings(reset=True))
     return calls
 
 
-def format_timings(passes: list[tuple[str, dict[str, Any]]]) -> str:
+def format_timings(passes: list[tuple[str, dict[str, CallTiming]]]) -> str:
     """What each vendor library call cost in each timed pass, costliest first."""
     lines = []
     for title, calls in passes:

@@ -15,11 +15,29 @@ import logging
 import os
 import socket
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from exporter.app.errors import SnapshotTimeout, UsageError
-from exporter.devices import close_backends, joined_name
+from exporter.attribution import Attributor
+from exporter.core.model import Snapshot
+from exporter.devices import Backend, close_backends, joined_name
+from exporter.devices.capabilities import GpmStatus
 from exporter.output import catalogue as cat
+
+if TYPE_CHECKING:  # what only some runs import (the parts the flags turn on, optional packages)
+    from kubernetes.client import CoreV1Api
+    from prometheus_client import CollectorRegistry
+
+    from bridge.incident_logs import IncidentLogs
+    from exporter.collect.collector import Collector
+    from exporter.devices.simulated import Scenario, SimulatedBackend
+    from exporter.incidents.events import EventSink
+    from exporter.incidents.watch import IncidentWatch
+    from exporter.nodestatus import NodeStatusWriter
+    from exporter.output.counts import Rejections
+    from exporter.output.dcgm.fields import Selection
+    from exporter.web.limits import ConnectionLimits
+    from exporter.web.watcher import WebConfigWatcher
 
 log = logging.getLogger("l9gpu")
 
@@ -27,9 +45,10 @@ log = logging.getLogger("l9gpu")
 CLOSE_TIMEOUT = 1.0
 
 
-def open_sources(args: argparse.Namespace, wait_for_pods: float = 0.0) -> tuple[list[Any], Any]:
+def open_sources(args: argparse.Namespace, wait_for_pods: float = 0.0) -> tuple[list[Backend], Attributor]:
     """Open the backends and the attributor the flags ask for (``wait_for_pods``: seconds to
-    wait for the API server's first pod list; the agent waits for none)."""
+    wait for the API server's first pod list; the agent waits for none). The simulated
+    node's scenario goes to the attributor, which plays its pods and its kubelet."""
     from exporter import attribution, devices
 
     if not os.path.isdir(os.path.join(args.proc_root, "self")):
@@ -43,15 +62,31 @@ def open_sources(args: argparse.Namespace, wait_for_pods: float = 0.0) -> tuple[
         known = next((name for name in (b.node_name() for b in backends) if name), "")
         args.node_name = os.environ.get("NODE_NAME") or known or socket.gethostname()
     try:
-        attributor = attribution.build_attributor(args, backends, args.node_name, wait_for_pods=wait_for_pods)
+        attributor = attribution.build_attributor(args, args.node_name, wait_for_pods=wait_for_pods,
+                                                  scenario=simulated_scenario(backends))
     except ValueError as exc:
         devices.close_backends(backends)
         raise UsageError(f"l9gpu: {exc}") from None
     return backends, attributor
 
 
-def open_sources_within(args: argparse.Namespace, timeout: float, wait_for_pods: float = 0.0) -> tuple[list[Any], Any]:
-    """`_open`, waiting at most ``timeout`` seconds (a wedged driver can block its init)."""
+def simulated_node(backends: Sequence[Backend]) -> SimulatedBackend | None:
+    """The opened simulated backend among ``backends`` (the demo node), None on real devices."""
+    from exporter.devices.simulated import SimulatedBackend
+
+    return next((b for b in backends if isinstance(b, SimulatedBackend) and b.scenario is not None), None)
+
+
+def simulated_scenario(backends: Sequence[Backend]) -> Scenario | None:
+    """The scenario of the simulated node among ``backends``, whose pods and kubelet
+    attribution plays; None on real devices."""
+    node = simulated_node(backends)
+    return node.scenario if node is not None else None
+
+
+def open_sources_within(args: argparse.Namespace, timeout: float, wait_for_pods: float = 0.0
+                        ) -> tuple[list[Backend], Attributor]:
+    """`open_sources`, waiting at most ``timeout`` seconds (a wedged driver can block its init)."""
     from exporter.core.bulkhead import call_within
     from exporter.devices import call_prefixes
 
@@ -70,7 +105,10 @@ def open_sources_within(args: argparse.Namespace, timeout: float, wait_for_pods:
     return backends, attributor
 
 
-def build_collector(args: argparse.Namespace, backends: list[Any], attributor: Any) -> tuple[Any, tuple[str, ...]]:
+def build_collector(args: argparse.Namespace, backends: list[Backend], attributor: Attributor
+                    ) -> tuple[Collector, tuple[str, ...]]:
+    """The collection thread over ``backends`` (not started), and the names of the
+    ``--pod-label`` values its workloads carry."""
     from exporter.collect.collector import Collector
     from exporter.core.labels import label_schema
 
@@ -103,7 +141,7 @@ def enabled_families(args: argparse.Namespace) -> frozenset[str]:
     return names
 
 
-def select_dcgm_fields(args: argparse.Namespace) -> Any:
+def select_dcgm_fields(args: argparse.Namespace) -> Selection | None:
     """The DCGM fields to serve (None when the DCGM schema is off); logs what is skipped."""
     from exporter.output.dcgm import fields as dcgm
 
@@ -133,8 +171,8 @@ def select_dcgm_fields(args: argparse.Namespace) -> Any:
     return replace(selection, hostname_label=hostname_label)
 
 
-def build_registry(get_snapshot: Callable[[], Any], enabled: frozenset[str],
-                   extra_labels: tuple[str, ...], dcgm_selection: Any = None) -> Any:
+def build_registry(get_snapshot: Callable[[], Snapshot | None], enabled: frozenset[str],
+                   extra_labels: tuple[str, ...], dcgm_selection: Selection | None = None) -> CollectorRegistry:
     """The registry /metrics and the OTLP bridge both read: snapshot + process metrics,
     plus the DCGM schema's families when ``dcgm_selection`` (`exporter.output.dcgm.fields.Selection`) is given."""
     from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
@@ -153,7 +191,7 @@ def build_registry(get_snapshot: Callable[[], Any], enabled: frozenset[str],
     return registry
 
 
-def connection_limits(args: argparse.Namespace) -> tuple[Any, str]:
+def connection_limits(args: argparse.Namespace) -> tuple[ConnectionLimits, str]:
     """The listener's limits from the flags, the connection cap fitted to the open-file
     limit, with descriptors kept for attribution's pidfds and /proc files; and, when the cap
     is below --max-connections, the warning to log once the agent listens."""
@@ -175,7 +213,7 @@ def connection_limits(args: argparse.Namespace) -> tuple[Any, str]:
                             header_timeout=args.header_timeout, max_header_bytes=args.max_header_bytes), warning
 
 
-def web_config_watcher(path: str | None, rejections: Any = None) -> Any:
+def web_config_watcher(path: str | None, rejections: Rejections | None = None) -> WebConfigWatcher | None:
     """The --web-config watcher (None without the flag); a bad file is a usage error."""
     if not path:
         return None
@@ -187,7 +225,7 @@ def web_config_watcher(path: str | None, rejections: Any = None) -> Any:
         raise UsageError(f"l9gpu: --web-config {exc}") from None
 
 
-def close_backends_within(backends: list[Any], timeout: float) -> None:
+def close_backends_within(backends: list[Backend], timeout: float) -> None:
     """Close the backends, waiting at most ``timeout`` seconds: with a call stuck in the
     driver, shutting the library down may block as well, and the agent must still exit."""
     from exporter.core.bulkhead import call_within
@@ -199,31 +237,34 @@ def close_backends_within(backends: list[Any], timeout: float) -> None:
                     joined_name(backends), timeout, outcome.call or "the vendor library")
 
 
-def gpm_status(backends: list[Any]) -> dict[tuple[int, str], str]:
-    """GPM status per (GPU index, MIG instance) from the backends that have GPM."""
+def gpm_status(backends: Sequence[Backend]) -> dict[tuple[int, str], str]:
+    """GPM status per (GPU index, MIG instance) from the backends that have GPM (`GpmStatus`)."""
     out: dict[tuple[int, str], str] = {}
     for backend in backends:
-        out.update(backend.gpm_status())
+        if isinstance(backend, GpmStatus):
+            out.update(backend.gpm_status())
     return out
 
 
-
-def build_incident_watch(args: argparse.Namespace, log_records: Any = None, backends: Sequence[Any] = ()) -> Any:
+def build_incident_watch(args: argparse.Namespace, log_records: IncidentLogs | None = None,
+                         backends: Sequence[Backend] = ()) -> IncidentWatch:
     """The incident watch ``serve`` runs beside the collector (`exporter.incidents.watch`):
     the kernel log ``--kernel-log`` names, Kubernetes Events where the API is in use and
     ``--kubernetes-events on``, the peaks over ``--peak-window``, and ``log_records`` (the
-    OTLP log records of `bridge.incident_logs`, or None). With ``--kernel-log auto``, a
-    backend's own kernel log (the simulated node's, where its scenario logs Xids) comes
-    before the machine's."""
+    OTLP log records of `bridge.incident_logs`, or None). With ``--kernel-log auto``, the
+    simulated node's own kernel log (where its scenario logs Xids:
+    `exporter.incidents.simulated`) comes before the machine's."""
     from exporter.core.labels import label_schema
     from exporter.incidents.engine import IncidentConfig, IncidentTracker
     from exporter.incidents.kmsg import KernelLogUnavailable, open_kernel_log
+    from exporter.incidents.simulated import scenario_kernel_log
     from exporter.incidents.watch import IncidentWatch
 
     extra_names, labeller = label_schema(args.pod_label or [])
-    own = [log for log in (b.kernel_log() for b in backends) if log is not None] if args.kernel_log == "auto" else []
+    node = simulated_node(backends) if args.kernel_log == "auto" else None
+    own = scenario_kernel_log(node) if node is not None else None
     try:
-        kernel_log = own[0] if own else open_kernel_log(args.kernel_log)
+        kernel_log = own if own is not None else open_kernel_log(args.kernel_log)
     except KernelLogUnavailable as exc:
         raise UsageError(f"l9gpu: --kernel-log {exc}") from None
     events = None
@@ -238,7 +279,7 @@ def build_incident_watch(args: argparse.Namespace, log_records: Any = None, back
                          log_records=log_records, peak_window=args.peak_window)
 
 
-def build_node_status(args: argparse.Namespace, events: Any = None) -> Any:
+def build_node_status(args: argparse.Namespace, events: EventSink | None = None) -> NodeStatusWriter | None:
     """The writer of this node's GPU condition and taint (`exporter.nodestatus`), where the
     Kubernetes API is in use and ``--node-condition on``; None otherwise. ``events``: the
     event sink the Node's Events go through (the incident watch's), or None."""
@@ -255,7 +296,7 @@ def build_node_status(args: argparse.Namespace, events: Any = None) -> Any:
                             clear_on_exit=args.node_condition_clear_on_exit, events=events)
 
 
-def _node_api(kubeconfig: str | None) -> Any:
+def _node_api(kubeconfig: str | None) -> CoreV1Api:
     from exporter.nodestatus.writer import default_api_factory
 
     return default_api_factory(kubeconfig)

@@ -22,7 +22,7 @@ from exporter.core.model import UNKNOWN, AllocationRow, DeviceSample, Workload
 from exporter.core.parsing import argtype
 
 if TYPE_CHECKING:
-    from exporter.devices.base import Backend
+    from exporter.attribution.simulated import SimulatedNode
 
 __all__ = ["KUBERNETES_MODES", "Attributor", "NullAttributor", "add_arguments", "build_attributor"]
 
@@ -104,16 +104,7 @@ def add_arguments(group: Any) -> None:
                             "if it exists) or off (default: auto)")
 
 
-def _simulated_scenario(backends: Sequence[Backend]) -> Any:
-    """The simulated node a backend serves, if one does."""
-    for backend in backends:
-        scenario = backend.simulated_scenario()
-        if scenario is not None:
-            return scenario
-    return None
-
-
-def _simulated(scenario: Any, allocations: bool = True) -> Attributor:
+def _simulated(scenario: SimulatedNode, allocations: bool = True) -> Attributor:
     """The simulated node: a fixture /proc tree, its pods and its kubelet, read by the real code.
 
     ``allocations`` False (``--pod-resources-socket off``) leaves the kubelet's allocations out.
@@ -134,7 +125,7 @@ def _simulated(scenario: Any, allocations: bool = True) -> Attributor:
     root = tempfile.mkdtemp(prefix="l9gpu-simulated-proc-")
     write_proc_tree(root, scenario.processes)
     index = PodIndex()
-    source = StaticPodSource(index, scenario_pods(scenario.processes, getattr(scenario, "allocations", ())))
+    source = StaticPodSource(index, scenario_pods(scenario.processes, scenario.allocations))
     return ProcAttributor(root, index, source, on_close=lambda: shutil.rmtree(root, ignore_errors=True),
                           allocation_source=StaticAllocationSource(scenario_allocations(scenario),
                                                                    scenario_allocatable(scenario))
@@ -204,14 +195,16 @@ def _pod_resources_source(args: argparse.Namespace) -> Any:
     return podresources.build(path)
 
 
-def build_attributor(args: argparse.Namespace, backends: Sequence[Backend], node: str,
-                     wait_for_pods: float = 0.0) -> Attributor:
+def build_attributor(args: argparse.Namespace, node: str, wait_for_pods: float = 0.0,
+                     scenario: SimulatedNode | None = None) -> Attributor:
     """Build the attributor the CLI flags ask for.
 
-    The simulated backend gets a fixture /proc tree and its pods; any other backend gets
-    ``--proc-root`` and, where configured, the Kubernetes API watch of this node's pods and
-    the container runtime's CRI socket (``--cri-socket``) for pods the API has not named,
-    and the kubelet's pod-resources socket (``--pod-resources-socket``) for allocations.
+    The simulated node (``scenario``: the simulated backend's scenario, handed over by
+    the wiring; `exporter.attribution.simulated.SimulatedNode` says what is read of it) gets a
+    fixture /proc tree, its pods and its kubelet; real devices get ``--proc-root`` and,
+    where configured, the Kubernetes API watch of this node's pods and the container
+    runtime's CRI socket (``--cri-socket``) for pods the API has not named, and the
+    kubelet's pod-resources socket (``--pod-resources-socket``) for allocations.
 
     The API watch lists pods in its own thread: nothing here waits on the API server,
     unless ``wait_for_pods`` (seconds) asks to wait for its first list (a one-shot
@@ -221,7 +214,6 @@ def build_attributor(args: argparse.Namespace, backends: Sequence[Backend], node
         ValueError: the flags ask for something unavailable (``--kubernetes on``
             without the package or a configuration).
     """
-    scenario = _simulated_scenario(backends)
     if scenario is not None:
         off = str(getattr(args, "pod_resources_socket", "auto") or "auto").strip().lower() == "off"
         return _simulated(scenario, allocations=not off)

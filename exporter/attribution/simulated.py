@@ -25,13 +25,63 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from exporter.attribution.podresources import PodAllocation
 
 _NAMESPACE = uuid.UUID("6f1d6c8e-2b1a-4d8e-9b7a-3c2d1e0f9a8b")
 
 # Cgroup layouts the simulated pods cycle through, one per pod in scenario order.
 LAYOUTS = ("v2-systemd-containerd", "v1-cgroupfs-crio", "v2-kind-containerd", "v2-cgroupfs-containerd",
            "v1-systemd-containerd", "v2-systemd-crio")
+
+
+class ScenarioProcess(Protocol):
+    """A scenario's process on one GPU, as its /proc entry and its pod are written."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def gpu(self) -> int: ...
+    @property
+    def name(self) -> str: ...  # its comm
+    @property
+    def workload(self) -> Mapping[str, Any]: ...  # the free-form mapping the module docstring lists
+
+
+class ScenarioAllocation(Protocol):
+    """A pod's container that holds GPUs through the device plugin and runs nothing there."""
+
+    @property
+    def gpus(self) -> Sequence[int]: ...
+    @property
+    def workload(self) -> Mapping[str, Any]: ...
+    @property
+    def resource(self) -> str: ...
+
+
+class ScenarioGpu(Protocol):
+    """A GPU of the simulated node, as the kubelet names it."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def uuid(self) -> str: ...
+
+
+class SimulatedNode(Protocol):
+    """What the simulated node's attribution reads of its scenario (the simulated backend's
+    `exporter.devices.simulated.backend.Scenario`, handed over by the wiring)."""
+
+    @property
+    def processes(self) -> Sequence[ScenarioProcess]: ...
+    @property
+    def allocations(self) -> Sequence[ScenarioAllocation]: ...
+    @property
+    def gpus(self) -> Sequence[ScenarioGpu]: ...
+    @property
+    def replicas(self) -> Mapping[int, int]: ...  # GPU index -> its time-slicing replicas, where declared
 
 
 def pod_uid(namespace: str, pod: str) -> str:
@@ -89,14 +139,15 @@ def _owner_reference(owner: Mapping[str, Any], pod: str) -> tuple[dict[str, Any]
             "uid": str(uuid.uuid5(_NAMESPACE, f"{kind}/{name}"))}, extra
 
 
-def scenario_pods(processes: Iterable[Any], allocations: Iterable[Any] = ()) -> list[dict[str, Any]]:
+def scenario_pods(processes: Iterable[ScenarioProcess], allocations: Iterable[ScenarioAllocation] = ()
+                  ) -> list[dict[str, Any]]:
     """The scenario's pods as the API server lists them (JSON dicts).
 
     ``allocations`` (scenario `AllocationSpec`s) add the pods that run no process.
     """
     pods: dict[tuple[str, str], dict[str, Any]] = {}
-    for proc in [*processes, *allocations]:
-        w = proc.workload
+    workloads = [p.workload for p in processes] + [a.workload for a in allocations]
+    for w in workloads:
         if not w.get("pod"):
             continue
         namespace, name, container = str(w.get("namespace", "default")), str(w["pod"]), str(w.get("container", "main"))
@@ -121,7 +172,7 @@ def scenario_pods(processes: Iterable[Any], allocations: Iterable[Any] = ()) -> 
     return list(pods.values())
 
 
-def scenario_allocations(scenario: Any) -> list[Any]:
+def scenario_allocations(scenario: SimulatedNode) -> list[PodAllocation]:
     """What the simulated node's kubelet lists over pod-resources (`PodAllocation`s).
 
     Each pod's container is allocated the GPUs its processes run on, then come the
@@ -159,9 +210,9 @@ def scenario_allocations(scenario: Any) -> list[Any]:
     return allocations
 
 
-def _replicas(scenario: Any, held_lists: Iterable[list[int]]) -> dict[int, int]:
+def _replicas(scenario: SimulatedNode, held_lists: Iterable[list[int]]) -> dict[int, int]:
     """GPU index -> replicas: the scenario's ``time_slicing``, else one per sharing container."""
-    declared = dict(getattr(scenario, "replicas", {}) or {})
+    declared = dict(scenario.replicas)
     if declared:
         return declared
     sharers: dict[int, int] = {}
@@ -171,7 +222,7 @@ def _replicas(scenario: Any, held_lists: Iterable[list[int]]) -> dict[int, int]:
     return {gpu: n for gpu, n in sharers.items() if n > 1}
 
 
-def scenario_allocatable(scenario: Any) -> list[tuple[str, str]]:
+def scenario_allocatable(scenario: SimulatedNode) -> list[tuple[str, str]]:
     """What the simulated kubelet answers to GetAllocatableResources: every GPU once, a
     time-sliced GPU once per replica (``<uuid>::0`` .. ``<uuid>::<N-1>``)."""
     allocations = scenario_allocations(scenario)
@@ -180,7 +231,7 @@ def scenario_allocatable(scenario: Any) -> list[tuple[str, str]]:
         base, _, n = allocation.device_id.partition("::")
         if n:
             shared[base] = shared.get(base, 0) + 1
-    declared = dict(getattr(scenario, "replicas", {}) or {})
+    declared = dict(scenario.replicas)
     out = []
     for gpu in scenario.gpus:
         count = declared.get(gpu.index) or shared.get(gpu.uuid, 0)
@@ -205,7 +256,7 @@ def _status(comm: str, pid: int, uid: int) -> str:
     return f"Name:\t{comm}\nState:\tS (sleeping)\nPid:\t{pid}\nUid:\t{ids}\nGid:\t{ids}\n"
 
 
-def write_proc_tree(root: str, processes: Iterable[Any]) -> None:
+def write_proc_tree(root: str, processes: Iterable[ScenarioProcess]) -> None:
     """Write a /proc-shaped tree for the scenario's processes under ``root``."""
     procs = list(processes)
     order: list[tuple[str, str]] = []

@@ -12,7 +12,7 @@ have a deadline, and a part stuck in a driver call is published down, with the c
 while the others go on; nothing more is asked of it until the call returns
 (docs/HEALTH.md).
 
-Per-process SM shares of a backend that `defers_process_shares` are planned in
+Per-process SM shares of a backend with `exporter.devices.capabilities.ProcessShareReads` are planned in
 `exporter.core.shares`: the collector keeps each backend's `PassPlan` for its next pass.
 """
 
@@ -28,6 +28,7 @@ from typing import Callable, Mapping, NoReturn, Sequence
 from exporter.attribution import Attributor, NullAttributor
 from exporter.collect.derive import DeriveState, step
 from exporter.collect.health_stage import HealthStageState, health_step
+from exporter.collect.xids import XidBaseline, xid_step
 from exporter.core.bulkhead import DEFAULT_READ_TIMEOUT, Bulkhead, Failed, Read, Stuck
 from exporter.core.labels import Labeller, default_labeller
 from exporter.core.model import (
@@ -43,6 +44,7 @@ from exporter.core.model import (
 )
 from exporter.core.shares import PassPlan, passes_between_reads, plan_shares
 from exporter.devices.base import Backend
+from exporter.devices.capabilities import ProcessShareReads
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,7 @@ class Collector:
         self.on_snapshot = on_snapshot
         self._state = DeriveState()
         self._health = HealthStageState()
+        self._xids = XidBaseline()
         self._snapshot: Snapshot | None = None
         self._rows: dict[str, dict[int, ProcessRow]] = {}  # the last pass's, by device key and PID
         self.read_timeout = read_timeout
@@ -112,7 +115,7 @@ class Collector:
         # A GPU several owners share has its samples read every few passes, its shares
         # carried in between (`exporter.core.shares`).
         every = passes_between_reads(interval)
-        self._plans = [PassPlan(process_metrics=process_metrics or not b.defers_process_shares, every=every)
+        self._plans = [PassPlan(process_metrics=process_metrics or not isinstance(b, ProcessShareReads), every=every)
                        for b in self.backends]
         self._progress_clock = time.monotonic  # real time: liveness is about a stuck thread
         self._published_at: float | None = None
@@ -164,7 +167,8 @@ class Collector:
 
         self._state, derived = step(self._state, now, self.node, devices, owners, self._labeller, self._grace,
                                     allocations=allocations)
-        self._health, health = health_step(self._health, now, devices, {k for s in stuck for k in s.devices})
+        self._xids, new_xids = xid_step(self._xids, devices)
+        self._health, health = health_step(self._health, now, devices, new_xids, {k for s in stuck for k in s.devices})
         for line in health.problems:
             log.warning("GPU health: %s", line)
         rows = self._process_rows(devices, owners)
@@ -194,6 +198,7 @@ class Collector:
             health_transitions=frozen_mapping(health.transitions),
             device_unhealthy_seconds=frozen_mapping(health.unhealthy_seconds),
             health_signals=frozen_mapping(health.signals),
+            new_xids=new_xids,
         )
         self._snapshot = snapshot  # the atomic swap readers rely on
         self._published_at = self._progress_clock()
@@ -313,7 +318,7 @@ class Collector:
         read_owners: list[int] = []
         places: list[int] = []
         for place, (backend, plan) in enumerate(zip(self.backends, self._plans)):
-            if plan.process_metrics:
+            if plan.process_metrics or not isinstance(backend, ProcessShareReads):
                 continue
             positions = [n for n, source in enumerate(sources) if source == place]
             decided = plan_shares([devices[n] for n in positions], owners, self._labeller, plan)

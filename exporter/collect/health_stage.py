@@ -7,8 +7,10 @@ this only feeds it per GPU:
 
 * the device's health read (``DeviceSample.health``, None on passes without one: the last
   read's reasons stand),
-* the XIDs new since the previous pass (``DeviceSample.xid_errors`` counts are cumulative
-  since the agent started: the delta per code; a code whose count grew by n counts n times),
+* the XIDs new in this pass (``Snapshot.new_xids``, from the one baseline the incident
+  engine reads too, `exporter.collect.xids`; a code whose count grew by n counts n times). A
+  GPU the stage has no memory of (its first pass, or back after missing from one) starts
+  afresh, with every XID it has reported since the agent started,
 * its utilisation (a PCIe generation below its maximum is a downgrade only while busy),
 * whether a call into the driver for it is stuck.
 
@@ -38,7 +40,6 @@ class HealthStageState:
     Attributes:
         last_now: the previous pass's time (None before the first).
         gpus: per physical GPU key, its verdict's memory.
-        xids: per physical GPU key, the cumulative XID counts it reported last pass.
         unhealthy_seconds: per device key, capacity-seconds spent unhealthy so far.
         signals: per physical GPU key, its last health read.
         verdicts: per physical GPU key, its last verdict.
@@ -46,7 +47,6 @@ class HealthStageState:
 
     last_now: float | None = None
     gpus: Mapping[str, HealthState] = field(default_factory=dict)
-    xids: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     unhealthy_seconds: Mapping[str, float] = field(default_factory=dict)
     signals: Mapping[str, HealthSignals] = field(default_factory=dict)
     verdicts: Mapping[str, Verdict] = field(default_factory=dict)
@@ -72,18 +72,17 @@ class HealthPass:
     signals: Mapping[str, HealthSignals] = field(default_factory=dict)
 
 
-def new_xids(before: Mapping[str, int], after: Mapping[str, int]) -> list[object]:
-    """The XID codes reported between two cumulative count mappings, once per new event.
+def xid_codes(events: Mapping[str, int]) -> list[object]:
+    """The XID codes of ``events`` (how many of each code), once per event, by code.
 
     A code that is not a number is passed on as it is: the policy reports it and ignores it.
     """
     codes: list[object] = []
-    for code, count in sorted(after.items()):
-        grown = int(count) - int(before.get(code, 0))
-        if grown <= 0:
+    for code, count in sorted(events.items()):
+        if int(count) <= 0:
             continue
         value: object = int(code) if str(code).isdigit() else code
-        codes.extend([value] * min(grown, 64))  # a storm: enough to count as repeats
+        codes.extend([value] * min(int(count), 64))  # a storm: enough to count as repeats
     return codes
 
 
@@ -105,20 +104,20 @@ def _unchanged(gpu: HealthState | None, verdict: Verdict | None, signals: Health
 
 
 def health_step(state: HealthStageState, now: float, devices: Sequence[DeviceSample],
-                stuck: Collection[str] = (), config: HealthConfig = DEFAULT_CONFIG
-                ) -> tuple[HealthStageState, HealthPass]:
+                new_xids: Mapping[str, Mapping[str, int]], stuck: Collection[str] = (),
+                config: HealthConfig = DEFAULT_CONFIG) -> tuple[HealthStageState, HealthPass]:
     """One pass of the health stage.
 
     Args:
         state: what the previous pass left.
         now: the pass's monotonic time, seconds.
         devices: this pass's samples (down ones included).
+        new_xids: per device key, its XID events new in this pass (`exporter.collect.xids`).
         stuck: keys of the devices a stuck driver call leaves unread.
         config: the policy's thresholds and windows.
     """
     dt = 0.0 if state.last_now is None else max(0.0, now - state.last_now)
     gpus: dict[str, HealthState] = {}
-    xids: dict[str, Mapping[str, int]] = {}
     verdicts: dict[str, Verdict] = {}
     transitions: dict[str, int] = {}
     problems: list[str] = []
@@ -127,16 +126,14 @@ def health_step(state: HealthStageState, now: float, devices: Sequence[DeviceSam
         if device.gpu_instance:
             continue
         key = device.key
-        counts = dict(device.xid_errors)
-        codes = new_xids(state.xids.get(key, {}), counts)
         last, last_verdict = state.gpus.get(key), state.verdicts.get(key)
+        codes = xid_codes(device.xid_errors if last is None else new_xids.get(key, {}))
         if _unchanged(last, last_verdict, device.health, codes, key in stuck):
             assert last is not None and last_verdict is not None
             gpus[key], verdict = last, last_verdict
         else:
             gpus[key], verdict = assess(last or HealthState(), now, device.health, codes,
                                         device.utilization if device.up else None, key in stuck, config)
-        xids[key] = counts
         if device.health is not None:
             signals[key] = device.health
         verdicts[key] = verdict
@@ -154,7 +151,7 @@ def health_step(state: HealthStageState, now: float, devices: Sequence[DeviceSam
             seconds += max(0.0, device.capacity) * dt
         unhealthy[device.key] = seconds
     signals = {key: read for key, read in signals.items() if key in gpus}
-    new_state = HealthStageState(now, gpus, xids, unhealthy, signals, {key: verdicts[key] for key in gpus})
+    new_state = HealthStageState(now, gpus, unhealthy, signals, {key: verdicts[key] for key in gpus})
     shown = {d.key: signals[d.key] for d in devices if d.up and d.key in signals}
     return new_state, HealthPass(verdicts, transitions, {d.key: unhealthy[d.key] for d in devices},
                                  tuple(problems), shown)

@@ -406,6 +406,9 @@ class Snapshot:
             verdict was ``unhealthy`` (``gpu_unhealthy_seconds_total``).
         health_signals: per physical GPU key that is up, its last health read (the raw
             signal series; between reads the last one stands).
+        new_xids: per key of a device seen in an earlier pass, its XID events new in this
+            one by code (the growth of ``DeviceSample.xid_errors``, `exporter.collect.xids`):
+            the one reading of them that the health stage and the incident engine share.
     """
 
     seq: int
@@ -426,3 +429,4 @@ class Snapshot:
     health_transitions: Mapping[str, int] = field(default_factory=frozen_mapping)
     device_unhealthy_seconds: Mapping[str, float] = field(default_factory=frozen_mapping)
     health_signals: Mapping[str, HealthSignals] = field(default_factory=frozen_mapping)
+    new_xids: Mapping[str, Mapping[str, int]] = field(default_factory=frozen_mapping)

@@ -7,7 +7,7 @@ the one rule that derive groups processes by too), the owner's share is the GPU'
 utilisation (`share_from_device`) and the samples need not be read; only a GPU that
 several owners share needs them (docs/ATTRIBUTION.md). Whether a GPU is shared is known
 only once the pass's processes are attributed, after the device reads, so a backend that
-leaves the samples until then (`exporter.devices.base.Backend.defers_process_shares`) is
+leaves the samples until then (`exporter.devices.capabilities.ProcessShareReads`) is
 read in two steps:
 
 1. its pass, under the `PassPlan` decided at the end of the previous pass: the GPUs that
@@ -15,7 +15,7 @@ read in two steps:
    (sharing lasts: one read per pass is cheaper than two);
 2. once the owners are known, `plan_shares` gives the single-owner GPUs their share from
    the device, names the GPUs that a second owner has just joined (their samples are read
-   now, `Backend.process_share_reads`) and decides the next pass's plan.
+   now, `ProcessShareReads.process_share_reads`) and decides the next pass's plan.
 
 A shared GPU's samples are read every `PassPlan.every` passes (`SHARED_READ_PERIOD`
 seconds), each GPU in its own phase so that the reads spread over the passes. In the

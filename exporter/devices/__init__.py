@@ -2,7 +2,10 @@
 
 Vendor libraries are imported inside each backend's ``open()``, so a node without them
 can still run the others (or the simulated backend for a demo). A node's backends are a
-list (``--backend amd,gaudi`` on a mixed-vendor node): `open_backends`.
+list (``--backend amd,gaudi`` on a mixed-vendor node): `open_backends`. What every backend
+does is `base.Backend`; what only some do is an interface of `capabilities` they declare.
+A backend that reads GPU health subclasses `schedule.HealthReads`: ``--health-interval`` is
+declared and handed to it here, so that no backend repeats it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from exporter.devices.base import SAMPLING_FLAGS, SOURCE_FLAGS, Backend, BackendUnavailable
+from exporter.devices.capabilities import CallTiming, GpmStatus, ProcessShareReads, Timings
+from exporter.devices.schedule import HealthReads, add_health_interval_argument, health_interval_from
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +38,21 @@ def known_backends() -> list[str]:
 
 
 def add_arguments(group: Any, place: str) -> None:
-    """Every backend's flags that belong at ``place`` (`SOURCE_FLAGS`, `SAMPLING_FLAGS`)."""
-    for backend in registry().values():
+    """Every backend's flags that belong at ``place`` (`SOURCE_FLAGS`, `SAMPLING_FLAGS`);
+    ``--health-interval``, which every backend that reads health shares, after the sampling ones."""
+    backends = registry().values()
+    for backend in backends:
         backend.add_arguments(group, place)
+    if place == SAMPLING_FLAGS and any(issubclass(backend, HealthReads) for backend in backends):
+        add_health_interval_argument(group)
 
 
 def options_from(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Each backend's constructor options from the parsed flags, by backend name."""
-    return {name: backend.options_from(args) for name, backend in registry().items()}
+    """Each backend's constructor options from the parsed flags, by backend name: its own
+    (`Backend.options_from`), and ``health_interval`` for one that reads health."""
+    return {name: {**backend.options_from(args),
+                   **({"health_interval": health_interval_from(args)} if issubclass(backend, HealthReads) else {})}
+            for name, backend in registry().items()}
 
 
 def call_prefixes(backends: Sequence[Backend] | None = None) -> tuple[str, ...]:
@@ -120,6 +132,23 @@ def joined_name(backends: Sequence[Backend]) -> str:
     return ",".join(b.name for b in backends)
 
 
-__all__ = ["AUTO_ORDER", "SAMPLING_FLAGS", "SOURCE_FLAGS", "Backend", "BackendUnavailable", "add_arguments",
-           "call_prefixes", "close_backends", "joined_name", "known_backends", "open_backends", "options_from",
-           "registry"]
+__all__ = [
+    "AUTO_ORDER",
+    "SAMPLING_FLAGS",
+    "SOURCE_FLAGS",
+    "Backend",
+    "BackendUnavailable",
+    "CallTiming",
+    "GpmStatus",
+    "HealthReads",
+    "ProcessShareReads",
+    "Timings",
+    "add_arguments",
+    "call_prefixes",
+    "close_backends",
+    "joined_name",
+    "known_backends",
+    "open_backends",
+    "options_from",
+    "registry",
+]

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import abc
 import argparse
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping
 
 from exporter.core.bulkhead import Read
 from exporter.core.model import DeviceSample
 from exporter.core.shares import READ_ALL, PassPlan
-
-if TYPE_CHECKING:
-    from exporter.devices.simulated.backend import Scenario
 
 #: Where a backend's flags are listed in the ``devices`` group of ``--help``: the ones
 #: that say where its devices are read from right after ``--backend``, the ones that say
@@ -45,21 +42,21 @@ class Backend(abc.ABC):
     backend (the driver went away), which the collector reports as a failed collector and
     retries on the next pass.
 
+    What only some backends can do (time their library calls, say their GPUs' GPM status,
+    read per-process shares once the owners are known) is not here: a backend declares it
+    by subclassing its interface in `exporter.devices.capabilities` too.
+
     Attributes:
         name: the ``--backend`` name, the ``backend`` label of its errors.
         call_prefixes: what its library's function names start with (``("amdsmi_",)``),
             to name the call a stuck read is in.
         read_timeout: seconds a part may take, when the collector's default (1 s) is too
             short for it (Gaudi's hl-smi has a timeout of its own); None: the default.
-        defers_process_shares: its parts read the per-process samples only of the GPUs
-            the pass's `PassPlan` names, and `process_share_reads` reads the others'
-            once the collector knows who owns their processes (`exporter.core.shares`).
     """
 
     name: ClassVar[str]
     call_prefixes: tuple[str, ...] = ()
     read_timeout: float | None = None
-    defers_process_shares: ClassVar[bool] = False
     # The devices of the last finished `sample` of the default `reads`: reported down
     # while a later one is stuck.
     _last_sampled: tuple[DeviceSample, ...] = ()
@@ -96,7 +93,7 @@ class Backend(abc.ABC):
         Args:
             now: monotonic seconds of this pass.
             plan: which GPUs' per-process samples to read in their own part (only
-                backends that `defers_process_shares` look at it).
+                backends with `exporter.devices.capabilities.ProcessShareReads` look at it).
 
         Returns:
             By default the whole backend as one part (key: its name), which reports the
@@ -110,12 +107,6 @@ class Backend(abc.ABC):
         return [Read(self.name, f"the {self.name} backend", run, calls=self.call_prefixes, timeout=self.read_timeout,
                      down=lambda reason: [d.down(reason) for d in self._last_sampled])]
 
-    def process_share_reads(self, devices: Sequence[DeviceSample]) -> list[Read]:
-        """Parts that read these GPUs' per-process samples (for a backend that
-        `defers_process_shares`): each returns its GPU's sample with its processes' SM
-        shares. None by default."""
-        return []
-
     # ---- what else it tells ---------------------------------------------------------
 
     def errors(self) -> Mapping[str, int]:
@@ -123,35 +114,10 @@ class Backend(abc.ABC):
         "malformed_line", "gpu_lost"): ``l9gpu_backend_errors_total{backend, reason}``."""
         return {}
 
-    def gpm_status(self) -> Mapping[tuple[int, str], str]:
-        """GPM per (GPU index, MIG instance or ""): active, warming up, or why it is
-        unsupported. Empty for a backend without GPM."""
-        return {}
-
-    def enable_timings(self) -> bool:
-        """Record the wall and CPU time of every library call from now on (`timings`);
-        False when the backend cannot."""
-        return False
-
-    def timings(self, reset: bool = False) -> dict[str, tuple[int, float, float, float]]:
-        """Per library function: (calls, wall seconds, CPU seconds, slowest call's wall
-        seconds) since `enable_timings` or the last ``reset``."""
-        return {}
-
     def node_name(self) -> str:
         """The node's name as the backend knows it ("" when it does not: a real node's
         is its hostname)."""
         return ""
-
-    def kernel_log(self) -> Any:
-        """A kernel log of the backend's own, for ``--kernel-log auto`` (the simulated
-        node's: `exporter.devices.simulated.backend.ScenarioKernelLog`); None: the machine's."""
-        return None
-
-    def simulated_scenario(self) -> Scenario | None:
-        """The simulated node this backend serves (its processes get the scenario's pods),
-        None for real devices."""
-        return None
 
 
 __all__ = ["SAMPLING_FLAGS", "SOURCE_FLAGS", "Backend", "BackendUnavailable"]

@@ -1,12 +1,13 @@
 """Incidents from the passes: who filled a GPU, who raised a fault, who was hurt (pure).
 
 `IncidentTracker.observe` is called once per pass with what the pass saw (devices, the
-owner, start time and name of every PID, the kernel log's new Xid lines, each GPU's active
-health reasons) and returns the incidents the pass started. It remembers, for a while,
-which process held which PID when (a process that raised an Xid is often gone when the
-line is read, and its PID may already be another's), which workloads held each GPU at each
-pass, and each workload's memory on each GPU over the last minute. docs/INCIDENTS.md says
-what each kind means and where the inference can be wrong.
+owner, start time and name of every PID, the kernel log's new Xid lines, the XIDs NVML
+counted in the pass, each GPU's active health reasons) and returns the incidents the pass
+started. It remembers, for a while, which process held which PID when (a process that
+raised an Xid is often gone when the line is read, and its PID may already be another's),
+which workloads held each GPU at each pass, and each workload's memory on each GPU over the
+last minute. docs/INCIDENTS.md says what each kind means and where the inference can be
+wrong.
 
 Who held a PID at a kernel-log record's time: each process seen with the PID is a *life*
 that begins when the process started (``/proc/<pid>/stat``; where that is unknown, at the
@@ -147,7 +148,6 @@ class _Gpu:
     full_since: float | None = None
     last_full: float | None = None
     reported: bool = False
-    xids: Mapping[str, int] | None = None
     reasons: frozenset[str] = frozenset()
     passes: deque = field(default_factory=deque)  # _Holders of runs of passes, oldest first
 
@@ -193,7 +193,8 @@ class IncidentTracker:
 
     def observe(self, now: float, wall: float, devices: Sequence[DeviceSample], owners: Mapping[int, Workload],
                 xid_records: Sequence[Any] = (), reasons: Mapping[str, set[str]] | None = None,
-                starts: Mapping[int, float] | None = None, comms: Mapping[int, str] | None = None) -> list[Incident]:
+                starts: Mapping[int, float] | None = None, comms: Mapping[int, str] | None = None,
+                new_xids: Mapping[str, Mapping[str, int]] | None = None) -> list[Incident]:
         """Fold one pass in; the incidents it started, oldest first.
 
         Args:
@@ -204,6 +205,9 @@ class IncidentTracker:
             xid_records: the kernel log's new Xid records (`kmsg.XidRecord`).
             starts: each PID's process start, seconds since boot, where known.
             comms: each PID's process name, where known (host tools are no workload).
+            new_xids: per device key, the XID events NVML counted in this pass
+                (``Snapshot.new_xids``, the baseline the health stage reads too); a device
+                without an entry (its first pass) has none.
         """
         new: list[Incident] = []
         by_bus = {_bus(d.pci_bus_id): d for d in devices if d.pci_bus_id and not d.gpu_instance}
@@ -224,7 +228,7 @@ class IncidentTracker:
                 new.append(self._from_kernel_log(now, wall, named, record))
         for device in devices:
             state = self._gpus[device.key]
-            new += self._nvml_xids(now, wall, device, state)
+            new += self._nvml_xids(now, wall, device, state, (new_xids or {}).get(device.key, {}))
             new += self._reasons(wall, device, state, (reasons or {}).get(device.key, set()))
         new += self._release_held(now, {d.key: d for d in devices})
         self._forget(now)
@@ -462,14 +466,13 @@ class IncidentTracker:
         return Incident("xid", wall, self.node, device.index, device.uuid, device.gpu_instance, record.xid, action,
                         caused, affected, detail, bool(caused), basis)
 
-    def _nvml_xids(self, now: float, wall: float, device: DeviceSample, state: _Gpu) -> list[Incident]:
-        counts = dict(device.xid_errors)
-        before, state.xids = state.xids, counts
-        if before is None:
-            return []
+    def _nvml_xids(self, now: float, wall: float, device: DeviceSample, state: _Gpu,
+                   events: Mapping[str, int]) -> list[Incident]:
+        """One incident per XID code NVML counted on the device in this pass (held for the
+        kernel log's line where `IncidentConfig.xid_hold` says so)."""
         out = []
-        for code_text, count in counts.items():
-            if count <= before.get(code_text, 0) or not code_text.isdigit():
+        for code_text in events:
+            if not code_text.isdigit():
                 continue
             code = int(code_text)
             sole = self._sole_holder(state) if code in APPLICATION_XIDS else None

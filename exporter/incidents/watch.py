@@ -85,7 +85,7 @@ class IncidentWatch:
                 starts[row.pid] = row.start_time
         reasons = {key: set(verdict.reason_names) for key, verdict in snap.health.items()}
         for incident in self.tracker.observe(now, snap.timestamp, snap.devices, owners, records, reasons,
-                                             starts=starts, comms=comms):
+                                             starts=starts, comms=comms, new_xids=snap.new_xids):
             self._record(incident)
 
     def _poll(self) -> Sequence[Any]:

@@ -1,120 +1,76 @@
-"""The health families of a snapshot (`catalogue.HEALTH` scope), for `exporter.output.render`.
+"""The health families' extractors (`catalogue.HEALTH` scope), for the rows of `catalogue_health`.
 
 Verdict families come from ``Snapshot.health`` (every device, up or down: a GPU that fell
 off the bus has a verdict too). Signal families come from ``Snapshot.health_signals``, the
 last health read of each physical GPU that is up (between reads the last one stands). A
-value the read did not report is absent, never 0.
+value the read did not report, or one the driver answered with garbage, is absent, never 0:
+`count` and `seconds` apply the one rule of `exporter.health.signals`, which the policy
+and the DCGM fields (read from the same rows) share.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator
 
-from exporter.core.model import Snapshot
+from exporter.core.model import DeviceSample, Snapshot
 from exporter.health import HealthSignals, Verdict
 from exporter.health.signals import as_count, as_seconds
+from exporter.output.extract import Labels, PerDevice, Row
 
-Row = tuple[tuple[str, ...], float]
-
-
-def _verdict_rows(name: str, verdict: Verdict, transitions: int) -> Iterator[Row]:
-    if name == "gpu_health":
-        yield from (((state,), float(value)) for state, value in verdict.state_values())
-    elif name == "gpu_health_action":
-        yield from (((action,), float(value)) for action, value in verdict.action_values())
-    elif name == "gpu_health_reason":
-        yield from (((reason,), 1.0) for reason in dict.fromkeys(verdict.reason_names))
-    elif name == "gpu_health_transitions_total":
-        yield (), float(transitions)
+# a raw value of the health read -> the sample, None for no series
+Rule = Callable[[object], float | None]
+# the health read -> (label values after the device's, raw value) of each series
+Reading = Callable[[HealthSignals], Iterable[tuple[Labels, object]]]
 
 
-def _flag(value: object) -> float | None:
+def flag(value: object) -> float | None:
+    """A yes/no the read reported, as 1 or 0."""
     return None if not isinstance(value, bool) else float(value)
 
 
-def _count(value: object) -> float | None:
-    count = as_count(value)  # a garbage answer: the policy reports it once; no series from it
-    return None if count is None else float(count)
+def count(value: object) -> float | None:
+    """A count the read reported; a garbage answer gives no series (the policy reports it once)."""
+    number = as_count(value)
+    return None if number is None else float(number)
 
 
-def _row_remap(s: HealthSignals, name: str) -> Iterator[Row]:
-    rr = s.row_remap
-    if rr is None:
-        return
-    if name == "gpu_row_remap_pending":
-        value = _flag(rr.pending)
-        if value is not None:
-            yield (), value
-    elif name == "gpu_row_remap_failure":
-        value = _flag(rr.failure)
-        if value is not None:
-            yield (), value
-    else:
-        for kind, count in (("correctable", rr.correctable), ("uncorrectable", rr.uncorrectable)):
-            number = _count(count)
-            if number is not None:
-                yield (kind,), number
+def seconds(value: object) -> float | None:
+    """A duration in seconds the read reported; garbage gives no series."""
+    return as_seconds(value)
 
 
-_PCIE = {"gpu_pcie_link_generation": "generation", "gpu_pcie_link_generation_max": "generation_max",
-         "gpu_pcie_link_width": "width", "gpu_pcie_link_width_max": "width_max", "gpu_pcie_replays_total": "replays"}
+def signals(reading: Reading, rule: Rule) -> PerDevice:
+    """A family of the last health read: each (label values, raw value) ``reading`` finds
+    there, made a sample by ``rule``; nothing for a GPU without a health read."""
 
-
-def _pcie(s: HealthSignals, name: str) -> Iterator[Row]:
-    if s.pcie is None:
-        return
-    value = _count(getattr(s.pcie, _PCIE[name]))
-    if value is not None:
-        yield (), value
-
-
-def _nvlink(s: HealthSignals, name: str) -> Iterator[Row]:
-    for link in s.nvlinks:
-        if name == "gpu_nvlink_up":
-            value = _flag(link.up)
+    def read(snapshot: Snapshot, device: DeviceSample) -> Iterator[Row]:
+        found = snapshot.health_signals.get(device.key)
+        if found is None:
+            return
+        for extra, raw in reading(found):
+            value = rule(raw)
             if value is not None:
-                yield (str(link.link),), value
-            continue
-        for kind, count in (("replay", link.replay), ("recovery", link.recovery),
-                            ("crc_flit", link.crc_flit), ("crc_data", link.crc_data)):
-            number = _count(count)
-            if number is not None:
-                yield (str(link.link), kind), number
+                yield extra, value
+
+    return PerDevice(read)
 
 
-def _violations(s: HealthSignals, name: str) -> Iterator[Row]:
-    if s.violations is None:
-        return
-    for reason, seconds in s.violations.items():
-        number = as_seconds(seconds)
-        if number is not None:
-            yield (reason,), number
+def signal(reading: Callable[[HealthSignals], object], rule: Rule) -> PerDevice:
+    """A family of one value of the last health read, without labels of its own."""
+    return signals(lambda found: (((), reading(found)),), rule)
 
 
-_SIGNALS: dict[str, Callable[[HealthSignals, str], Iterator[Row]]] = {
-    "gpu_row_remap_pending": _row_remap, "gpu_row_remap_failure": _row_remap, "gpu_remapped_rows_total": _row_remap,
-    **dict.fromkeys(_PCIE, _pcie),
-    "gpu_nvlink_up": _nvlink, "gpu_nvlink_errors_total": _nvlink,
-    "gpu_violation_seconds_total": _violations,
-}
+def verdict(values: Callable[[Verdict], Iterable[Row]]) -> PerDevice:
+    """A family of each GPU's verdict: (label values, value) from ``values``."""
+
+    def read(snapshot: Snapshot, device: DeviceSample) -> Iterable[Row]:
+        found = snapshot.health.get(device.key)
+        return () if found is None else values(found)
+
+    return PerDevice(read)
 
 
-def health_rows(name: str, snapshot: Snapshot, dev_labels: Mapping[str, tuple[str, ...]]
-                ) -> Iterator[Row]:
-    """(label values, value) of the health family ``name`` for every device of ``snapshot``."""
-    signals_of = _SIGNALS.get(name)
-    for device in snapshot.devices:
-        labels = dev_labels[device.key]
-        if name == "gpu_unhealthy_seconds_total":
-            seconds = snapshot.device_unhealthy_seconds.get(device.key)
-            if seconds is not None:
-                yield labels, seconds
-        elif signals_of is None:
-            verdict = snapshot.health.get(device.key)
-            if verdict is not None:
-                transitions = snapshot.health_transitions.get(device.key, 0)
-                for extra, value in _verdict_rows(name, verdict, transitions):
-                    yield labels + extra, value
-        elif device.key in snapshot.health_signals:
-            for extra, value in signals_of(snapshot.health_signals[device.key], name):
-                yield labels + extra, value
+def transitions(snapshot: Snapshot, device: DeviceSample) -> Iterator[Row]:
+    """How often a GPU's verdict changed state, for each GPU that has a verdict."""
+    if device.key in snapshot.health:
+        yield (), float(snapshot.health_transitions.get(device.key, 0))

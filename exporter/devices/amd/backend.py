@@ -43,13 +43,7 @@ from exporter.core.model import DeviceSample, ProcessSample, frozen_mapping
 from exporter.core.shares import READ_ALL, PassPlan
 from exporter.devices.amd.health import AmdHealth
 from exporter.devices.base import Backend, BackendUnavailable
-from exporter.devices.health_schedule import (
-    BOOT_ID_PATH,
-    DEFAULT_HEALTH_INTERVAL,
-    HealthSchedule,
-    health_interval_from,
-    read_boot_id,
-)
+from exporter.devices.schedule import BOOT_ID_PATH, DEFAULT_HEALTH_INTERVAL, HealthReads
 
 log = logging.getLogger(__name__)
 
@@ -150,29 +144,23 @@ class _Unsupported(Exception):
     """A read the card does not support (kept apart from real failures)."""
 
 
-class AmdBackend(Backend):
+class AmdBackend(HealthReads, Backend):
     """Reads AMD GPUs through ``amdsmi``.
 
     Args:
         amdsmi: the ``amdsmi`` module, or a stand-in with the same functions; None
             imports the real one in `open`.
+        health_interval, boot_id_path: its health reads' (`HealthReads`).
     """
 
     name = "amd"
     call_prefixes = _CALL_PREFIXES
 
-    @classmethod
-    def options_from(cls, args: Any) -> dict[str, Any]:
-        """``--health-interval`` (declared once for every backend)."""
-        return {"health_interval": health_interval_from(args)}
-
     def __init__(self, amdsmi: Any = None, health_interval: float | None = DEFAULT_HEALTH_INTERVAL,
                  boot_id_path: str = BOOT_ID_PATH):
+        super().__init__(health_interval, boot_id_path)
         # Health reads (`exporter.devices.amd.health`): ECC per block, bad pages, PCIe, XGMI.
-        self._health = HealthSchedule(health_interval)
         self._health_reader: AmdHealth | None = None
-        self._boot_id_path = boot_id_path
-        self._boot_id: str | None = None
         self._lib = amdsmi
         self._handles: list[Any] = []
         self._static: dict[int, dict[str, str]] = {}
@@ -219,7 +207,7 @@ class AmdBackend(Backend):
             raise BackendUnavailable("amdsmi found no AMD GPUs on this node")
         for index, handle in enumerate(self._handles):
             self._static[index] = self._read_static(handle)
-        self._boot_id = read_boot_id(self._boot_id_path)
+        self.open_health()
         self._health_reader = AmdHealth(lib, self._exception_types(), self._is_unsupported, number, self._log_once)
         log.info("amd: %d GPU(s) found", len(self._handles))
 
@@ -321,7 +309,7 @@ class AmdBackend(Backend):
         activity = activity if isinstance(activity, Mapping) else {}
         joules = energy_joules(energy)
         health = None
-        if self._health_reader is not None and self._health.due(index, len(self._handles), now):
+        if self._health_reader is not None and self.health_due(index, len(self._handles), now):
             health = self._health_reader.read(index, handle, self._boot_id, joules)
         return DeviceSample(
             index=index,

@@ -49,13 +49,7 @@ from exporter.core.model import DeviceSample, ProcessSample
 from exporter.core.parsing import argtype, parse_positive_duration
 from exporter.devices.base import SOURCE_FLAGS, Backend, BackendUnavailable
 from exporter.devices.gaudi.health import HEALTH_FIELDS, parse_health_csv
-from exporter.devices.health_schedule import (
-    BOOT_ID_PATH,
-    DEFAULT_HEALTH_INTERVAL,
-    HealthSchedule,
-    health_interval_from,
-    read_boot_id,
-)
+from exporter.devices.schedule import BOOT_ID_PATH, DEFAULT_HEALTH_INTERVAL, HealthReads
 from exporter.health.signals import HealthSignals
 
 log = logging.getLogger(__name__)
@@ -227,13 +221,14 @@ class HlSmiError(RuntimeError):
     """hl-smi failed for the whole node (missing, hung, or exited with an error)."""
 
 
-class GaudiBackend(Backend):
+class GaudiBackend(HealthReads, Backend):
     """Reads Intel Gaudi devices with one ``hl-smi`` call per pass.
 
     Args:
         hl_smi: the hl-smi executable, a name looked up on PATH or a path.
         hl_smi_timeout: seconds to wait for hl-smi before killing it.
         proc_root: where the host's /proc is mounted (for the fd scan).
+        health_interval, boot_id_path: its health reads' (`HealthReads`).
     """
 
     name = "gaudi"
@@ -253,14 +248,12 @@ class GaudiBackend(Backend):
         """``--hl-smi``, ``--hl-smi-timeout`` and attribution's ``--proc-root`` (where the
         host's /proc is, for the scan of who holds a device)."""
         options = {"hl_smi": args.hl_smi, "hl_smi_timeout": args.hl_smi_timeout, "proc_root": args.proc_root}
-        return {**{k: v for k, v in options.items() if v is not None}, "health_interval": health_interval_from(args)}
+        return {k: v for k, v in options.items() if v is not None}
 
     def __init__(self, hl_smi: str = "hl-smi", hl_smi_timeout: float = 5.0, proc_root: str = "/proc",
                  health_interval: float | None = DEFAULT_HEALTH_INTERVAL, boot_id_path: str = BOOT_ID_PATH):
         # Health reads: a second, slow hl-smi query (`exporter.devices.gaudi.health`).
-        self._health = HealthSchedule(health_interval)
-        self._boot_id_path = boot_id_path
-        self._boot_id: str | None = None
+        super().__init__(health_interval, boot_id_path)
         self.hl_smi = hl_smi
         self.hl_smi_timeout = float(hl_smi_timeout)
         # The collector's deadline on a pass of this backend: hl-smi has its own timeout
@@ -296,7 +289,7 @@ class GaudiBackend(Backend):
             raise BackendUnavailable(f"{path} lists no Gaudi devices")
         # Remember every device now, so one that drops out later reads as down.
         self._known = {row.index: self._device(row, []) for row in rows}
-        self._boot_id = read_boot_id(self._boot_id_path)
+        self.open_health()
         log.info("gaudi: %d device(s) found with %s", len(rows), path)
 
     def close(self) -> None:
@@ -359,7 +352,7 @@ class GaudiBackend(Backend):
     def _read_health(self, indexes: list[int], now: float) -> dict[int, HealthSignals]:
         """The health of the devices due this pass (one hl-smi call for all of them); {} when
         none is due or the health query fails (counted as ``health_query``, logged once)."""
-        due = [index for index in indexes if self._health.due(index, len(indexes), now)]
+        due = [index for index in indexes if self.health_due(index, len(indexes), now)]
         if not due:
             return {}
         try:

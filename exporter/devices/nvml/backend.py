@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -25,14 +25,7 @@ from exporter.core.model import DeviceSample, ProcessSample, frozen_mapping
 from exporter.core.parsing import argtype, parse_duration_or_seconds
 from exporter.core.shares import READ_ALL, PassPlan
 from exporter.devices.base import SAMPLING_FLAGS, Backend, BackendUnavailable
-from exporter.devices.health_schedule import (
-    BOOT_ID_PATH,
-    DEFAULT_HEALTH_INTERVAL,
-    HealthSchedule,
-    add_health_interval_argument,
-    health_interval_from,
-    read_boot_id,
-)
+from exporter.devices.capabilities import CallTiming, GpmStatus, ProcessShareReads, Timings
 from exporter.devices.nvml.common import ECC_PERIOD, ENERGY_COUNTER_PERIOD, PCIE_PERIOD, SLOW_PERIOD
 from exporter.devices.nvml.energy import EnergyEstimate, EnergyMixin
 from exporter.devices.nvml.events import XidMixin
@@ -58,6 +51,7 @@ from exporter.devices.nvml.libnvml import (
     text,
 )
 from exporter.devices.nvml.mig import MigMixin
+from exporter.devices.schedule import BOOT_ID_PATH, DEFAULT_HEALTH_INTERVAL, HealthReads, Schedule
 from exporter.health.signals import HealthSignals
 
 log = logging.getLogger(__name__)
@@ -70,7 +64,9 @@ def parse_gpm_interval(text: str) -> float | None:
     return parse_duration_or_seconds(text)
 
 
-class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
+class NvmlBackend(
+    MigMixin, XidMixin, EnergyMixin, HealthMixin, HealthReads, Backend, Timings, GpmStatus, ProcessShareReads
+):
     """NVIDIA GPUs (and MIG instances) through NVML.
 
     Args:
@@ -86,7 +82,6 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
 
     name = "nvml"
     call_prefixes = CALL_PREFIXES
-    defers_process_shares = True
 
     @classmethod
     def add_arguments(cls, group: Any, place: str) -> None:
@@ -96,19 +91,18 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
                                help="NVIDIA Hopper and newer: time between two GPM samples of a GPU, over which SM, "
                                     "tensor-core and DRAM activity are averaged; 0 samples every pass, off turns GPM "
                                     "off (default: 5s)")
-            add_health_interval_argument(group)  # every backend's: declared once, here
 
     @classmethod
     def options_from(cls, args: Any) -> dict[str, Any]:
-        """``--gpm-interval`` (off turns GPM off) and ``--health-interval``."""
-        health = {"health_interval": health_interval_from(args)}
+        """``--gpm-interval`` (off turns GPM off)."""
         if args.gpm_interval is None:
-            return {"gpm": False, **health}
-        return {"gpm": True, "gpm_interval": args.gpm_interval, **health}
+            return {"gpm": False}
+        return {"gpm": True, "gpm_interval": args.gpm_interval}
 
     def __init__(self, nvml: Any = None, energy_counter_period: float = ENERGY_COUNTER_PERIOD,
                  gpm: bool = True, gpm_interval: float = DEFAULT_INTERVAL_SECONDS,
                  health_interval: float | None = DEFAULT_HEALTH_INTERVAL, boot_id_path: str = BOOT_ID_PATH):
+        super().__init__(health_interval, boot_id_path)
         self._module = nvml
         self._energy_period = energy_counter_period
         self._gpm_enabled = gpm
@@ -127,7 +121,7 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         self._last_processes: dict[tuple[int, Any], Any] = {}
         self._errors: Counter[str] = Counter()
         self._initialized = False
-        self._next_read: dict[tuple[int, Hashable], float] = {}  # (gpu, what) -> when to re-read
+        self._schedule = Schedule()  # when each GPU's slow values are re-read
         self._slow_values: dict[tuple[Any, ...], Any] = {}
         self._energy: dict[int, EnergyEstimate] = {}
         self._fields_unsupported: dict[int, set[int]] = defaultdict(set)
@@ -140,9 +134,6 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         # their part reads (the others' are left to `process_share_reads`).
         self._plan = READ_ALL
         self._pass_now = 0.0  # the time of the pass `reads` was last asked for
-        self._health = HealthSchedule(health_interval)
-        self._boot_id_path = boot_id_path
-        self._boot_id: str | None = None
         self._nvlinks: dict[int, int] = {}
         self._pcie_max: dict[int, tuple[int | None, int | None]] = {}
 
@@ -174,7 +165,7 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         except OSError as exc:
             raise BackendUnavailable(f"cannot load the NVIDIA management library: {exc}") from exc
         self._initialized = True
-        self._boot_id = read_boot_id(self._boot_id_path)
+        self.open_health()
         if self._gpm_enabled:
             self._gpm = GpmReader(nvml, self._gpm_interval, NA)
         try:
@@ -254,15 +245,15 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
         self._nvml.timings = {}
         return True
 
-    def timings(self, reset: bool = False) -> dict[str, tuple[int, float, float, float]]:
-        """Per NVML function: (calls, wall seconds, CPU seconds, slowest call's wall seconds).
+    def timings(self, reset: bool = False) -> dict[str, CallTiming]:
+        """Per NVML function: calls, wall and CPU seconds, the slowest call's wall seconds.
 
         Empty unless `enable_timings` was called; ``reset`` starts counting afresh.
         """
         nvml = self._nvml
         if nvml is None or nvml.timings is None:
             return {}
-        out = {name: (int(e[0]), e[1], e[2], e[3]) for name, e in nvml.timings.items()}
+        out = {name: CallTiming(int(e[0]), e[1], e[2], e[3]) for name, e in nvml.timings.items()}
         if reset:
             nvml.timings = {}
         return out
@@ -417,7 +408,7 @@ class NvmlBackend(MigMixin, XidMixin, EnergyMixin, HealthMixin, Backend):
 
         throttle = self._guard(nvml, lambda: nvml.first(THROTTLE_FUNCTIONS, handle))
         power_watts = scaled(self._opt(nvml, "nvmlDeviceGetPowerUsage", handle), 1e-3)
-        health_due = self._health.due(index, self._count, now)
+        health_due = self.health_due(index, self._count, now)
         fields = self._field_values(nvml, index, handle, now, health_fields(nvml) if health_due else ())
 
         values: dict[str, Any] = {

@@ -1,14 +1,16 @@
-"""What the NVML backend's parts share: its state between passes, the schedule of slow re-reads,
+"""What the NVML backend's parts share: its state between passes, the periods of slow re-reads,
 and the guard around optional queries.
 
-The schedule. A pass asks only for what it needs (the cost of each call, and so the
+The periods. A pass asks only for what it needs (the cost of each call, and so the
 periods below, are in docs/PERFORMANCE.md): MIG mode and the enforced power limit are
 re-read every `SLOW_PERIOD` seconds, ECC totals and the PCIe byte counters every
 `ECC_PERIOD` and `PCIE_PERIOD` (cumulative counters lose nothing by it; dcgm-exporter
 polls every 30 s), the graphics process list every `GRAPHICS_PERIOD` while a GPU has no
 graphics process, the energy counter every `ENERGY_COUNTER_PERIOD` (`energy`); static
-facts (UUID, name, serial, PCI bus id, MIG slots) once. The re-reads of different GPUs are
-spread over the period (`NvmlState._due`).
+facts (UUID, name, serial, PCI bus id, MIG slots) once. When each is due, the re-reads of
+different GPUs spread over its period, is the devices' one schedule
+(`exporter.devices.schedule.Schedule`, through `NvmlState._due`), which also times the
+health reads.
 
 Failures. A device whose core queries fail (``NVML_ERROR_GPU_IS_LOST``, or any other
 unexpected NVML error) comes back down with the error text and no values; the other
@@ -27,6 +29,7 @@ from exporter.core.model import frozen_mapping
 from exporter.core.shares import PassPlan
 from exporter.devices.nvml.gpm import GpmReader
 from exporter.devices.nvml.libnvml import NA, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_RESET_REQUIRED, DeviceDown, Nvml
+from exporter.devices.schedule import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,7 @@ class NvmlState:
     _driver_version: str
     _errors: Counter[str]
     _gpm: GpmReader | None
-    _next_read: dict[tuple[int, Hashable], float]
+    _schedule: Schedule
     _slow_values: dict[tuple[Any, ...], Any]
     _plan: PassPlan
 
@@ -92,20 +95,9 @@ class NvmlState:
         return self._guard(nvml, lambda: nvml.call(name, *args, **kwargs))
 
     def _due(self, index: int, what: Hashable, now: float, period: float) -> bool:
-        """True when ``what`` of GPU ``index`` is to be read in this pass.
-
-        The first pass reads everything; after it, the re-reads of GPU i are first due
-        (i + 1) / count of a period later, so that GPUs do not all pay in the same pass.
-        """
-        key = (index, what)
-        due = self._next_read.get(key)
-        if due is None:
-            self._next_read[key] = now + period * (index + 1) / max(1, self._count)
-            return True
-        if now < due:
-            return False
-        self._next_read[key] = max(due + period, now)
-        return True
+        """True when ``what`` of GPU ``index`` is to be read in this pass (`Schedule.due`
+        over this backend's GPUs: every GPU on its first pass, then staggered)."""
+        return self._schedule.due(index, self._count, now, period, what)
 
     def _slow(self, index: int, what: str, now: float, period: float, read: Callable[[], Any]) -> Any:
         """A value re-read every ``period`` seconds, served from the last read in between."""

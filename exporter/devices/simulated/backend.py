@@ -5,8 +5,9 @@ on them over time: memory that is constant or grows towards a ceiling, utilisati
 is constant or waves. Values are pure functions of the time since the backend opened,
 so tests can predict them; energy is the integral of the simulated power.
 
-Each process may name its workload (Kubernetes pod and container, or Slurm job); the
-attribution layer reads those through `SimulatedBackend.simulated_scenario`.
+Each process may name its workload (Kubernetes pod and container, or Slurm job): the
+wiring (`exporter.app.wiring`) hands the opened backend's `SimulatedBackend.scenario` to
+the attribution layer, which plays its pods and its kubelet.
 
 Scenario format (see ``exporter/devices/simulated/scenarios/default.yaml``)::
 
@@ -34,7 +35,8 @@ Scenario format (see ``exporter/devices/simulated/scenarios/default.yaml``)::
       gpus: [6]
       replicas: 5             # each listed GPU is allocatable as <uuid>::0 .. <uuid>::4
     xids:                     # optional: Xid errors, counted by NVML's XID events and logged
-      - at: 30s               # by the simulated node's kernel (`--kernel-log auto`); after
+      - at: 30s               # by the simulated node's kernel (`kernel_lines`, read by
+                              # `--kernel-log auto`: `exporter.incidents.simulated`); after
                               # Xid 79 (fallen off the bus) the GPU is lost, as below
         gpu: 1
         xid: 31
@@ -58,11 +60,12 @@ node: ``--scenario incidents`` names it (a built-in scenario by its name).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import yaml
 
@@ -151,6 +154,13 @@ class XidSpec:
             "pid='<unknown>', name=<unknown>"
         return f"NVRM: Xid (PCI:{domain[-4:].lower()}:{bus.lower()}:{device.split('.')[0]}): {self.xid}, {who}, " \
             f"{self.text}"
+
+
+class KernelLine(NamedTuple):
+    """A line the simulated node's kernel logged."""
+
+    text: str  # as the NVIDIA driver writes it (`XidSpec.kernel_line`)
+    at: float  # when, in seconds on the node's clock (that of the passes), as the kernel stamps it
 
 
 @dataclass(frozen=True)
@@ -423,16 +433,17 @@ class SimulatedBackend(Backend):
         """The scenario's node."""
         return self.scenario.node if self.scenario is not None else ""
 
-    def simulated_scenario(self) -> Scenario | None:
-        return self.scenario
-
     def now(self) -> float:
         return self._clock()
 
-    def kernel_log(self) -> ScenarioKernelLog | None:
-        """The scenario's Xids as the simulated node's kernel logs them; None for a scenario
-        that logs none (``--kernel-log auto`` then reads the machine's)."""
-        return ScenarioKernelLog(self) if self.scenario is not None and self.scenario.xids else None
+    def kernel_lines(self, start: int = 0) -> list[KernelLine]:
+        """The scenario's Xids the simulated driver has logged by now, as it logs them, from
+        the ``start``-th on (the ones a reader has not had yet); none before `open`."""
+        if self.scenario is None:
+            return []
+        t = self.elapsed(self.now())
+        due = itertools.takewhile(lambda spec: spec.at <= t, self.scenario.xids[start:])  # sorted by time
+        return [KernelLine(spec.kernel_line(_pci_bus_id(spec.gpu)), self._start + spec.at) for spec in due]
 
     def _xid_counts(self, index: int, t: float) -> Mapping[str, int]:
         assert self.scenario is not None
@@ -537,43 +548,6 @@ class SimulatedBackend(Backend):
                 )
             )
         return samples
-
-
-class ScenarioKernelLog:
-    """The simulated node's kernel log: the scenario's Xids as the NVIDIA driver logs them,
-    each once its time has come, read through the kernel log reader's own parser
-    (`exporter.incidents.kmsg.parse_xid`). What ``--kernel-log auto`` reads on this node."""
-
-    def __init__(self, backend: SimulatedBackend):
-        self._backend = backend
-        self._next = 0
-        self._counts = {"read": 0, "xid": 0}
-
-    def poll(self) -> list[Any]:
-        from exporter.incidents.kmsg import parse_xid
-
-        scenario = self._backend.scenario
-        if scenario is None:
-            return []
-        t = self._backend.elapsed(self._backend.now())
-        out = []
-        while self._next < len(scenario.xids) and scenario.xids[self._next].at <= t:
-            spec = scenario.xids[self._next]
-            self._next += 1
-            # stamped on the node's clock (the passes'), as the kernel stamps its records
-            record = parse_xid(spec.kernel_line(_pci_bus_id(spec.gpu)), seq=self._next,
-                               boot_usec=int((self._backend.start_time() + spec.at) * 1e6))
-            self._counts["read"] += 1
-            if record is not None:
-                self._counts["xid"] += 1
-                out.append(record)
-        return out
-
-    def counts(self) -> dict[str, int]:
-        return dict(self._counts)
-
-    def close(self) -> None:
-        return None
 
 
 def _serial(index: int) -> str:

@@ -1,4 +1,5 @@
 """DCGM-exporter compatibility (``--metric-schema dcgm``): `fields` is the DCGM field table
-and its mapping from the catalogue, `health` the health fields, `render` the renderer."""
+(the health families' fields taken from their catalogue rows) and the counters files,
+`render` the renderer."""
 
 __all__: list[str] = []

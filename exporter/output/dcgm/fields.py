@@ -37,14 +37,17 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 import re
 from dataclasses import dataclass
 from typing import Callable, Sequence, Union
 
-from exporter.core.model import DeviceSample, WorkloadUsage
+from exporter.core.labels import DEVICE_LABELS
+from exporter.core.model import DeviceSample, Snapshot, WorkloadUsage
 from exporter.devices.nvml import THROTTLE_REASONS
-from exporter.health import HealthSignals
-from exporter.output.dcgm.health import HEALTH_FIELDS, HealthGetter
+from exporter.output import catalogue as cat
+from exporter.output.extract import PerDevice
+from exporter.output.spec import DcgmAlias, MetricSpec
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +151,15 @@ def parse_schemas(text: str) -> tuple[str, ...]:
 class FieldDevice:
     """One device as one render sees it: the sample plus what the snapshot adds."""
 
-    __slots__ = ("sample", "energy_joules", "last_xid", "sm_share_total", "health")
+    __slots__ = ("sample", "energy_joules", "last_xid", "sm_share_total", "snapshot", "family_sums")
 
     def __init__(self, sample: DeviceSample, energy_joules: float | None, last_xid: int | None,
-                 health: HealthSignals | None = None):
+                 snapshot: Snapshot | None = None):
         self.sample = sample
-        self.health = health  # the GPU's last health read (`Snapshot.health_signals`)
+        self.snapshot = snapshot  # what the catalogue's rows read (the GPU's health read, its verdict)
+        # (family, label positions) -> those labels' values -> the sum of the family's series with
+        # them on this device: a family is read once for all the fields made from it
+        self.family_sums: dict[tuple[str, tuple[int, ...]], dict[tuple[str, ...], float]] = {}
         # the agent's monotonic energy counter (gpu_energy_joules_total), joules
         self.energy_joules = energy_joules
         self.last_xid = last_xid
@@ -181,6 +187,8 @@ class DcgmField:
         workload: a workload's own share on the device, for the fields that carry
             workload series (None for device-only fields).
         workload_note: how the workload share is computed (docs).
+        uses_last_xid: the value is the latest XID, which the renderer works out across
+            snapshots (`FieldDevice.last_xid`) only when a selected field asks for it.
     """
 
     name: str
@@ -190,6 +198,7 @@ class DcgmField:
     value: DeviceGetter
     workload: WorkloadGetter | None = None
     workload_note: str = ""
+    uses_last_xid: bool = False
 
 
 def _scaled(attribute: str, factor: float = 1.0) -> DeviceGetter:
@@ -238,11 +247,43 @@ def _throttle_mask(device: FieldDevice) -> Value:
     return sum(_THROTTLE_BITS.get(name, 0) for name, active in reasons.items() if active)
 
 
-def _health(get: HealthGetter) -> DeviceGetter:
-    def value(device: FieldDevice) -> Value:
-        return None if device.health is None else get(device.health)
+def _factor_text(factor: float) -> str:
+    """`` × 10^6`` for a factor that is a power of ten, `` × f`` for another, nothing for 1."""
+    if factor == 1.0:
+        return ""
+    exponent = round(math.log10(abs(factor)))
+    if 10.0 ** exponent == factor:
+        return f" × 10^{exponent}" if exponent > 0 else f" ÷ 10^{-exponent}"
+    return f" × {factor:g}"
 
-    return value
+
+def _from_family(spec: MetricSpec, alias: DcgmAlias) -> DcgmField:
+    """The DCGM field a catalogue row declares (`MetricSpec.dcgm_fields`): its value on a GPU
+    is the sum of the family's series there that ``alias.where`` picks, times its factor."""
+    extract = spec.extract
+    if not isinstance(extract, PerDevice):  # MetricSpec refuses another
+        raise TypeError(f"{spec.name}: DCGM fields need a PerDevice extractor")
+    own = spec.labels[len(DEVICE_LABELS):]
+    read, factor = extract.read, alias.factor
+    by = (spec.name, tuple(own.index(label) for label, _ in alias.where))
+    wanted = tuple(want for _, want in alias.where)
+
+    def value(device: FieldDevice) -> Value:
+        if device.snapshot is None:
+            return None
+        sums = device.family_sums.get(by)
+        if sums is None:
+            sums = device.family_sums[by] = {}
+            for extra, number in read(device.snapshot, device.sample):
+                key = tuple(extra[i] for i in by[1])
+                sums[key] = sums.get(key, 0.0) + number
+        total = sums.get(wanted)
+        return None if total is None else total * factor
+
+    picked = ",".join(f'{label}="{want}"' for label, want in alias.where)
+    summed = "".join(f" summed over {label}s" for label in own if label not in dict(alias.where))
+    text = f"`{spec.name}{'{' + picked + '}' if picked else ''}`{summed}{_factor_text(factor)}"
+    return DcgmField(alias.name, alias.type, alias.unit, text, value)
 
 
 def _text(attribute: str) -> DeviceGetter:
@@ -315,7 +356,7 @@ FIELDS: tuple[DcgmField, ...] = (
     DcgmField("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "%", "`gpu_memory_utilization_ratio` × 100",
               _scaled("memory_utilization", 100.0)),
     DcgmField("DCGM_FI_DEV_XID_ERRORS", "gauge", "XID code", "the code of the latest `gpu_xid_errors_total` "
-              "increase (0 until the first XID since the agent started)", _xid),
+              "increase (0 until the first XID since the agent started)", _xid, uses_last_xid=True),
     DcgmField("DCGM_FI_DEV_FB_FREE", "gauge", "MiB", "(`gpu_memory_total_bytes` − `gpu_memory_used_bytes`) ÷ 2^20",
               _fb_free),
     DcgmField("DCGM_FI_DEV_FB_USED", "gauge", "MiB", "`gpu_memory_used_bytes` ÷ 2^20",
@@ -337,7 +378,9 @@ FIELDS: tuple[DcgmField, ...] = (
                 "the device's value × its processes' SM share ÷ all processes' SM share"
                 if key == "graphics_active" else "")
       for name, key, unit in _GPM_FIELDS),
-    *(DcgmField(name, kind, unit, text, _health(get)) for name, kind, unit, text, get in HEALTH_FIELDS),
+    # the fields the catalogue's rows declare (the health families': remapped rows, PCIe replays, NVLink
+    # errors, violation times), in the rows' order
+    *(_from_family(spec, alias) for spec in cat.METRICS for alias in spec.dcgm_fields),
     DcgmField("DCGM_FI_DRIVER_VERSION", "label", "", "`gpu_info{driver_version}`", _text("driver_version")),
     DcgmField("DCGM_FI_DEV_SERIAL", "label", "", "`gpu_info{serial}`", _text("serial")),
 )

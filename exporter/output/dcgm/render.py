@@ -44,7 +44,7 @@ class DcgmRenderer:
 
     def __init__(self, selection: Selection):
         self.selection = selection
-        self._wants_xid = any(f.name == "DCGM_FI_DEV_XID_ERRORS" for f, _, _ in selection.metrics)
+        self._wants_xid = any(f.uses_last_xid for f, _, _ in selection.metrics)
         self._lock = threading.Lock()
         self._xid: dict[str, tuple[int, Mapping[str, int], int]] = {}  # key -> (seq, counts, last)
         self._label_cache: dict[tuple[str, ...], dict[str, str]] = {}
@@ -89,8 +89,7 @@ class DcgmRenderer:
         devices: list[tuple[FieldDevice, dict[str, str]]] = []
         for sample in samples:
             last_xid = self._last_xid(snapshot, sample) if self._wants_xid and not sample.gpu_instance else None
-            device = FieldDevice(sample, snapshot.device_energy_joules.get(sample.key), last_xid,
-                             snapshot.health_signals.get(sample.key))
+            device = FieldDevice(sample, snapshot.device_energy_joules.get(sample.key), last_xid, snapshot)
             devices.append((device, self._device_labels(snapshot.node, sample, parents.get(sample.index, sample.uuid))))
         workloads = self._workloads(snapshot, {d.sample.key: labels for d, labels in devices})
         out: list[Metric] = []

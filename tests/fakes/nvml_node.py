@@ -2,7 +2,7 @@
 
 Usage (what `Node` starts as the agent's command)::
 
-    python tests/fake_nvml_node.py PROCESSES_FILE -- serve --listen 127.0.0.1:PORT ...
+    python tests/fakes/nvml_node.py PROCESSES_FILE -- serve --listen 127.0.0.1:PORT ...
 
 The fake has one GPU. Its processes are read from PROCESSES_FILE every 50 ms, one
 ``PID BYTES`` per line (written by the test, atomically by rename); the PIDs are those
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
@@ -48,7 +48,7 @@ class Node:
         uid, cid = pod_uid(), container_id()
         child = self.cgroups.spawn(burstable_scope(uid, cid))
         if self.apiserver is not None:
-            from kubernetes_apiserver import make_pod
+            from fakes.kubernetes_apiserver import make_pod
 
             self.apiserver.add(make_pod(pod, "ml", uid, NODE, {"main": cid}))
         self.gpu[child.pid] = gib * GiB
@@ -78,7 +78,7 @@ class Node:
 
 
 def _follow(path: Path, gpu, stop: threading.Event) -> None:  # type: ignore[no-untyped-def]
-    import fake_pynvml as F
+    from fakes import pynvml_fake as F
 
     last = None
     while not stop.wait(0.05):
@@ -100,10 +100,10 @@ def _follow(path: Path, gpu, stop: threading.Event) -> None:  # type: ignore[no-
 
 
 def main(argv: list[str]) -> int:
-    import fake_pynvml as F
+    from fakes import pynvml_fake as F
 
     if "--" not in argv or argv.index("--") != 1:
-        raise SystemExit("usage: fake_nvml_node.py PROCESSES_FILE -- serve ...")
+        raise SystemExit("usage: nvml_node.py PROCESSES_FILE -- serve ...")
     path, rest = Path(argv[0]), argv[2:]
     gpu = F.FakeGpu(name="NVIDIA H100 80GB HBM3", processes=[], live_sm={})
     fake = F.FakeNvml([gpu])

@@ -9,7 +9,7 @@ millijoules, MHz, KB/s, percent.
 
 Usage::
 
-    from fake_pynvml import FakeNvml, FakeGpu, FakeProcess, FakeUtilSample  # tests/ is on sys.path
+    from fakes.pynvml_fake import FakeNvml, FakeGpu, FakeProcess, FakeUtilSample  # tests/ is on sys.path
 
     fake = FakeNvml(gpus=[
         FakeGpu(power_mw=250_000, processes=[FakeProcess(pid=os.getpid(), used_memory=2**30)]),
@@ -950,7 +950,7 @@ class FakeNvml(_FakeGpmFunctions):
               while_exists: str | None = None) -> Block:
         """Make ``call`` (every call if None) on GPU ``gpu`` (any, if None) hang until the
         returned `Block` is released, for ``seconds``, or while the file ``while_exists``
-        exists (for an agent in another process: see tests/nvml_shim)."""
+        exists (for an agent in another process: see tests/fakes/nvml_shim)."""
         block = Block(call, gpu, seconds, while_exists)
         self.blocks.append(block)
         return block

@@ -1,6 +1,6 @@
 """`l9gpu` with the NVML fake in place of the driver, for tests that run the agent as a process.
 
-    python tests/fake_nvml_cli.py PID[,PID...] -- ARGS...
+    python tests/fakes/nvml_cli.py PID[,PID...] -- ARGS...
 
 runs ``l9gpu ARGS...`` (e.g. ``snapshot --json --backend nvml ...``) on one fake GPU whose
 compute processes are the given host PIDs, holding 1 GiB, 2 GiB, ... of memory in that
@@ -12,9 +12,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/
 
-import fake_pynvml  # noqa: E402
+from fakes import pynvml_fake  # noqa: E402
 
 GiB = 2**30
 
@@ -24,9 +24,9 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(__doc__ or "")
         return 2
     pids = [int(p) for p in argv[0].split(",") if p]
-    gpu = fake_pynvml.FakeGpu(processes=[fake_pynvml.FakeProcess(pid=pid, used_memory=(i + 1) * GiB)
+    gpu = pynvml_fake.FakeGpu(processes=[pynvml_fake.FakeProcess(pid=pid, used_memory=(i + 1) * GiB)
                                          for i, pid in enumerate(pids)])
-    sys.modules["pynvml"] = fake_pynvml.FakeNvml(gpus=[gpu])  # type: ignore[assignment]
+    sys.modules["pynvml"] = pynvml_fake.FakeNvml(gpus=[gpu])  # type: ignore[assignment]
     from exporter.app.cli import main as l9gpu
 
     return l9gpu(argv[2:])

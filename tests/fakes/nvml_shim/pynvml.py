@@ -17,10 +17,10 @@ import json
 import os
 import sys
 
-import fake_pynvml
+from fakes import pynvml_fake
 
 _spec = json.loads(os.environ.get("FAKE_NVML_SPEC", "{}"))
-_fake = fake_pynvml.FakeNvml([fake_pynvml.FakeGpu(**gpu) for gpu in _spec.get("gpus", [{}])])
+_fake = pynvml_fake.FakeNvml([pynvml_fake.FakeGpu(**gpu) for gpu in _spec.get("gpus", [{}])])
 _fake.record_calls = False  # a long-running agent: keep no call log
 for _hang in _spec.get("hang", []):
     _fake.block(_hang.get("call"), _hang.get("gpu"), _hang.get("seconds"), _hang.get("while_exists"))
