@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     fake = fake_node(load_scenario(opts.scenario), opts.h200_costs)
     sys.modules["pynvml"] = binding_on_fake(fake)
-    from nvitop_exporter.app.cli import main as peer_main
+    from nvitop_exporter.cli import main as peer_main
 
     sys.argv = ["nvitop-exporter", *rest]
     return int(peer_main() or 0)
