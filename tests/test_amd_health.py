@@ -32,7 +32,7 @@ def test_health_values_arrive_in_the_sample(tmp_path):
                   xgmi_status=AmdSmiXgmiStatus.ERROR)
     lib = FakeAmdSmi([gpu])
     (dev,) = opened(lib, tmp_path=tmp_path).sample(100.0)
-    health = dev.health
+    health = dev.health_signals
     assert health is not None
     assert health.ecc == Ecc(aggregate_corrected=3, aggregate_uncorrected=0, deferred=1, blocks=(
         EccBlock("umc", 3, 0, 1), EccBlock("sdma", 0, 0, 0), EccBlock("gfx", 0, 0, 0), EccBlock("mmhub", 0, 0, 0)))
@@ -51,8 +51,8 @@ def test_degraded_link_and_no_bad_pages():
             "pcie_metric": {"pcie_width": 8, "pcie_speed": 16000, "pcie_replay_count": NA}}
     lib = FakeAmdSmi([FakeGpu(pcie=pcie)])
     (dev,) = opened(lib).sample(100.0)
-    assert dev.health.pcie == Pcie(generation=4, generation_max=5, width=8, width_max=16, replays=None)
-    assert dev.health.retired_pages == RetiredPages(double_bit=0, pending=False)
+    assert dev.health_signals.pcie == Pcie(generation=4, generation_max=5, width=8, width_max=16, replays=None)
+    assert dev.health_signals.retired_pages == RetiredPages(double_bit=0, pending=False)
 
 
 def test_unsupported_reads_are_none_and_asked_once():
@@ -63,9 +63,9 @@ def test_unsupported_reads_are_none_and_asked_once():
     for now in (100.0, 101.0, 102.0):
         (dev,) = backend.sample(now)
         assert dev.up
-        assert dev.health is not None
-        assert dev.health.pcie is None and dev.health.retired_pages is None and dev.health.xgmi_status is None
-        assert dev.health.ecc.blocks == (EccBlock("umc", 1, 0, 0),)
+        assert dev.health_signals is not None
+        assert dev.health_signals.pcie is None and dev.health_signals.retired_pages is None and dev.health_signals.xgmi_status is None
+        assert dev.health_signals.ecc.blocks == (EccBlock("umc", 1, 0, 0),)
     for name in ("amdsmi_get_pcie_info", "amdsmi_gpu_xgmi_error_status", "amdsmi_get_gpu_bad_page_info",
                  "amdsmi_get_gpu_ecc_count:SDMA", "amdsmi_get_gpu_ecc_count:GFX"):
         assert lib.calls[name] == 1, name
@@ -78,8 +78,8 @@ def test_older_library_without_the_calls():
     lib = FakeAmdSmi([FakeGpu()], library_lacks=lacks)
     (dev,) = opened(lib).sample(100.0)
     assert dev.up
-    assert dev.health.ecc == Ecc(aggregate_corrected=3, aggregate_uncorrected=0, deferred=1)
-    assert dev.health.pcie is None and dev.health.retired_pages is None and dev.health.xgmi_status is None
+    assert dev.health_signals.ecc == Ecc(aggregate_corrected=3, aggregate_uncorrected=0, deferred=1)
+    assert dev.health_signals.pcie is None and dev.health_signals.retired_pages is None and dev.health_signals.xgmi_status is None
 
 
 def test_read_only_every_health_interval():
@@ -88,7 +88,7 @@ def test_read_only_every_health_interval():
     read = {0: [], 1: []}
     for now in (100.0, 105.0, 114.0, 116.0, 129.0, 131.0, 146.0):
         for dev in backend.sample(now):
-            if dev.health is not None:
+            if dev.health_signals is not None:
                 read[dev.index].append(now)
     # Both on the first pass; GPU 0 first due half an interval later, GPU 1 a whole one.
     assert read == {0: [100.0, 116.0, 146.0], 1: [100.0, 131.0]}
@@ -100,7 +100,7 @@ def test_health_off_asks_nothing():
     backend = opened(lib, interval=None)
     for now in (100.0, 200.0):
         (dev,) = backend.sample(now)
-        assert dev.up and dev.health is None
+        assert dev.up and dev.health_signals is None
     assert "amdsmi_get_pcie_info" not in lib.calls
     assert not any(name.startswith("amdsmi_get_gpu_ecc_count") for name in lib.calls)
 
@@ -113,7 +113,7 @@ def test_garbage_is_passed_on_without_a_crash():
     lib = FakeAmdSmi([gpu])
     (dev,) = opened(lib).sample(100.0)
     assert dev.up
-    health = dev.health
+    health = dev.health_signals
     assert health.ecc.blocks == (EccBlock("umc", -5, None, 2**70),)
     assert health.ecc.aggregate_corrected is None
     assert health.pcie == Pcie(width=-4, replays=-1)
@@ -126,8 +126,8 @@ def test_a_failing_health_call_is_asked_again():
     lib = FakeAmdSmi([gpu])
     backend = opened(lib, interval=0.0)
     (dev,) = backend.sample(100.0)
-    assert dev.up and dev.health.pcie is None
+    assert dev.up and dev.health_signals.pcie is None
     gpu.pcie = {"pcie_static": {"max_pcie_width": 16, "max_pcie_speed": 32000},
                 "pcie_metric": {"pcie_width": 16, "pcie_speed": 32000, "pcie_replay_count": 0}}
     (dev,) = backend.sample(101.0)
-    assert dev.health.pcie == Pcie(generation=5, generation_max=5, width=16, width_max=16, replays=0)
+    assert dev.health_signals.pcie == Pcie(generation=5, generation_max=5, width=16, width_max=16, replays=0)

@@ -30,14 +30,14 @@ def health_calls(calls: Path) -> int:
 def test_health_values_arrive_in_the_sample(tmp_path, monkeypatch):
     gaudi, calls = backend(tmp_path, monkeypatch)
     dev0, dev1 = gaudi.sample(100.0)
-    assert dev0.health.ecc == Ecc(enabled=True, volatile_corrected=2, volatile_uncorrected=0,
+    assert dev0.health_signals.ecc == Ecc(enabled=True, volatile_corrected=2, volatile_uncorrected=0,
                                   aggregate_corrected=5, aggregate_uncorrected=0)
-    assert dev1.health.ecc == Ecc(enabled=True, volatile_corrected=0, volatile_uncorrected=0,
+    assert dev1.health_signals.ecc == Ecc(enabled=True, volatile_corrected=0, volatile_uncorrected=0,
                                   aggregate_corrected=0, aggregate_uncorrected=0)
-    assert dev0.health.boot_id == "0b0e1d00-0000-4000-8000-000000000042"
+    assert dev0.health_signals.boot_id == "0b0e1d00-0000-4000-8000-000000000042"
     # hl-smi has none of these.
-    assert dev0.health.pcie is None and dev0.health.nvlinks == () and dev0.health.recovery_action is None
-    assert dev0.health.fabric is None and dev0.health.violations is None
+    assert dev0.health_signals.pcie is None and dev0.health_signals.nvlinks == () and dev0.health_signals.recovery_action is None
+    assert dev0.health_signals.fabric is None and dev0.health_signals.violations is None
     assert health_calls(calls) == 1
 
 
@@ -46,7 +46,7 @@ def test_health_query_only_every_interval(tmp_path, monkeypatch):
     read = {0: [], 1: []}
     for now in (100.0, 105.0, 114.0, 116.0, 129.0, 131.0, 146.0):
         for dev in gaudi.sample(now):
-            if dev.health is not None:
+            if dev.health_signals is not None:
                 read[dev.index].append(now)
     assert read == {0: [100.0, 116.0, 146.0], 1: [100.0, 131.0]}
     assert health_calls(calls) == 4  # passes at 100, 116, 131, 146
@@ -55,7 +55,7 @@ def test_health_query_only_every_interval(tmp_path, monkeypatch):
 def test_health_off_runs_no_health_query(tmp_path, monkeypatch):
     gaudi, calls = backend(tmp_path, monkeypatch, interval=None)
     for now in (100.0, 200.0):
-        assert all(dev.up and dev.health is None for dev in gaudi.sample(now))
+        assert all(dev.up and dev.health_signals is None for dev in gaudi.sample(now))
     assert health_calls(calls) == 0
 
 
@@ -67,7 +67,7 @@ def test_a_tool_without_a_field_fails_only_the_health_query(tmp_path, monkeypatc
         samples = gaudi.sample(now)
         assert [dev.up for dev in samples] == [True, True]
         assert samples[0].utilization == 0.17
-        assert all(dev.health is None for dev in samples)
+        assert all(dev.health_signals is None for dev in samples)
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "health query" in warnings[0].getMessage()
     assert gaudi.errors() == {"health_query": 3}
@@ -78,9 +78,9 @@ def test_garbage_is_passed_on_without_a_crash(tmp_path, monkeypatch):
     gaudi, _ = backend(tmp_path, monkeypatch)
     dev0, dev1 = gaudi.sample(100.0)
     assert dev0.up and dev1.up
-    assert dev0.health.ecc == Ecc(enabled=None, volatile_corrected=-3, volatile_uncorrected=None,
+    assert dev0.health_signals.ecc == Ecc(enabled=None, volatile_corrected=-3, volatile_uncorrected=None,
                                   aggregate_corrected=None, aggregate_uncorrected=int(1e30))
-    assert dev1.health is not None and dev1.health.ecc is None
+    assert dev1.health_signals is not None and dev1.health_signals.ecc is None
 
 
 def test_parse_health_csv_is_total():

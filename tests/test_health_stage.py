@@ -75,10 +75,10 @@ def test_a_pending_remap_clears_after_the_reset_and_unhealthy_time_is_counted(tm
                       {"gpus": [1], "row_remap": {"failure": True}, "until": "5s"}]}
     collector, t = _collector(tmp_path, doc)
     snap = _passes(collector, t, 3)
-    assert snap.health[snap.devices[0].key].reason_names == ("row_remap_pending",)
-    assert snap.health[snap.devices[1].key].state == "unhealthy"
+    assert snap.verdicts[snap.devices[0].key].reason_names == ("row_remap_pending",)
+    assert snap.verdicts[snap.devices[1].key].state == "unhealthy"
     snap = _passes(collector, t, 4)
-    assert all(v.state == "healthy" and v.reasons == () for v in snap.health.values())
+    assert all(v.state == "healthy" and v.reasons == () for v in snap.verdicts.values())
     assert {lab["gpu"]: v for lab, v in _series(snap, "gpu_row_remap_pending")} == {"0": 0.0, "1": 0.0}
     unhealthy = {lab["gpu"]: v for lab, v in _series(snap, "gpu_unhealthy_seconds_total")}
     # unhealthy in the passes at t=1..4 (the scenario lifts it at 5 s): the intervals ending at t=2, 3, 4
@@ -141,7 +141,7 @@ def test_a_verdict_kept_from_the_last_pass_is_the_one_assessed_afresh(scenario):
     for n in range(240):
         t[0] = float(n)
         # health read every 10 s per GPU, staggered, as the NVML backend reads it
-        devices = [d if n % 10 == d.index else updated(d, health=None) for d in backend.sample(t[0])]
+        devices = [d if n % 10 == d.index else updated(d, health_signals=None) for d in backend.sample(t[0])]
         stuck = {devices[2].key} if 100 <= n < 104 else set()
         before = dict(kept.verdicts)
         baseline, new = xid_step(baseline, devices)

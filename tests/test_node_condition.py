@@ -244,7 +244,7 @@ def test_kubectl_describe_node_prints_the_condition_the_taint_and_the_events(api
 
     def snap(seq: int, verdict: Verdict) -> Snapshot:
         health = {d.key: Verdict("healthy", "none", ()) for d in devices} | {"GPU-4": verdict}
-        return Snapshot(seq=seq, node=NODE, timestamp=1_790_000_000.0 + seq, devices=devices, health=health,
+        return Snapshot(seq=seq, node=NODE, timestamp=1_790_000_000.0 + seq, devices=devices, verdicts=health,
                         processes=(ProcessRow("GPU-4", 52001, "python3", trainer, 1, None),))
 
     try:

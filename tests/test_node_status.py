@@ -33,7 +33,7 @@ def _snap(seq: int, actions: dict[int, tuple[str, ...]], timestamp: float = 1_79
     health = {f"GPU-{i}": _verdict(*actions.get(i, (p.NONE,))) for i in range(8)}
     processes = (ProcessRow("GPU-4", 100, "python3", TRAINER, 1, None),)
     return Snapshot(seq=seq, node=NODE, timestamp=timestamp + seq, devices=devices, processes=processes,
-                    health=health)
+                    verdicts=health)
 
 
 def test_the_condition_is_true_only_beyond_restart_app_with_the_highest_action_as_reason() -> None:

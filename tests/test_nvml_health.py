@@ -41,7 +41,7 @@ def opened(fake: FakeNvml, boot_id: str, **kwargs) -> NvmlBackend:
 
 
 def health_of(backend: NvmlBackend, now: float = 100.0) -> list[HealthSignals | None]:
-    return [d.health for d in backend.sample(now) if not d.gpu_instance]
+    return [d.health_signals for d in backend.sample(now) if not d.gpu_instance]
 
 
 def counts(fake: FakeNvml, start: int = 0) -> collections.Counter[str]:
@@ -162,7 +162,7 @@ def test_health_is_read_every_interval_staggered(boot_id):
     for step in range(0, 121):  # a pass a second for two minutes (an injected clock)
         now = 1000.0 + step
         for d in backend.sample(now):
-            if d.health is not None:
+            if d.health_signals is not None:
                 read_at[d.index].append(now)
     for index in range(4):
         times = read_at[index]
@@ -191,12 +191,12 @@ def test_a_down_gpu_carries_lost_or_reset_required(boot_id, code, lost, reset):
     fake.gpus[1].errors["nvmlDeviceGetMemoryInfo"] = code
     down = [d for d in backend.sample(2.0) if d.index == 1][0]
     assert not down.up
-    assert (down.health.gpu_lost, down.health.reset_required) == (lost, reset)
+    assert (down.health_signals.gpu_lost, down.health_signals.reset_required) == (lost, reset)
     # A health read that meets a lost GPU takes it down the same way.
     fake.gpus[1].errors.clear()
     fake.gpus[0].errors["nvmlDeviceGetRemappedRows"] = NVML_ERROR_GPU_IS_LOST
     gpu0 = [d for d in backend.sample(3.0) if d.index == 0][0]
-    assert not gpu0.up and gpu0.health.gpu_lost
+    assert not gpu0.up and gpu0.health_signals.gpu_lost
 
 
 def test_health_interval_flag_parses_and_rejects_bad_values(monkeypatch, capsys):

@@ -224,7 +224,7 @@ def test_after_xid_79_the_simulated_driver_answers_for_that_gpu_as_a_lost_one():
     lost = after[3]
     assert (lost.up, lost.error, lost.processes, lost.utilization, lost.memory_used_bytes) == (
         False, "GPU is lost: GPU is lost", (), None, None)
-    assert lost.health is not None and lost.health.gpu_lost and dict(lost.xid_errors) == {"79": 1}
+    assert lost.health_signals is not None and lost.health_signals.gpu_lost and dict(lost.xid_errors) == {"79": 1}
     assert (lost.uuid, lost.model, lost.pci_bus_id) == (before[3].uuid, before[3].model, before[3].pci_bus_id)
     assert all(after[i].up for i in (0, 1, 2)) and backend.errors() == {"gpu_lost": 1}
     # its Xid count stays on /metrics while it is down (the alert on Xids sees Xid 79)

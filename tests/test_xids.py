@@ -67,7 +67,7 @@ def test_a_counter_reset_is_seen_alike_by_the_health_verdict_and_the_incidents()
         watch.observe(snap)
         incidents = [doc["xid"] for doc in watch.recent_json()[: len(watch.recent_json()) - before]]
         new = snap.new_xids.get("GPU-0")
-        return (dict(new) if new is not None else None), incidents, snap.health["GPU-0"].reason_names
+        return (dict(new) if new is not None else None), incidents, snap.verdicts["GPU-0"].reason_names
 
     try:
         assert pass_at(1.0, {}) == (None, [], ())  # the first pass: the baseline

@@ -287,7 +287,7 @@ def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None,
         mem = f"{_gib(d.memory_used_bytes)}/{_gib(d.memory_total_bytes)}"
         power = "-" if d.power_watts is None else f"{d.power_watts:.0f}"
         rows = by_device.get(d.key, [])
-        verdict = snap.health.get(d.key)
+        verdict = snap.verdicts.get(d.key)
         health = verdict.state if verdict is not None else "-"
         agents = (verdicts or {}).get(d.uuid)
         if isinstance(agents, Mapping) and isinstance(agents.get("state"), str):

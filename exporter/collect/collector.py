@@ -194,7 +194,7 @@ class Collector:
             backend_errors=frozen_mapping(backend_errors),
             info=frozen_mapping(info),
             stuck=stuck,
-            health=frozen_mapping(health.verdicts),
+            verdicts=frozen_mapping(health.verdicts),
             health_transitions=frozen_mapping(health.transitions),
             device_unhealthy_seconds=frozen_mapping(health.unhealthy_seconds),
             health_signals=frozen_mapping(health.signals),

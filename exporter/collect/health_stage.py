@@ -5,7 +5,7 @@ pass's devices and the keys of the devices left unread by a stuck driver call, a
 the returned `HealthStageState` for the next pass. The policy itself is `exporter.health`;
 this only feeds it per GPU:
 
-* the device's health read (``DeviceSample.health``, None on passes without one: the last
+* the device's health read (``DeviceSample.health_signals``, None on passes without one: the last
   read's reasons stand),
 * the XIDs new in this pass (``Snapshot.new_xids``, from the one baseline the incident
   engine reads too, `exporter.collect.xids`; a code whose count grew by n counts n times). A
@@ -128,14 +128,14 @@ def health_step(state: HealthStageState, now: float, devices: Sequence[DeviceSam
         key = device.key
         last, last_verdict = state.gpus.get(key), state.verdicts.get(key)
         codes = xid_codes(device.xid_errors if last is None else new_xids.get(key, {}))
-        if _unchanged(last, last_verdict, device.health, codes, key in stuck):
+        if _unchanged(last, last_verdict, device.health_signals, codes, key in stuck):
             assert last is not None and last_verdict is not None
             gpus[key], verdict = last, last_verdict
         else:
-            gpus[key], verdict = assess(last or HealthState(), now, device.health, codes,
+            gpus[key], verdict = assess(last or HealthState(), now, device.health_signals, codes,
                                         device.utilization if device.up else None, key in stuck, config)
-        if device.health is not None:
-            signals[key] = device.health
+        if device.health_signals is not None:
+            signals[key] = device.health_signals
         verdicts[key] = verdict
         transitions[key] = gpus[key].transitions
         problems += [f"GPU {device.index} ({key}): {line}" for line in verdict.problems]

@@ -144,7 +144,7 @@ class DeviceSample:
             (per-process series off, see docs/ATTRIBUTION.md): that owner's SM share is
             ``utilization``. The processes' ``sm_utilization`` then stays None, except
             where the device has one process, whose share it is.
-        health: what the GPU's health reads said (`exporter.health.HealthSignals`), on
+        health_signals: what the GPU's health reads said (`exporter.health.HealthSignals`), on
             the passes that read them (every ``--health-interval``); None on the others,
             where the last reading stands. A MIG instance carries none: it inherits its
             parent's verdict.
@@ -181,7 +181,7 @@ class DeviceSample:
     processes: tuple[ProcessSample, ...] = ()
     capacity: float = 1.0
     sm_share_from_device: bool = False
-    health: HealthSignals | None = None
+    health_signals: HealthSignals | None = None
 
     @property
     def key(self) -> str:
@@ -398,7 +398,7 @@ class Snapshot:
         info: free-form self facts (e.g. "host_pids_visible": 1.0).
         stuck: calls into vendor libraries that have not returned within their deadline
             (their devices are in ``devices``, down).
-        health: per device key, its health verdict (`exporter.health.Verdict`; a MIG
+        verdicts: per device key, its health verdict (`exporter.health.Verdict`; a MIG
             instance's is its parent GPU's), from `exporter.collect.health_stage`.
         health_transitions: per device key, how often its verdict's state changed since
             the agent started (``gpu_health_transitions_total``).
@@ -425,7 +425,7 @@ class Snapshot:
     backend_errors: Mapping[tuple[str, str], int] = field(default_factory=frozen_mapping)
     info: Mapping[str, float] = field(default_factory=frozen_mapping)
     stuck: tuple[StuckCall, ...] = ()
-    health: Mapping[str, Verdict] = field(default_factory=frozen_mapping)
+    verdicts: Mapping[str, Verdict] = field(default_factory=frozen_mapping)
     health_transitions: Mapping[str, int] = field(default_factory=frozen_mapping)
     device_unhealthy_seconds: Mapping[str, float] = field(default_factory=frozen_mapping)
     health_signals: Mapping[str, HealthSignals] = field(default_factory=frozen_mapping)

@@ -94,7 +94,7 @@ def read_boot_id(path: str = BOOT_ID_PATH) -> str | None:
 
 
 class HealthReads:
-    """What a backend that reads its GPUs' health (``DeviceSample.health``) declares.
+    """What a backend that reads its GPUs' health (``DeviceSample.health_signals``) declares.
 
     A backend subclasses it beside `exporter.devices.base.Backend` and takes
     ``health_interval`` (and ``boot_id_path``) in its constructor, to hand them to

@@ -83,7 +83,7 @@ class IncidentWatch:
             comms[row.pid] = row.comm
             if row.start_time is not None:
                 starts[row.pid] = row.start_time
-        reasons = {key: set(verdict.reason_names) for key, verdict in snap.health.items()}
+        reasons = {key: set(verdict.reason_names) for key, verdict in snap.verdicts.items()}
         for incident in self.tracker.observe(now, snap.timestamp, snap.devices, owners, records, reasons,
                                              starts=starts, comms=comms, new_xids=snap.new_xids):
             self._record(incident)

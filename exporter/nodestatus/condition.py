@@ -82,8 +82,8 @@ def needs_node_action(action: str) -> bool:
 
 def gpu_actions(snap: Snapshot) -> dict[str, str]:
     """Per physical GPU key, its verdict's action where it is one of `NODE_ACTIONS`."""
-    return {d.key: snap.health[d.key].action for d in snap.devices
-            if not d.gpu_instance and d.key in snap.health and needs_node_action(snap.health[d.key].action)}
+    return {d.key: snap.verdicts[d.key].action for d in snap.devices
+            if not d.gpu_instance and d.key in snap.verdicts and needs_node_action(snap.verdicts[d.key].action)}
 
 
 def track_since(previous: Mapping[str, tuple[str, float]], snap: Snapshot) -> dict[str, tuple[str, float]]:
@@ -100,9 +100,9 @@ def node_verdict(snap: Snapshot, since: Mapping[str, tuple[str, float]]) -> Node
     """The node's condition for ``snap`` (``since`` from `track_since`)."""
     problems = []
     for device in sorted(snap.devices, key=lambda d: d.index):
-        if device.gpu_instance or device.key not in snap.health:
+        if device.gpu_instance or device.key not in snap.verdicts:
             continue
-        verdict = snap.health[device.key]
+        verdict = snap.verdicts[device.key]
         if not needs_node_action(verdict.action):
             continue
         started = since.get(device.key, (verdict.action, snap.timestamp))[1]
@@ -153,7 +153,7 @@ class GpuTransition:
 
 def gpu_states(snap: Snapshot) -> dict[str, str]:
     """Per physical GPU key, its verdict's state."""
-    return {d.key: snap.health[d.key].state for d in snap.devices if not d.gpu_instance and d.key in snap.health}
+    return {d.key: snap.verdicts[d.key].state for d in snap.devices if not d.gpu_instance and d.key in snap.verdicts}
 
 
 def holders(snap: Snapshot, key: str) -> tuple[str, ...]:
@@ -179,9 +179,9 @@ def gpu_transitions(before: Mapping[str, str], snap: Snapshot,
     out = []
     for device in sorted(snap.devices, key=lambda d: d.index):
         key = device.key
-        if device.gpu_instance or key not in snap.health or key not in before:
+        if device.gpu_instance or key not in snap.verdicts or key not in before:
             continue
-        verdict = snap.health[key]
+        verdict = snap.verdicts[key]
         if verdict.state == before[key]:
             continue
         seen = snap if device.up or last_up is None else last_up.get(key, snap)

@@ -1,6 +1,6 @@
 """The health families' extractors (`catalogue.HEALTH` scope), for the rows of `catalogue_health`.
 
-Verdict families come from ``Snapshot.health`` (every device, up or down: a GPU that fell
+Verdict families come from ``Snapshot.verdicts`` (every device, up or down: a GPU that fell
 off the bus has a verdict too). Signal families come from ``Snapshot.health_signals``, the
 last health read of each physical GPU that is up (between reads the last one stands). A
 value the read did not report, or one the driver answered with garbage, is absent, never 0:
@@ -64,7 +64,7 @@ def verdict(values: Callable[[Verdict], Iterable[Row]]) -> PerDevice:
     """A family of each GPU's verdict: (label values, value) from ``values``."""
 
     def read(snapshot: Snapshot, device: DeviceSample) -> Iterable[Row]:
-        found = snapshot.health.get(device.key)
+        found = snapshot.verdicts.get(device.key)
         return () if found is None else values(found)
 
     return PerDevice(read)
@@ -72,5 +72,5 @@ def verdict(values: Callable[[Verdict], Iterable[Row]]) -> PerDevice:
 
 def transitions(snapshot: Snapshot, device: DeviceSample) -> Iterator[Row]:
     """How often a GPU's verdict changed state, for each GPU that has a verdict."""
-    if device.key in snapshot.health:
+    if device.key in snapshot.verdicts:
         yield (), float(snapshot.health_transitions.get(device.key, 0))

@@ -144,7 +144,7 @@ def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = (),
             "power_limit_watts": d.power_limit_watts,
             "temperature_celsius": d.temperature_celsius,
             "gpm": dict(d.gpm), "gpm_status": (gpm_status or {}).get((d.index, d.gpu_instance), ""),
-            "health": health_entry(snap.health.get(d.key)),
+            "health": health_entry(snap.verdicts.get(d.key)),
             "processes": [{
                 "pid": r.pid, "comm": r.comm, "memory_used_bytes": r.used_memory_bytes,
                 "sm_utilization_ratio": r.sm_utilization, "owner": describe_owner(r.workload),

@@ -333,7 +333,7 @@ class AmdBackend(HealthReads, Backend):
             memory_clock_hertz=mem_clock,
             ecc_errors=frozen_mapping(ecc_counts),
             processes=tuple(processes),
-            health=health,
+            health_signals=health,
         )
 
     def _memory(self, reads: _Reads, handle: Any) -> tuple[int | None, int | None]:

@@ -316,7 +316,7 @@ class GaudiBackend(HealthReads, Backend):
             present.add(row.index)
             sample = self._device(row, sorted(holders.get(row.index, ())))
             if row.index in health:
-                sample = replace(sample, health=health[row.index])
+                sample = replace(sample, health_signals=health[row.index])
             self._known[row.index] = sample
             samples.append(sample)
         for index in sorted(set(self._known) - present):

@@ -341,7 +341,7 @@ class NvmlBackend(
         log.debug("GPU %d not readable: %s", index, down)
         sample = self._down_sample(index, str(down))
         if down.reason in ("gpu_lost", "reset_required"):
-            sample = replace(sample, health=HealthSignals(gpu_lost=down.reason == "gpu_lost",
+            sample = replace(sample, health_signals=HealthSignals(gpu_lost=down.reason == "gpu_lost",
                                                           reset_required=down.reason == "reset_required",
                                                           boot_id=self._boot_id))
         return [sample]
@@ -452,7 +452,7 @@ class NvmlBackend(
             pci_bus_id=static["pci_bus_id"],
             serial=static["serial"],
             processes=processes,
-            health=self._read_health(nvml, index, handle, bool(mig_enabled), fields, values["ecc_errors"])
+            health_signals=self._read_health(nvml, index, handle, bool(mig_enabled), fields, values["ecc_errors"])
             if health_due else None,
             **values,
         )

@@ -476,7 +476,7 @@ class SimulatedBackend(Backend):
                                 driver_version=gpu.driver_version, pci_bus_id=_pci_bus_id(gpu.index),
                                 serial=_serial(gpu.index))
         return replace(identity.down(GPU_LOST_ERROR, xid_errors=self._xid_counts(gpu.index, t)),
-                       health=HealthSignals(gpu_lost=True, boot_id=SIMULATED_BOOT_ID))
+                       health_signals=HealthSignals(gpu_lost=True, boot_id=SIMULATED_BOOT_ID))
 
     def elapsed(self, now: float) -> float:
         """Seconds since the backend opened, at pass time ``now``."""
@@ -543,7 +543,7 @@ class SimulatedBackend(Backend):
                                       memory_utilization=0.6 * s)
                         for p, m, s in zip(procs, memories, shares)
                     ),
-                    health=simulated_signals(gpu.index, t, busy, self._capped.get(gpu.index, 0.0),
+                    health_signals=simulated_signals(gpu.index, t, busy, self._capped.get(gpu.index, 0.0),
                                              self.scenario.health),
                 )
             )
