@@ -257,6 +257,32 @@ def test_renders_only_for_the_scrapes_it_expects():
     assert len(calls) == len(scrape_steps)
 
 
+def test_a_scrape_right_after_a_pass_is_rendered_for_once():
+    """A scrape that falls just after a pass boundary is due for two passes' horizons:
+    the first pass that sees it due renders for it, the next one does not render again."""
+    clock, c = _simulated_collector()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: c.snapshot, cat.enabled_names()))
+    exposition = Exposition(registry, lambda: c.snapshot, max_age=2.0, interval=1.0, clock=clock)
+    calls = _counting(exposition)
+    scrape_renders, ages = [], []
+    for second in range(0, 121):
+        clock.t = 10.0 + second
+        exposition.warm(c.collect_once())
+        if second % 15 == 0:
+            clock.t += 0.02  # 20 ms after the pass
+            before = len(calls)
+            body, _ = exposition.render(PROMETHEUS_ACCEPT, True, client="10.0.0.7")
+            scrape_renders.append(len(calls) - before)
+            ages.append(pick(parse_metrics(gzip.decompress(body).decode().replace("# EOF\n", "")),
+                             "l9gpu_snapshot_age_seconds")[0])
+    assert scrape_renders[:2] == [1, 1] and scrape_renders[2:] == [0] * (len(scrape_renders) - 2)
+    # 9 scrapes, 9 renders: not two for each scrape foreseen
+    assert len(calls) == len(scrape_renders)
+    # what a foreseen scrape gets was rendered one pass before it, never older
+    assert all(age <= 1.5 for age in ages)
+
+
 def test_each_scraper_of_an_ha_pair_is_foreseen():
     clock, c = _simulated_collector()
     registry = CollectorRegistry(auto_describe=False)

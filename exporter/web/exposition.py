@@ -153,9 +153,9 @@ class Exposition:
         now = self._clock()
         with self._lock:
             wanted = list(self._wanted)
-        # Until the next pass, and a tenth more: a scrape due right at a pass boundary may
-        # arrive while that pass runs, so the pass before renders for it too.
-        horizon = 1.1 * self._interval
+        # Until the next pass has run, about: a scrape due right at a pass boundary may
+        # arrive while that pass runs, so the pass before renders for it (and only it).
+        horizon = 1.05 * self._interval
         for accept, want_gzip in wanted:
             if self.forecast.due((accept, want_gzip), now, horizon):
                 self.render(accept or None, want_gzip, background=True)

@@ -20,6 +20,7 @@ from typing import Any
 class _Client:
     last: float
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=3))
+    rendered_for: float | None = None  # the expected scrape a pass already rendered for
 
 
 class ScrapeForecast:
@@ -55,13 +56,15 @@ class ScrapeForecast:
                 del self._clients[next(iter(self._clients))]
 
     def due(self, variant: Any, now: float, horizon: float) -> bool:
-        """True when a client of ``variant`` is expected to scrape before ``now + horizon``.
+        """True when a client of ``variant`` is expected to scrape before ``now + horizon``
+        and no earlier call answered True for that scrape: the caller renders for it, once.
 
         A client seen once (period unknown) is not expected: its next scrape renders by
         itself, and from the third on they are foreseen. A scrape overdue by more than a
         quarter of ``horizon`` is no longer expected.
         """
         with self._lock:
+            wanted = False
             for key, client in list(self._clients.items()):
                 if not client.gaps:
                     if now - client.last > self._forget_after:
@@ -74,11 +77,12 @@ class ScrapeForecast:
                 if key[1:] != variant:
                     continue
                 # Its next scrape, if due before the next pass (or late by a quarter of the
-                # horizon): one pass renders for it (two when it falls right at a pass
-                # boundary). A client that missed its time (stopped, or irregular) is not
-                # rendered for on every pass; its next scrape renders by itself and tells
-                # its period anew.
+                # horizon): the first pass that sees it due renders for it, the next ones do
+                # not (the bytes stay servable for two intervals). A client that missed its
+                # time (stopped, or irregular) is not rendered for on every pass; its next
+                # scrape renders by itself and tells its period anew.
                 expected = client.last + period
-                if now - horizon / 4 <= expected <= now + horizon:
-                    return True
-            return False
+                if now - horizon / 4 <= expected <= now + horizon and client.rendered_for != expected:
+                    client.rendered_for = expected
+                    wanted = True
+            return wanted
