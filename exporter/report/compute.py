@@ -376,8 +376,10 @@ def _idle_expression(token_selectors: Sequence[str], pods: Sequence[str], select
     for text in token_selectors:
         s = with_matchers(text, _join(pod_matcher, selector))
         now, before = f"last_over_time({s}[{res}])", f"last_over_time({s}[{res}] offset {res})"
-        # a rise: a counter that fell restarted, which serves nothing by itself
-        served.append(f"group by (namespace, pod) ({now} > {before} or ({now} > 0 unless {before}))")
+        # a rise: a counter that fell restarted, which serves nothing by itself. Not
+        # grouped by pod here: ``unless on (namespace, pod)`` matches the series as they
+        # are, and an aggregation per 5-minute step is a sixth of the query's time.
+        served.append(f"({now} > {before} or ({now} > 0 unless {before}))")
     return f"{held} unless on (namespace, pod) ({' or '.join(served)})"
 
 
