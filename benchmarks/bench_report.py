@@ -169,6 +169,9 @@ def main() -> int:
     parser.add_argument("--backfill-only", action="store_true", help="write the history (with --keep) and stop")
     parser.add_argument("--by", choices=("namespace", "model"), default="namespace",
                         help="model: the long-running containers are vLLM replicas, and the report is --by model")
+    parser.add_argument("--query-log", action="store_true",
+                        help="have Prometheus log each query's timings (global.query_log_file) and print where "
+                             "the server's time went, by kind of query, over every report run")
     parser.add_argument("--source", choices=("auto", "raw", "rules"), default="auto",
                         help="the report's --source; rules: Prometheus evaluates alerts/l9gpu-chargeback.rules.yaml "
                              "over the history first (promtool tsdb create-blocks-from rules)")
@@ -232,6 +235,10 @@ def measure(args: argparse.Namespace, prometheus: str, work: Path, start: int, e
     # a shared 2-core machine: Prometheus and the report get long query timeouts
     server = PrometheusServer(prometheus, work, [], args=["--storage.tsdb.retention.time=400d",
                                                           "--query.timeout=10m"])
+    query_log = work / "query.log"
+    if args.query_log:
+        server.config.write_text(server.config.read_text().replace(
+            "global:\n", f"global:\n  query_log_file: {json.dumps(str(query_log))}\n", 1))
     server.start()
     try:
         server.wait_for(f"count(last_over_time(container_gpu_allocation_seconds_total[1d] @ {end}))", timeout=600)
@@ -275,9 +282,40 @@ def measure(args: argparse.Namespace, prometheus: str, work: Path, start: int, e
             if not expected_idle * 0.995 <= idle <= expected_idle:
                 print("MISMATCH between the report's idle replica hours and the history", file=sys.stderr)
                 return 1
+        if args.query_log:
+            print_query_log(query_log)
     finally:
         server.stop()
     return 0
+
+
+# What each of the report's queries asks, told apart by its PromQL (exporter.report.aggregate, compute)
+QUERY_KINDS = (
+    ("idle intervals (a subquery every 5 minutes)", lambda q, step: q.startswith("count_over_time((")),
+    ("raw samples of flagged steps", lambda q, step: 'node=~"' in q),
+    ("per-step sums by group", lambda q, step: q.startswith("sum by (")),
+    ("falls (resets per step)", lambda q, step: q.startswith("resets(")),
+    ("appearances per step (unless the step before)", lambda q, step: " unless last_over_time(" in q),
+    ("values per step", lambda q, step: bool(step)),
+    ("period totals (last and first values)", lambda q, step: True),
+)
+
+
+def print_query_log(path: Path) -> None:
+    """Prometheus' query log summed by kind of query: execution seconds (the server's
+    time, queries running side by side on its cores) and the count."""
+    kinds: dict[str, list[float]] = {}
+    total = 0.0
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        query, step = entry["params"]["query"], entry["params"].get("step", 0)
+        seconds = float(entry.get("stats", {}).get("timings", {}).get("execTotalTime", 0.0))
+        kind = next(name for name, match in QUERY_KINDS if match(query, step))
+        kinds.setdefault(kind, []).append(seconds)
+        total += seconds
+    print(f"Prometheus' query log: {sum(len(v) for v in kinds.values())} queries, {total:.2f} s of execution")
+    for kind, seconds in sorted(kinds.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {sum(seconds):7.2f} s  {len(seconds):3d} queries  {kind}")
 
 
 if __name__ == "__main__":
