@@ -12,8 +12,10 @@ plus the few cases the server cannot settle:
   last value in the period less its value before START (0 for a new series; a rise across
   a gap counts as growth, as in the rule), so two instant queries give every series' total.
 - Per group and step, for the figures shown per step: ``sum by (group, price keys)`` of
-  ``E = (cur - prev) or cur`` at every step end (``cur``, ``prev``: ``last_over_time`` in
-  the step and the step before; a series new in the step counts from 0).
+  ``cur - prev`` at every step end (``cur``, ``prev``: ``last_over_time`` in the step and
+  the step before), plus ``cur`` of each series new in the step, which the appearances
+  below carry (a series new in the step counts from 0: together they are
+  ``E = (cur - prev) or cur``, without the server evaluating ``cur`` twice).
 - Per series and step, where those may be wrong, both sparse: the falls
   (``resets(c[2 steps]) > 0``, as before) and the appearances (``cur unless prev``). An
   appearance is a new series unless the series was seen earlier in the period: then it is
@@ -80,13 +82,11 @@ class _Exprs:
     def fell(self, window_ms: int) -> str:
         return f"resets({self.sel}[{window_ms}ms]) > 0"
 
-    def inc(self, window_ms: int) -> str:
-        """E over a window of ``window_ms`` ending at the evaluation time, the step before
-        a regular step (``step_ms``); falls are corrected afterwards."""
-        cur, prev = self.cur(window_ms), self.cur(self.step_ms, window_ms)
-        # last_over_time keeps the metric name: "+ 0" drops it, so that a series is one series
-        # whether it rose or is new
-        return f"({cur} - {prev}) or ({cur} + 0)"
+    def rise(self, window_ms: int) -> str:
+        """``cur - prev`` over a window of ``window_ms`` ending at the evaluation time, the
+        step before a regular step (``step_ms``): E of the series present in both (the new
+        ones are added from the appearances); falls are corrected afterwards."""
+        return f"{self.cur(window_ms)} - {self.cur(self.step_ms, window_ms)}"
 
     def appeared(self, window_ms: int) -> str:
         return f"{self.cur(window_ms)} unless {self.cur(self.step_ms, window_ms)}"
@@ -111,13 +111,13 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
         asked["fell"] = prom.query_range(x.fell(2 * g), t[1], t[n], g / 1000)
         asked["appeared"] = prom.query_range(x.appeared(g), t[1], t[n], g / 1000)
         if group_by is not None:
-            asked["steps"] = prom.query_range(f"sum by ({by}) ({x.inc(g)})", t[1], t[n], g / 1000)
+            asked["steps"] = prom.query_range(f"sum by ({by}) ({x.rise(g)})", t[1], t[n], g / 1000)
     # then a series' total: without falls and gaps, its last value less its value before START
     if tail_ms:
         asked["tail_appeared"] = prom.query(x.appeared(tail_ms), t[-1], expect="vector")
         asked["tail_fell"] = prom.query(x.fell(tail_ms + (g if n else tail_ms)), t[-1], expect="vector")
         if group_by is not None:
-            asked["tail_steps"] = prom.query(f"sum by ({by}) ({x.inc(tail_ms)})", t[-1], expect="vector")
+            asked["tail_steps"] = prom.query(f"sum by ({by}) ({x.rise(tail_ms)})", t[-1], expect="vector")
     ranged = dict(zip(asked, await _all(*asked.values())))  # the range queries first: their answers are checked
     asked = {"last": prom.query(x.cur(bounds[-1] - bounds[0] + g), t[-1], expect="vector"),
              "first": prom.query(x.cur(g), t[0], expect="vector")}
@@ -148,12 +148,18 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
     appeared: dict[SeriesKey, set[int]] = {}
     for series in answers.get("appeared", ()):
         mine = appeared.setdefault(key_of(series["metric"]), set())
-        for ts, _ in series["values"]:
+        row = None if group_by is None else out.steps.setdefault(group_key(series["metric"], group_by),
+                                                                 [0.0] * steps)
+        for ts, v in series["values"]:
             k = index.get(ts)
             if k:
                 mine.add(k)
+                if row is not None:  # new in the step: counts from 0
+                    row[k - 1] += float(v)
     for series in answers.get("tail_appeared", ()):
         appeared.setdefault(key_of(series["metric"]), set()).add(steps)
+        if group_by is not None:
+            out.steps.setdefault(group_key(series["metric"], group_by), [0.0] * steps)[-1] += float(series["value"][1])
     fell: dict[int, set[SeriesKey]] = {}
     for series in answers.get("fell", ()):
         key = key_of(series["metric"])
