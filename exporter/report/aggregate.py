@@ -118,57 +118,60 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
         asked["tail_fell"] = prom.query(x.fell(tail_ms + (g if n else tail_ms)), t[-1], expect="vector")
         if group_by is not None:
             asked["tail_steps"] = prom.query(f"sum by ({by}) ({x.rise(tail_ms)})", t[-1], expect="vector")
-    ranged = dict(zip(asked, await _all(*asked.values())))  # the range queries first: their answers are checked
-    asked = {"last": prom.query(x.cur(bounds[-1] - bounds[0] + g), t[-1], expect="vector"),
-             "first": prom.query(x.cur(g), t[0], expect="vector")}
-    answers = {**ranged, **dict(zip(asked, await _all(*asked.values())))}
+    # The range queries first (their answers are checked), each reduced to the series keys
+    # and numbers kept before the next answers are read: at a thousand nodes an answer's
+    # label maps are tens of MiB, and six counters are read side by side.
+    answers = dict(zip(asked, await _all(*asked.values())))
     index = {b / 1000: k for k, b in enumerate(bounds)}
     out = Increases()
-    labels_of: dict[SeriesKey, Mapping[str, str]] = {}
 
     def key_of(metric: Mapping[str, str]) -> SeriesKey:
         key = series_key(metric)
-        labels_of.setdefault(key, metric)
-        return key
+        return keys.setdefault(key, key)  # one copy of each key, whichever family read it first
 
-    first = {series_key(s["metric"]): float(s["value"][1]) for s in answers["first"]}
-    for series in answers["last"]:
-        key = series_key(series["metric"])
-        key = keys.setdefault(key, key)
-        out.totals[key] = float(series["value"][1]) - first.get(key, 0.0)
     if group_by is not None:
-        for series in answers.get("steps", ()):
+        for series in answers.pop("steps", ()):
             row = out.steps.setdefault(series_key(series["metric"]), [0.0] * steps)
             for ts, v in series["values"]:
                 k = index.get(ts)
                 if k:
                     row[k - 1] += float(v)
-        for series in answers.get("tail_steps", ()):
+        for series in answers.pop("tail_steps", ()):
             out.steps.setdefault(series_key(series["metric"]), [0.0] * steps)[-1] += float(series["value"][1])
     appeared: dict[SeriesKey, set[int]] = {}
-    for series in answers.get("appeared", ()):
+    for series in answers.pop("appeared", ()):
         mine = appeared.setdefault(key_of(series["metric"]), set())
-        row = None if group_by is None else out.steps.setdefault(group_key(series["metric"], group_by),
-                                                                 [0.0] * steps)
+        its_group = None if group_by is None else out.steps.setdefault(group_key(series["metric"], group_by),
+                                                                       [0.0] * steps)
         for ts, v in series["values"]:
             k = index.get(ts)
             if k:
                 mine.add(k)
-                if row is not None:  # new in the step: counts from 0
-                    row[k - 1] += float(v)
-    for series in answers.get("tail_appeared", ()):
+                if its_group is not None:  # new in the step: counts from 0
+                    its_group[k - 1] += float(v)
+    for series in answers.pop("tail_appeared", ()):
         appeared.setdefault(key_of(series["metric"]), set()).add(steps)
         if group_by is not None:
             out.steps.setdefault(group_key(series["metric"], group_by), [0.0] * steps)[-1] += float(series["value"][1])
     fell: dict[int, set[SeriesKey]] = {}
-    for series in answers.get("fell", ()):
+    for series in answers.pop("fell", ()):
         key = key_of(series["metric"])
         for ts, _ in series["values"]:
             k = index.get(ts)
             if k:
                 fell.setdefault(k, set()).add(key)
-    for series in answers.get("tail_fell", ()):
+    for series in answers.pop("tail_fell", ()):
         fell.setdefault(steps, set()).add(key_of(series["metric"]))
+    del answers
+    # then a series' total: without falls and gaps, its last value less its value before START
+    first_answer, last_answer = await _all(prom.query(x.cur(g), t[0], expect="vector"),
+                                           prom.query(x.cur(bounds[-1] - bounds[0] + g), t[-1], expect="vector"))
+    first = {series_key(s["metric"]): float(s["value"][1]) for s in first_answer}
+    del first_answer
+    for series in last_answer:
+        key = key_of(series["metric"])
+        out.totals[key] = float(series["value"][1]) - first.get(key, 0.0)
+    del last_answer
     # an appearance after a step with samples (at START, or an earlier appearance): back after a gap
     returning: dict[int, set[SeriesKey]] = {}
     for key, ks in appeared.items():
@@ -178,14 +181,14 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
     flagged = {k: fell.get(k, set()) | returning.get(k, set()) for k in set(fell) | set(returning)}
     stats.raw_steps += len(flagged)
     if flagged:
-        await _settle(prom, x, family, selector, bounds, flagged, returning, out, group_by, labels_of)
+        await _settle(prom, x, family, selector, bounds, flagged, returning, out, group_by)
     stats.series = max(stats.series, len(out.totals))
     return out
 
 
 async def _settle(prom: Prometheus, x: _Exprs, family: str, selector: str, bounds: list[int],
                   flagged: dict[int, set[SeriesKey]], returning: dict[int, set[SeriesKey]], out: Increases,
-                  group_by: Sequence[str] | None, labels_of: dict[SeriesKey, Mapping[str, str]]) -> None:
+                  group_by: Sequence[str] | None) -> None:
     """Read the flagged (series, step) pairs sample by sample and correct what the totals
     (last less first: each present step's value less the series' value before it) and the
     steps (``E``: less its value in the step before, else 0) counted for them. One step and
@@ -215,7 +218,6 @@ async def _settle(prom: Prometheus, x: _Exprs, family: str, selector: str, bound
             key = series_key(series["metric"])
             if key not in keys:
                 continue
-            labels_of.setdefault(key, {k_: v for k_, v in series["metric"].items() if k_ != "__name__"})
             before = value["long" if key in back else "short"].get(key)
             last = before
             exact = 0.0
@@ -239,5 +241,5 @@ async def _settle(prom: Prometheus, x: _Exprs, family: str, selector: str, bound
         for key, k, total_delta, steps_delta in rows:
             if total_delta:
                 out.totals[key] = out.totals.get(key, 0.0) + total_delta
-            if group_by is not None and steps_delta and key in labels_of:
-                out.steps.setdefault(group_key(labels_of[key], group_by), [0.0] * steps)[k - 1] += steps_delta
+            if group_by is not None and steps_delta:
+                out.steps.setdefault(group_key(dict(key), group_by), [0.0] * steps)[k - 1] += steps_delta
