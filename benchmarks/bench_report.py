@@ -233,12 +233,9 @@ def measure(args: argparse.Namespace, prometheus: str, work: Path, start: int, e
     prices = work / "prices.yaml"
     prices.write_text(PRICES)
     # a shared 2-core machine: Prometheus and the report get long query timeouts
-    server = PrometheusServer(prometheus, work, [], args=["--storage.tsdb.retention.time=400d",
-                                                          "--query.timeout=10m"])
     query_log = work / "query.log"
-    if args.query_log:
-        server.config.write_text(server.config.read_text().replace(
-            "global:\n", f"global:\n  query_log_file: {json.dumps(str(query_log))}\n", 1))
+    server = PrometheusServer(prometheus, work, [], args=["--storage.tsdb.retention.time=400d", "--query.timeout=10m"],
+                              settings={"query_log_file": str(query_log)} if args.query_log else None)
     server.start()
     try:
         server.wait_for(f"count(last_over_time(container_gpu_allocation_seconds_total[1d] @ {end}))", timeout=600)

@@ -23,12 +23,13 @@ class PrometheusServer:
     ``rules`` is one rule file or several; ``args`` are extra command-line flags (e.g. a
     ``--web.config.file``, or a long retention for backfilled history). ``jobs`` are more
     scrape configs as prometheus.yml writes them (``job_name``, ``static_configs`` with
-    their ``labels``, ``relabel_configs``, ...), scraped every second too.
+    their ``labels``, ``relabel_configs``, ...), scraped every second too. ``settings`` are
+    more ``global:`` settings (e.g. ``{"query_log_file": "/tmp/query.log"}``).
     """
 
     def __init__(self, binary: str, workdir: Path, targets: list[str], rules: Path | list[Path] | None = None,
                  scrape: dict[str, Any] | None = None, args: list[str] | None = None,
-                 jobs: list[dict[str, Any]] | None = None):
+                 jobs: list[dict[str, Any]] | None = None, settings: dict[str, Any] | None = None):
         self.binary = binary
         self.workdir = workdir
         self.port = free_port()
@@ -38,6 +39,7 @@ class PrometheusServer:
         self.args = list(args or [])
         config.write_text(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            + "".join(f"  {key}: {json.dumps(value)}\n" for key, value in (settings or {}).items())
             + (f"rule_files: {json.dumps([str(r) for r in rule_files])}\n" if rule_files else "")
             + "scrape_configs:\n  - job_name: l9gpu\n"
             + f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n"

@@ -32,7 +32,7 @@ float rounding; tests hold the two side by side on histories with restarts, chur
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from exporter.report.compute import (
     NODE_BATCH,
@@ -118,9 +118,9 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
         asked["tail_fell"] = prom.query(x.fell(tail_ms + (g if n else tail_ms)), t[-1], expect="vector")
         if group_by is not None:
             asked["tail_steps"] = prom.query(f"sum by ({by}) ({x.rise(tail_ms)})", t[-1], expect="vector")
-    # The range queries first (their answers are checked), each reduced to the series keys
-    # and numbers kept before the next answers are read: at a thousand nodes an answer's
-    # label maps are tens of MiB, and six counters are read side by side.
+    # The range queries first (their answers are checked), reduced to series keys and
+    # numbers before the last and first values are asked for: at a thousand nodes an
+    # answer's label maps are tens of MiB, and six counters are read side by side.
     answers = dict(zip(asked, await _all(*asked.values())))
     index = {b / 1000: k for k, b in enumerate(bounds)}
     out = Increases()
@@ -129,37 +129,40 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
         key = series_key(metric)
         return keys.setdefault(key, key)  # one copy of each key, whichever family read it first
 
-    if group_by is not None:
-        for series in answers.pop("steps", ()):
-            row = out.steps.setdefault(series_key(series["metric"]), [0.0] * steps)
-            for ts, v in series["values"]:
-                k = index.get(ts)
-                if k:
-                    row[k - 1] += float(v)
-        for series in answers.pop("tail_steps", ()):
-            out.steps.setdefault(series_key(series["metric"]), [0.0] * steps)[-1] += float(series["value"][1])
-    appeared: dict[SeriesKey, set[int]] = {}
-    for series in answers.pop("appeared", ()):
-        mine = appeared.setdefault(key_of(series["metric"]), set())
-        its_group = None if group_by is None else out.steps.setdefault(group_key(series["metric"], group_by),
-                                                                       [0.0] * steps)
+    def row(group: GroupKey) -> list[float]:
+        return out.steps.setdefault(group, [0.0] * steps)
+
+    def points(series: Mapping[str, Any]) -> Iterator[tuple[int, float]]:
+        """A range answer's (step, value) at the grid's step ends."""
         for ts, v in series["values"]:
             k = index.get(ts)
             if k:
-                mine.add(k)
-                if its_group is not None:  # new in the step: counts from 0
-                    its_group[k - 1] += float(v)
+                yield k, float(v)
+
+    if group_by is not None:
+        for series in answers.pop("steps", ()):
+            its_row = row(series_key(series["metric"]))
+            for k, v in points(series):
+                its_row[k - 1] += v
+        for series in answers.pop("tail_steps", ()):
+            row(series_key(series["metric"]))[-1] += float(series["value"][1])
+    appeared: dict[SeriesKey, set[int]] = {}
+    for series in answers.pop("appeared", ()):
+        mine = appeared.setdefault(key_of(series["metric"]), set())
+        its_group = None if group_by is None else row(group_key(series["metric"], group_by))
+        for k, v in points(series):
+            mine.add(k)
+            if its_group is not None:  # new in the step: counts from 0
+                its_group[k - 1] += v
     for series in answers.pop("tail_appeared", ()):
         appeared.setdefault(key_of(series["metric"]), set()).add(steps)
         if group_by is not None:
-            out.steps.setdefault(group_key(series["metric"], group_by), [0.0] * steps)[-1] += float(series["value"][1])
+            row(group_key(series["metric"], group_by))[-1] += float(series["value"][1])
     fell: dict[int, set[SeriesKey]] = {}
     for series in answers.pop("fell", ()):
         key = key_of(series["metric"])
-        for ts, _ in series["values"]:
-            k = index.get(ts)
-            if k:
-                fell.setdefault(k, set()).add(key)
+        for k, _ in points(series):
+            fell.setdefault(k, set()).add(key)
     for series in answers.pop("tail_fell", ()):
         fell.setdefault(steps, set()).add(key_of(series["metric"]))
     del answers

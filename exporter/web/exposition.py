@@ -153,7 +153,7 @@ class Exposition:
         now = self._clock()
         with self._lock:
             wanted = list(self._wanted)
-        # Until the next pass has run, about: a scrape due right at a pass boundary may
+        # Until about when the next pass has run: a scrape due right at a pass boundary may
         # arrive while that pass runs, so the pass before renders for it (and only it).
         horizon = 1.05 * self._interval
         for accept, want_gzip in wanted:
