@@ -177,19 +177,24 @@ BY_NAMESPACE = {
 }
 
 
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory):
-    """A real Prometheus on the backfilled history (no scrape targets)."""
+def serve_history(tmp_path_factory, *args: str):
+    """A real Prometheus on the backfilled history (no scrape targets), with ``args``."""
     prometheus_bin, promtool = need_tool("prometheus"), need_tool("promtool")
     tmp = tmp_path_factory.mktemp("report")
     nodes, workloads = scenario()
     backfill(promtool, tmp / "data", nodes, workloads, START - D, END + 12 * H, STEP, tmp, engines=engines())
-    server = PrometheusServer(prometheus_bin, tmp, [], args=["--storage.tsdb.retention.time=400d"]).start()
+    server = PrometheusServer(prometheus_bin, tmp, [], args=["--storage.tsdb.retention.time=400d", *args]).start()
     try:
-        server.wait_for(f'count(last_over_time(container_gpu_usage_seconds_total[40d] @ {END}))', timeout=60)
+        server.wait_for(f'count(last_over_time(container_gpu_usage_seconds_total[1h] @ {END}))', timeout=60)
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    """A real Prometheus on the backfilled history (no scrape targets)."""
+    yield from serve_history(tmp_path_factory)
 
 
 def run(*args: str, capsys=None) -> tuple[int, str, str]:
@@ -541,6 +546,31 @@ def test_a_model_without_a_price_is_named(prometheus, tmp_path, capsys):
     assert status == 2 and not out.exists()
     assert err == (f"l9gpu report: {path}: no price for GPU model 'NVIDIA A100-SXM4-80GB' "
                    "(add it under gpu_hour, or set gpu_hour.default)\n")
+
+
+# At most this many samples in memory per query: the idle-interval query of a month by
+# model is more (Prometheus refuses it whole), each of the other queries less.
+SMALL_MAX_SAMPLES = 20_000
+
+
+@pytest.fixture(scope="module")
+def small_prometheus(tmp_path_factory):
+    """The same history on a Prometheus that loads fewer samples per query than a month's
+    report by model needs at once (as a default Prometheus under a 1,000-node month)."""
+    yield from serve_history(tmp_path_factory, f"--query.max-samples={SMALL_MAX_SAMPLES}")
+
+
+def test_a_query_too_large_for_the_server_is_asked_in_parts_with_the_same_figures(prometheus, small_prometheus,
+                                                                                   tmp_path, capsys):
+    whole = report_json(prometheus, tmp_path, "--by", "model")
+    capsys.readouterr()
+    parts = report_json(small_prometheus, tmp_path, "--by", "model")
+    err = capsys.readouterr().err
+    assert re.search(r"note: \d+ range queries were more than Prometheus evaluates at once .* asked again in "
+                     r"shorter ranges", err), err
+    assert parts["groups"] == whole["groups"] and parts["totals"] == whole["totals"]
+    assert {g["group"]: g["idle_replica_hours"] for g in parts["groups"]}["llama-3.1-70b"] == \
+        pytest.approx(VLLM_IDLE_H, abs=1e-6)
 
 
 @pytest.mark.parametrize("args,status,message", [

@@ -10,6 +10,7 @@ prints.
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import gzip
 import io
@@ -144,6 +145,59 @@ def test_a_refusal_is_shown_escaped_on_one_line(capsys):
     assert "\x1b" not in err and "\x07" not in err and "\r" not in err and "\u202e" not in err
     assert "Prometheus refused a query (HTTP 400, bad_data): boom \\x1b]0;PWN\\x07\\x1b[2J second line" in err
     assert "\\u202eevil" in err
+
+
+# ---- queries too large for the server: asked in parts --------------------------------------
+VM_REFUSAL = ("error when executing query: cannot select more than -search.maxSamplesPerQuery=1000 samples; "
+              "possible solutions: increase the -search.maxSamplesPerQuery; reduce time range for the query")
+PROMETHEUS_REFUSAL = "query processing would load too many samples into memory in query execution"
+
+
+def refusing_wide_ranges(most_points: int) -> web.Application:
+    """A server that refuses, as VictoriaMetrics does, a range query of more than
+    ``most_points`` steps, and otherwise answers two series: one valued each step's time,
+    one only at even steps' times."""
+    async def answer(request: web.Request) -> web.Response:
+        form = await request.post()
+        start, end, step = (float(form[k]) for k in ("start", "end", "step"))
+        times = [start + i * step for i in range(int((end - start) // step) + 1)]
+        if len(times) > most_points:
+            return web.json_response({"status": "error", "errorType": "422", "error": VM_REFUSAL}, status=422)
+        every = {"metric": {"pod": "a"}, "values": [[t, str(t)] for t in times]}
+        even = {"metric": {"pod": "b"}, "values": [[t, "1"] for t in times if int(t) % 120 == 0]}
+        return web.json_response(matrix(every, *([even] if even["values"] else [])))
+
+    app = web.Application()
+    app.router.add_post("/api/v1/query_range", answer)
+    return app
+
+
+@pytest.mark.parametrize("most_points", [1, 3, 7, 100])
+def test_a_range_too_large_for_the_server_is_asked_in_halves_with_every_point_once(most_points):
+    from exporter.report.prom import Prometheus, PrometheusConfig
+
+    async def ask(base: str) -> tuple[list[dict[str, Any]], int, int]:
+        async with Prometheus(PrometheusConfig(base)) as prom:
+            answer = await prom.query_range("x", T0, T0 + 600 * 60, 60)  # 601 steps
+            return answer, prom.splits, prom.queries
+
+    with LoopbackServer(refusing_wide_ranges(most_points)) as server:
+        answer, splits, queries = asyncio.run(ask(server.base))
+    steps = [float(T0 + 60 * i) for i in range(601)]
+    by_pod = {s["metric"]["pod"]: s["values"] for s in answer}
+    assert by_pod["a"] == [(t, t) for t in steps]
+    assert by_pod["b"] == [(t, 1.0) for t in steps if int(t) % 120 == 0]
+    assert len(answer) == 2
+    assert (splits > 0) == (most_points < 601) and queries == 2 * splits + 1
+
+
+def test_a_query_too_large_even_for_one_step_is_one_line_saying_what_to_raise(capsys):
+    body = json.dumps({"status": "error", "errorType": "execution", "error": PROMETHEUS_REFUSAL})
+    with LoopbackServer(fixed_answer(body, status=422)) as server:
+        assert report(server.base) == 1
+    err = one_line(capsys.readouterr().err)
+    assert f"Prometheus refused a query (HTTP 422, execution): {PROMETHEUS_REFUSAL}; the report cannot ask it " \
+           "in smaller parts: raise the server's limit (Prometheus, Thanos: --query.max-samples" in err
 
 
 # ---- NaN and infinite samples ---------------------------------------------------------------

@@ -39,13 +39,12 @@ from exporter.report.compute import (
     FetchStats,
     Grid,
     SeriesKey,
-    _all,
     _node_regex,
     _promql_string,
     series_key,
     with_matchers,
 )
-from exporter.report.prom import Prometheus
+from exporter.report.prom import Prometheus, all_of
 
 GroupKey = SeriesKey
 
@@ -121,7 +120,7 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
     # The range queries first (their answers are checked), reduced to series keys and
     # numbers before the last and first values are asked for: at a thousand nodes an
     # answer's label maps are tens of MiB, and six counters are read side by side.
-    answers = dict(zip(asked, await _all(*asked.values())))
+    answers = dict(zip(asked, await all_of(*asked.values())))
     index = {b / 1000: k for k, b in enumerate(bounds)}
     out = Increases()
 
@@ -167,7 +166,7 @@ async def increases(prom: Prometheus, family: str, grid: Grid, selector: str, gr
         fell.setdefault(steps, set()).add(key_of(series["metric"]))
     del answers
     # then a series' total: without falls and gaps, its last value less its value before START
-    first_answer, last_answer = await _all(prom.query(x.cur(g), t[0], expect="vector"),
+    first_answer, last_answer = await all_of(prom.query(x.cur(g), t[0], expect="vector"),
                                            prom.query(x.cur(bounds[-1] - bounds[0] + g), t[-1], expect="vector"))
     first = {series_key(s["metric"]): float(s["value"][1]) for s in first_answer}
     del first_answer
@@ -211,7 +210,7 @@ async def _settle(prom: Prometheus, x: _Exprs, family: str, selector: str, bound
         if back & keys:  # its value before the gap: the last since START
             asked["long"] = prom.query(f"last_over_time({sel}[{bounds[k - 1] - bounds[0] + g}ms])",
                                        bounds[k - 1] / 1000, expect="vector")
-        answers = dict(zip(asked, await _all(*asked.values())))
+        answers = dict(zip(asked, await all_of(*asked.values())))
         value: dict[str, dict[SeriesKey, float]] = {}
         for kind in ("cur", "short", "long"):
             value[kind] = {key: float(series["value"][1]) for series in answers.get(kind, ())
@@ -240,7 +239,7 @@ async def _settle(prom: Prometheus, x: _Exprs, family: str, selector: str, bound
         nodes = sorted({dict(key).get("node", "") for key in keys})
         for i in range(0, len(nodes), NODE_BATCH):
             work.append(batch(k, keys, nodes[i:i + NODE_BATCH]))
-    for rows in await _all(*work):
+    for rows in await all_of(*work):
         for key, k, total_delta, steps_delta in rows:
             if total_delta:
                 out.totals[key] = out.totals.get(key, 0.0) + total_delta

@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from exporter.report.compute import SCALE, Grid, SeriesTotals, _all
+from exporter.report.compute import SCALE, Grid, SeriesTotals
 from exporter.report.prices import Carbon
+from exporter.report.prom import all_of
 
 
 @dataclass
@@ -59,7 +60,7 @@ async def fetch_intensity(prom: Any, grid: Grid, query: str, carbon: Carbon | No
                                       g / 1000))
     if tail:
         asked.append(prom.query(f"avg_over_time(({query})[{tail}ms:])", bounds[-1] / 1000, expect="vector"))
-    answers = await _all(*asked)
+    answers = await all_of(*asked)
     label = carbon.label if carbon is not None else None
     index = {b / 1000: k for k, b in enumerate(bounds)}
     out: dict[str, list[float | None]] = {}

@@ -251,19 +251,23 @@ def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, p
                 recorded = await _ticking(rules.fetch(prom, grid, compute.FetchStats()), progress)
                 whole = recorded is not None and recorded.hours_evaluated >= int(recorded.hours) - 1
                 if recorded is not None and (whole or args.source == "rules"):
-                    return recorded, await intensity(prom), prom.queries
+                    return recorded, await intensity(prom), prom
                 if args.source == "rules":
                     raise PrometheusError("--source rules: Prometheus has no chargeback recording rules in this "
                                           "period (load alerts/l9gpu-chargeback.rules.yaml, or use --source raw)")
             fetched = await _ticking(compute.fetch(prom, start_ms, end_ms, step_s * 1000, args.selector.strip(),
                                                    engines, progress, group_by), progress)
-            return fetched, await intensity(prom), prom.queries
+            return fetched, await intensity(prom), prom
 
     began = time.perf_counter()
     try:
-        fetched, grid_intensity, queries = asyncio.run(go())
+        fetched, grid_intensity, prom = asyncio.run(go())
     except (PrometheusError, carbon.IntensityError) as exc:
         raise CommandFailed(str(exc), status=1) from None
+    queries = prom.queries
+    if prom.splits:
+        note(f"{prom.splits} range queries were more than Prometheus evaluates at once (its --query.max-samples or "
+             "--query.timeout) and were asked again in shorter ranges; the figures are the same")
     read_s = time.perf_counter() - began
     if isinstance(fetched, rules.Recorded):
         return _from_rules(args, config, prices, fetched, queries, (start_ms, end_ms, step_s), note, read_s,

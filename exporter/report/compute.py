@@ -28,12 +28,11 @@ sample lists; `fetch` runs the queries.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from exporter.report.progress import Progress
-from exporter.report.prom import Prometheus
+from exporter.report.prom import Prometheus, all_of
 
 # What the report reads: key -> (family, scale to the report's unit).
 COUNTERS: dict[str, tuple[str, float]] = {
@@ -178,17 +177,6 @@ class FetchStats:
     raw_steps: int = 0
 
 
-async def _all(*awaitables: Any) -> list[Any]:
-    """The results of ``awaitables`` run together; the first failure is raised once all
-    have finished, so no failed query is left for asyncio to report at shutdown (a TLS or
-    auth error fails every query at once, and the user gets one line, not tracebacks)."""
-    results = await asyncio.gather(*awaitables, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
-
-
 async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, stats: FetchStats
                    ) -> dict[SeriesKey, list[float]]:
     """Per series, the increase of ``family`` in each step of ``grid``."""
@@ -209,7 +197,7 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
     if tail_ms:
         value_q.append(prom.query(f"last_over_time({sel}[{_dur(tail_ms)}])", t[-1], expect="vector"))
         reset_q.append(prom.query(fell(tail_ms, step_ms if n else tail_ms), t[-1]))
-    answers = await _all(*value_q, *reset_q)
+    answers = await all_of(*value_q, *reset_q)
     values_ans, resets_ans = answers[:len(value_q)], answers[len(value_q):]
     # step ends as the API writes them (seconds, float or int; equal values hash alike)
     index = {b / 1000: k for k, b in enumerate(bounds)}
@@ -261,7 +249,7 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
             fetches.append((k, keys, prom.query(f"{with_matchers(family, inner)}[{_dur(window)}]", bounds[k] / 1000,
                                                 expect="matrix")))
     stats.raw_steps += len(flagged)
-    results = await _all(*(f for _, _, f in fetches))
+    results = await all_of(*(f for _, _, f in fetches))
     for (k, keys, _), answer in zip(fetches, results):
         for series in answer:
             key = series_key(series["metric"])
@@ -500,7 +488,7 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
         sums += [aggregate.increases(prom, family, grid, selector,
                                      gpu_keys if key in DEVICE_STEP_COUNTERS else None, stats, keys)
                  for key, (family, _) in DEVICE_COUNTERS.items()]
-        results = await _all(*sums)
+        results = await all_of(*sums)
         series = _totals(list(COUNTERS), results[:len(COUNTERS)])
         devices = _totals(list(DEVICE_COUNTERS), results[len(COUNTERS):])
         fetched = Fetched(grid, series, devices, stats, steps=_group_rows(list(COUNTERS), results[:len(COUNTERS)]),
@@ -514,18 +502,18 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
 
     async def tokens_then_idle() -> tuple[list[Any], dict[tuple[str, str], list[float]]]:
         # the tokens first: the idle intervals are asked for only where tokens were served
-        token_results = await _all(*[_counter(prom, text, grid, selector, stats) for _, _, _, text in candidates])
+        token_results = await all_of(*[_counter(prom, text, grid, selector, stats) for _, _, _, text in candidates])
         used = [text for (_, _, _, text), result in zip(candidates, token_results) if result]
         pods = sorted({dict(key).get("pod", "") for result in token_results for key in result} - {""})
         if not used or not pods:
             return token_results, {}
         idle, merge_idle = _idle(prom, grid, _idle_expression(used, pods, selector))
-        return token_results, merge_idle(await _all(*idle))
+        return token_results, merge_idle(await all_of(*idle))
 
     work: list[Any] = [tokens_then_idle()]
     work += [_counter(prom, family, grid, selector, stats) for family in families]
     work += [aggregate.increases(prom, family, grid, selector, None, stats) for family, _ in DEVICE_COUNTERS.values()]
-    answers = await _all(*work)
+    answers = await all_of(*work)
     token_results, idle = answers[0]
     results = answers[1:1 + len(families)]
     series = _rows(COUNTERS, results)

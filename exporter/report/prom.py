@@ -10,7 +10,10 @@ selectors fit), a few at a time over one connection pool.
 Every failure becomes a `PrometheusError` with one line that says what to fix: a server
 that cannot be reached, refuses a query, or answers something that is not the API's
 shape (the answer is checked before it is used, so a broken or hostile server never
-causes a traceback). An answer is read up to ``max_response_bytes`` and no further. The
+causes a traceback). A range query the server refuses as more than it loads at once (a
+default Prometheus keeps 50 M samples per query) is asked again as two halves of its
+range, and so on down to one step, and the answers joined: a large fleet's month needs no
+server setting raised. An answer is read up to ``max_response_bytes`` and no further. The
 values of the token, the password and the extra headers never appear in a message, even
 when the server echoes them back, and text from the server is escaped for the terminal.
 """
@@ -44,12 +47,24 @@ _HEADER_VALUE = re.compile(r"^[\t\x20-\x7e]*$")
 _RESERVED_HEADERS = frozenset({"content-length", "content-type", "transfer-encoding", "connection", "upgrade",
                                "te", "trailer", "expect", "keep-alive", "proxy-connection"})
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKMGT]i?B|B)?\s*$")
+# How a server says a query is more than it evaluates at once: Prometheus, Thanos and
+# Mimir ("query processing would load too many samples into memory", --query.max-samples;
+# "query timed out in expression evaluation", --query.timeout), VictoriaMetrics ("cannot
+# select more than -search.maxSamplesPerQuery=N samples", "too many points ...
+# -search.maxPointsPerTimeseries"), Mimir's chunk and sample limits.
+_TOO_LARGE = re.compile(r"too many (samples|points)|maxSamplesPerQuery|maxPointsPerTimeseries|"
+                        r"maximum number of (samples|chunks)|query timed out", re.IGNORECASE)
 _SIZE_UNITS = {None: 1, "B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
                "KiB": 2**10, "kiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 class PrometheusError(Exception):
     """Prometheus could not be reached, refused a query or answered nonsense (one line)."""
+
+
+class QueryTooLarge(PrometheusError):
+    """The server refused a query as more than it evaluates at once (too many samples,
+    points or chunks, or its own time limit): a shorter range may be answered."""
 
 
 @dataclass(frozen=True)
@@ -204,6 +219,7 @@ class Prometheus:
         self._session: Any = None
         self._limit = asyncio.Semaphore(config.concurrency)
         self.queries = 0
+        self.splits = 0  # range queries refused as too large and asked again as two halves
         self._failure: PrometheusError | None = None
         self._headers = self._request_headers()
         # Every credential as it could come back in an answer, longest first (a token
@@ -256,9 +272,11 @@ class Prometheus:
             body += chunk
         return body
 
-    async def _call(self, path: str, form: dict[str, str]) -> Any:
+    async def _call(self, path: str, form: dict[str, str], splittable: bool = False) -> Any:
         """POST one query; the answer's ``data``. The first failure fails every later call
-        at once: the report needs every answer, so the rest would be read for nothing."""
+        at once: the report needs every answer, so the rest would be read for nothing.
+        A `QueryTooLarge` of a ``splittable`` query is raised alone, for the caller to ask
+        again in parts."""
         self._progress.asked()
         try:
             async with self._limit:
@@ -266,6 +284,14 @@ class Prometheus:
                     raise PrometheusError(str(self._failure))
                 try:
                     return await self._post(path, form)
+                except QueryTooLarge as exc:
+                    if splittable:
+                        raise
+                    self._failure = self.error(
+                        f"{exc}; the report cannot ask it in smaller parts: raise the server's limit (Prometheus, "
+                        "Thanos: --query.max-samples, --query.timeout; VictoriaMetrics: -search.maxSamplesPerQuery), "
+                        "or report a shorter period or a narrower --selector")
+                    raise self._failure from None
                 except PrometheusError as exc:
                     self._failure = exc
                     raise
@@ -302,7 +328,10 @@ class Prometheus:
                              "base URL?")
         if doc.get("status") != "success":
             error, kind = _text(doc.get("error", "")), _text(doc.get("errorType", ""))
-            raise self.error(f"Prometheus refused a query (HTTP {status}, {kind}): {error}")
+            message = f"Prometheus refused a query (HTTP {status}, {kind}): {error}"
+            if _TOO_LARGE.search(error):
+                raise QueryTooLarge(self.error(message).args[0])
+            raise self.error(message)
         return doc.get("data")
 
     def _malformed(self, where: str, problem: str) -> PrometheusError:
@@ -325,9 +354,22 @@ class Prometheus:
         return self.checked_result(data, (expect,) if expect else ("vector", "matrix"))
 
     async def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        """A range query; every series with its ``values`` (checked as by `checked_result`)."""
-        data = await self._call("/api/v1/query_range",
-                                {"query": expr, "start": _ts(start), "end": _ts(end), "step": _ts(step)})
+        """A range query; every series with its ``values`` (checked as by `checked_result`).
+
+        Refused as too large (`QueryTooLarge`), it is asked again as two queries, each for
+        half of its steps, which run side by side, and their answers joined: the same
+        points, as each step is evaluated alone."""
+        points = int((end - start) // step) + 1 if end >= start else 1
+        try:
+            data = await self._call("/api/v1/query_range",
+                                    {"query": expr, "start": _ts(start), "end": _ts(end), "step": _ts(step)},
+                                    splittable=points > 1)
+        except QueryTooLarge:
+            self.splits += 1
+            middle = start + (points // 2) * step
+            first, second = await all_of(self.query_range(expr, start, middle - step, step),
+                                         self.query_range(expr, middle, end, step))
+            return _joined(first, second)
         return self.checked_result(data, ("matrix",))
 
     def checked_result(self, data: Any, expect: Sequence[str]) -> list[dict[str, Any]]:
@@ -393,6 +435,29 @@ class Prometheus:
         except ValueError:
             raise self._malformed(f"{where}[1]", f"{_show(raw)}, not a number") from None
         return (ts, value) if math.isfinite(value) else None
+
+
+async def all_of(*awaitables: Any) -> list[Any]:
+    """The results of ``awaitables`` run together; the first failure is raised once all
+    have finished, so no failed query is left for asyncio to report at shutdown (a TLS or
+    auth error fails every query at once, and the user gets one line, not tracebacks)."""
+    results = await asyncio.gather(*awaitables, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+def _joined(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Two range answers for consecutive ranges as one: each series' points in order."""
+    by_labels = {tuple(sorted(s["metric"].items())): s for s in first}
+    for series in second:
+        earlier = by_labels.get(tuple(sorted(series["metric"].items())))
+        if earlier is None:
+            first.append(series)
+        else:
+            earlier["values"].extend(series["values"])
+    return first
 
 
 def _ts(t: float) -> str:

@@ -114,7 +114,8 @@ def usable(by: str, selector: str, price_keys: set[str], engines: bool) -> str |
 async def fetch(prom: Any, grid: Any, stats: Any) -> Recorded | None:
     """The period's figures from the recording rules, per step (None: no rule evaluated in
     the period)."""
-    from exporter.report.compute import SeriesTotals, _all, series_key
+    from exporter.report.compute import SeriesTotals, series_key
+    from exporter.report.prom import all_of
 
     bounds = grid.bounds
     n = grid.regular
@@ -135,7 +136,7 @@ async def fetch(prom: Any, grid: Any, stats: Any) -> Recorded | None:
     edges = [prom.query(f"sum(sum_over_time({allocated}[{hour - 1}ms]))", min(t[0] + INTERVAL_S, t[-1]),
                         expect="vector"),
              prom.query(f"sum(sum_over_time({allocated}[{hour - 1}ms]))", t[-1], expect="vector")]
-    answers = await _all(*asked, *edges)
+    answers = await all_of(*asked, *edges)
     evaluated = sum(float(v) for s in answers[0] for _, v in s["values"])
     if not evaluated:
         return None
