@@ -40,7 +40,7 @@ EXTERNAL_FLAGS = frozenset({
     # the kubelet's, chromium's, SGLang's
     "--cgroups-per-qos", "--dump-dom", "--enable-metrics",
     # Prometheus' and Mimir's (docs/CHARGEBACK.md), exporter-toolkit's
-    "--storage.tsdb.retention.time", "--query.max-samples", "--query.enforce-tenancy", "--query.tenant-header", "--web.config.file",
+    "--storage.tsdb.retention.time", "--query.max-samples", "--query.timeout", "--query.enforce-tenancy", "--query.tenant-header", "--web.config.file",
     # promtool tsdb create-blocks-from rules (docs/CHARGEBACK.md)
     "--start", "--eval-interval",
     # dcgm-exporter's (docs/MIGRATING-FROM-DCGM.md compares with them)
