@@ -484,6 +484,19 @@ def test_report_by_model_figures_do_not_depend_on_the_step(prometheus, tmp_path)
             assert hourly[name][key] == want, (name, key)
 
 
+def test_values_read_in_slices_of_steps_give_the_same_report(prometheus, tmp_path, monkeypatch):
+    """A fleet's series are read a few steps per query: here one step per query."""
+    from exporter.report import compute
+
+    whole = report_json(prometheus, tmp_path, "--by", "model")
+    monkeypatch.setattr(compute, "FIRST_SLICE_STEPS", 1)
+    monkeypatch.setattr(compute, "VALUES_PER_ANSWER", 1)
+    sliced = report_json(prometheus, tmp_path, "--by", "model")
+    assert sliced["source"]["queries"] > whole["source"]["queries"] + 100
+    assert sliced["groups"] == whole["groups"] and sliced["totals"] == whole["totals"]
+    assert sliced["timeline"] == whole["timeline"]
+
+
 def test_one_day_by_model_across_the_engine_restart(prometheus, tmp_path):
     """Day 20: the vLLM engine restarts at 12:00 (counters back to 0, ten minutes unseen)."""
     day = START + 20 * D

@@ -12,8 +12,10 @@ equals the two months' report.
 How it is computed without downloading every sample:
 
 1. The period is cut into steps of G (`choose_step`: 5 minutes to a day, at most
-   ~130 steps). One range query per counter, ``last_over_time(c[G])`` at every step
-   end, gives each series' last value in each step (and at START, its value before).
+   ~130 steps). Range queries per counter, ``last_over_time(c[G])`` at every step end,
+   give each series' last value in each step (and at START, its value before); they are
+   asked in slices of steps sized to the series count, each answer folded into arrays of
+   doubles as it comes (a fleet's month whole would be a GiB of parsed JSON).
 2. Where a counter only rises inside a step, the step's increase is the difference of
    those values: no sample in between matters. One range query per counter names the
    (few) steps where a series fell: ``resets(c[2G]) > 0`` at each step's end (a fall
@@ -28,8 +30,10 @@ sample lists; `fetch` runs the queries.
 
 from __future__ import annotations
 
+import math
+from array import array
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, MutableSequence, Sequence
 
 from exporter.report.progress import Progress
 from exporter.report.prom import Prometheus, all_of
@@ -51,6 +55,10 @@ SCALE: dict[str, float] = {key: scale for key, (_, scale) in {**COUNTERS, **DEVI
 STEPS_S = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 MAX_STEPS = 130
 NODE_BATCH = 100  # nodes per raw-sample query
+# A counter's values per step are read in slices of steps: the first this long, the rest
+# sized so that an answer holds about this many points (see `_counter`).
+FIRST_SLICE_STEPS = 8
+VALUES_PER_ANSWER = 200_000
 
 SeriesKey = tuple[tuple[str, str], ...]
 # Labels that belong to a workload, not to its GPU: a workload series' labels without them
@@ -98,9 +106,9 @@ def bucket_increments(values: Sequence[float | None],
     """Each step's increase of one counter series.
 
     Args:
-        values: ``values[0]`` the series' last sample at or before START (None if it has
-            none in the step before START); ``values[k]`` its last sample in step k
-            (None if it has none there).
+        values: ``values[0]`` the series' last sample at or before START (None or NaN if
+            it has none in the step before START); ``values[k]`` its last sample in step k
+            (None or NaN if it has none there).
         raw: for steps where Prometheus saw a fall, every sample of the step, oldest first.
 
     Returns:
@@ -109,6 +117,8 @@ def bucket_increments(values: Sequence[float | None],
     """
     raw = raw or {}
     prev = values[0]
+    if prev != prev:  # NaN: none
+        prev = None
     out = []
     for k in range(1, len(values)):
         if k in raw:
@@ -119,7 +129,7 @@ def bucket_increments(values: Sequence[float | None],
             out.append(inc)
             continue
         v = values[k]
-        if v is None:
+        if v is None or v != v:
             out.append(0.0)
             continue
         out.append(v if prev is None or v < prev else v - prev)
@@ -132,7 +142,7 @@ class SeriesTotals:
     """One workload series (one GPU): its labels and its increase per step, per counter."""
 
     labels: dict[str, str]
-    steps: dict[str, list[float]] = field(default_factory=dict)
+    steps: dict[str, Sequence[float]] = field(default_factory=dict)  # lists or arrays of doubles
 
     def total(self, key: str) -> float:
         """The period's total of one counter, in the report's unit (see `COUNTERS`)."""
@@ -178,14 +188,14 @@ class FetchStats:
 
 
 async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, stats: FetchStats
-                   ) -> dict[SeriesKey, list[float]]:
+                   ) -> dict[SeriesKey, Sequence[float]]:
     """Per series, the increase of ``family`` in each step of ``grid``."""
     bounds = grid.bounds
     n = grid.regular
     step_ms = grid.step_ms
     sel = with_matchers(family, selector)
     t = [b / 1000 for b in bounds]
-    value_q = [prom.query_range(f"last_over_time({sel}[{_dur(step_ms)}])", t[0], t[n], step_ms / 1000)]
+
     def fell(window_ms: int, previous_ms: int) -> str:
         # the step and the one before it: a fall from the previous step's last sample too
         return f"resets({sel}[{_dur(window_ms + previous_ms)}]) > 0"
@@ -195,33 +205,44 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
         reset_q.append(prom.query_range(fell(step_ms, step_ms), t[1], t[n], step_ms / 1000))
     tail_ms = bounds[-1] - bounds[n] if len(bounds) > n + 1 else 0
     if tail_ms:
-        value_q.append(prom.query(f"last_over_time({sel}[{_dur(tail_ms)}])", t[-1], expect="vector"))
         reset_q.append(prom.query(fell(tail_ms, step_ms if n else tail_ms), t[-1]))
-    answers = await all_of(*value_q, *reset_q)
-    values_ans, resets_ans = answers[:len(value_q)], answers[len(value_q):]
     # step ends as the API writes them (seconds, float or int; equal values hash alike)
     index = {b / 1000: k for k, b in enumerate(bounds)}
-    values: dict[SeriesKey, list[float | None]] = {}
+    # per series, its last value in each step (NaN: none), 8 bytes a step
+    values: dict[SeriesKey, array[float]] = {}
+    blank = array("d", [math.nan]) * len(bounds)
 
-    def row(metric: Mapping[str, str]) -> list[float | None]:
+    def row(metric: Mapping[str, str]) -> array[float]:
         key = series_key(metric)
-        if key not in values:
-            values[key] = [None] * len(bounds)
-        return values[key]
+        r = values.get(key)
+        if r is None:
+            r = values[key] = array("d", blank)
+        return r
 
-    for series in values_ans[0]:
-        r = row(series["metric"])
-        points = series["values"]
-        if len(points) == len(bounds) or (not tail_ms and len(points) == n + 1):
-            r[:len(points)] = [float(v) for _, v in points]  # a value at every step: no lookups
-            continue
-        for ts, v in points:
-            k = index.get(ts)
-            if k is not None:
-                r[k] = float(v)
-    if tail_ms:
-        for series in values_ans[1]:
-            row(series["metric"])[-1] = float(series["value"][1])
+    async def last_values(first: int, last: int) -> None:
+        """Steps ``first``..``last``' values, folded into the rows as soon as they come."""
+        for series in await prom.query_range(f"last_over_time({sel}[{_dur(step_ms)}])", t[first], t[last],
+                                             step_ms / 1000):
+            r = row(series["metric"])
+            for ts, v in series["values"]:
+                k = index.get(ts)
+                if k is not None:
+                    r[k] = v
+
+    async def tail_values() -> None:
+        for series in await prom.query(f"last_over_time({sel}[{_dur(tail_ms)}])", t[-1], expect="vector"):
+            row(series["metric"])[-1] = series["value"][1]
+
+    # The values are read in slices of steps sized to the series count that the first
+    # slice shows, so that an answer holds about `VALUES_PER_ANSWER` points: a month of
+    # 25,000 series read whole is 3 M points, over a GiB as parsed JSON.
+    async def all_values() -> None:
+        await last_values(0, min(n, FIRST_SLICE_STEPS - 1))
+        width = max(1, VALUES_PER_ANSWER // max(1, len(values)))
+        await all_of(*[last_values(k, min(n, k + width - 1)) for k in range(FIRST_SLICE_STEPS, n + 1, width)],
+                     *([tail_values()] if tail_ms else []))
+
+    resets_ans = (await all_of(all_values(), *reset_q))[1:]
     flagged: dict[int, set[SeriesKey]] = {}
     for i, answer in enumerate(resets_ans):
         for series in answer:
@@ -232,11 +253,12 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
                 if k:
                     flagged.setdefault(k, set()).add(key)
     for key, vals in values.items():  # back after a step or more without samples
-        known = vals[0] is not None
+        known = vals[0] == vals[0]  # not NaN
         for k in range(1, len(vals)):
-            if vals[k] is not None and vals[k - 1] is None and known:
+            seen = vals[k] == vals[k]
+            if seen and vals[k - 1] != vals[k - 1] and known:
                 flagged.setdefault(k, set()).add(key)
-            known = known or vals[k] is not None
+            known = known or seen
     raw: dict[SeriesKey, dict[int, list[tuple[int, float]]]] = {}
     fetches = []
     for k, keys in sorted(flagged.items()):
@@ -257,9 +279,9 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
                 continue
             samples = [(_ms(ts), float(v)) for ts, v in series["values"]]
             raw.setdefault(key, {})[k] = [(ts, v) for ts, v in samples if bounds[k - 1] < ts <= bounds[k]]
-    out = {}
+    out: dict[SeriesKey, Sequence[float]] = {}
     for key, vals in values.items():
-        out[key] = bucket_increments(vals, raw.get(key))
+        out[key] = array("d", bucket_increments(vals, raw.get(key)))
     stats.series = max(stats.series, len(out))
     return out
 
@@ -272,8 +294,8 @@ class ModelTokens:
     pod: str
     model: str
     engine: str
-    prompt: list[float]
-    generated: list[float]
+    prompt: MutableSequence[float]
+    generated: MutableSequence[float]
 
     def total(self, k: int) -> float:
         return self.prompt[k] + self.generated[k]
@@ -339,7 +361,7 @@ def model_tokens(candidates: Sequence[tuple[str, str, str, dict[SeriesKey, list[
                 continue
             row = rows.get(where)
             if row is None:
-                row = rows[where] = ModelTokens(*where, engine, [0.0] * steps, [0.0] * steps)
+                row = rows[where] = ModelTokens(*where, engine, array("d", [0.0]) * steps, array("d", [0.0]) * steps)
             target = row.prompt if fieldname == "prompt_tokens" else row.generated
             for k, value in enumerate(increments):
                 target[k] += value
@@ -428,7 +450,7 @@ def _idle(prom: Prometheus, grid: Grid, expr: str
     return queries, merge
 
 
-def _series_rows(named: Iterable[tuple[str, Mapping[SeriesKey, list[float]]]]) -> list[SeriesTotals]:
+def _series_rows(named: Iterable[tuple[str, Mapping[SeriesKey, Sequence[float]]]]) -> list[SeriesTotals]:
     """One `SeriesTotals` per series (or group) key, with each named counter's steps."""
     rows: dict[SeriesKey, SeriesTotals] = {}
     for name, per_series in named:
@@ -440,7 +462,8 @@ def _series_rows(named: Iterable[tuple[str, Mapping[SeriesKey, list[float]]]]) -
     return list(rows.values())
 
 
-def _rows(counters: dict[str, tuple[str, float]], results: list[dict[SeriesKey, list[float]]]) -> list[SeriesTotals]:
+def _rows(counters: dict[str, tuple[str, float]], results: list[dict[SeriesKey, Sequence[float]]]
+          ) -> list[SeriesTotals]:
     return _series_rows(zip(counters, results))
 
 

@@ -30,11 +30,12 @@ tokens, replicas and idle replica hours (`MODEL_FIGURES`).
 
 from __future__ import annotations
 
+from array import array
 from typing import Any, Mapping, Sequence
 
 from exporter.report import carbon
 from exporter.report.carbon import Intensity
-from exporter.report.compute import SCALE, WORKLOAD_LABELS, Grid, ModelTokens, SeriesTotals
+from exporter.report.compute import SCALE, STEP_COUNTERS, WORKLOAD_LABELS, Grid, ModelTokens, SeriesTotals
 from exporter.report.periods import iso
 from exporter.report.prices import Prices
 
@@ -210,8 +211,10 @@ class _ModelSplit:
         idle = self.idle_fraction(pod)
         out = []
         for model, share in shares:
-            steps = {key: [x * w for x, w in zip(values, share)] for key, values in s.steps.items()}
-            steps["idle_gpu"] = [x * f for x, f in zip(steps.get("allocated", []), idle)]
+            # arrays of doubles: a piece per workload series, 8 bytes a step
+            steps: dict[str, Sequence[float]] = {
+                key: array("d", [x * w for x, w in zip(values, share)]) for key, values in s.steps.items()}
+            steps["idle_gpu"] = array("d", [x * f for x, f in zip(steps.get("allocated", ()), idle)])
             out.append((model, SeriesTotals({**s.labels, "model_name": model}, steps)))
         return out
 
@@ -281,6 +284,8 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
         f = _figures(s, prices)
         if split is not None:
             f["idle_gpu_hours"] = sum(s.steps.get("idle_gpu", ())) * SCALE["allocated"]
+            # a piece's own copy: the timeline and the carbon need no more of it
+            s.steps = {key: s.steps[key] for key in STEP_COUNTERS if key in s.steps}
         per_series.append((name, s, f))
         g = groups.setdefault(name, {})
         _add(g, f)
