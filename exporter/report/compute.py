@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, MutableSequence, Sequence
+from typing import Any, Iterable, Mapping, MutableSequence, Sequence
 
 from exporter.report.progress import Progress
 from exporter.report.prom import Prometheus, all_of
@@ -57,8 +57,8 @@ MAX_STEPS = 130
 NODE_BATCH = 100  # nodes per raw-sample query
 # A counter's values per step are read in slices of steps: the first this long, the rest
 # sized so that an answer holds about this many points (see `_counter`).
-FIRST_SLICE_STEPS = 8
-VALUES_PER_ANSWER = 200_000
+FIRST_SLICE_STEPS = 2
+VALUES_PER_ANSWER = 100_000
 
 SeriesKey = tuple[tuple[str, str], ...]
 # Labels that belong to a workload, not to its GPU: a workload series' labels without them
@@ -187,9 +187,11 @@ class FetchStats:
     raw_steps: int = 0
 
 
-async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, stats: FetchStats
-                   ) -> dict[SeriesKey, Sequence[float]]:
-    """Per series, the increase of ``family`` in each step of ``grid``."""
+async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, stats: FetchStats,
+                   interned: dict[SeriesKey, SeriesKey] | None = None) -> dict[SeriesKey, Sequence[float]]:
+    """Per series, the increase of ``family`` in each step of ``grid``. ``interned`` holds one
+    copy of each series' key for every family read (a key is ~2.5 KiB of label strings)."""
+    known_keys: dict[SeriesKey, SeriesKey] = {} if interned is None else interned
     bounds = grid.bounds
     n = grid.regular
     step_ms = grid.step_ms
@@ -216,7 +218,7 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
         key = series_key(metric)
         r = values.get(key)
         if r is None:
-            r = values[key] = array("d", blank)
+            r = values[known_keys.setdefault(key, key)] = array("d", blank)
         return r
 
     async def last_values(first: int, last: int) -> None:
@@ -312,7 +314,7 @@ class Fetched:
     devices: list[SeriesTotals]
     stats: FetchStats
     tokens: list[ModelTokens] = field(default_factory=list)
-    idle: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    idle: dict[tuple[str, str], MutableSequence[float]] = field(default_factory=dict)
     unjoined: int = 0  # engine series without a pod label: no workload to join them with
     steps: list[SeriesTotals] | None = None         # per group, per step (see `fetch`)
     device_steps: list[SeriesTotals] | None = None  # per GPU group, per step
@@ -402,10 +404,8 @@ def _join(*matchers: str) -> str:
     return ", ".join(m for m in matchers if m)
 
 
-def _idle(prom: Prometheus, grid: Grid, expr: str
-          ) -> tuple[list[Any], Callable[[Sequence[Any]], dict[tuple[str, str], list[float]]]]:
-    """The queries for the seconds of each step in idle intervals per (namespace, pod),
-    and what makes them of the queries' answers.
+async def _idle(prom: Prometheus, grid: Grid, expr: str) -> dict[tuple[str, str], MutableSequence[float]]:
+    """The seconds of each step in idle intervals per (namespace, pod).
 
     Each interval counts in the step its end falls in, steps taken as [t_{k-1}, t_k): the
     queries run a millisecond before each step's end, so that an interval ending on a
@@ -413,41 +413,40 @@ def _idle(prom: Prometheus, grid: Grid, expr: str
 
     The subquery evaluates the expression every `IDLE_RESOLUTION_S` over the whole period
     (8,640 times in 30 days), which one query does on one core: the steps are asked for in
-    `IDLE_PARTS` ranges, which the server evaluates side by side.
+    `IDLE_PARTS` ranges, which the server evaluates side by side, and each answer is
+    folded into the rows as it comes.
     """
     bounds = grid.bounds
     n = grid.regular
     step_ms = grid.step_ms
     parts = min(IDLE_PARTS, n)
     cuts = [1 + (n * i) // parts for i in range(parts)] + [n + 1] if n >= 1 else []
-    queries = [prom.query_range(f"count_over_time(({expr})[{_dur(step_ms)}:{IDLE_RESOLUTION_S}s])",
-                                bounds[first] / 1000 - 0.001, bounds[after - 1] / 1000 - 0.001, step_ms / 1000)
-               for first, after in zip(cuts, cuts[1:])]
+    out: dict[tuple[str, str], MutableSequence[float]] = {}
+
+    def add(metric: Mapping[str, str], k: int, count: float) -> None:
+        key = (metric.get("namespace", ""), metric.get("pod", ""))
+        row = out.get(key)
+        if row is None:
+            row = out[key] = array("d", [0.0]) * (len(bounds) - 1)
+        row[k - 1] = min(count * IDLE_RESOLUTION_S, (bounds[k] - bounds[k - 1]) / 1000)
+
+    async def part(first: int, after: int) -> None:
+        for series in await prom.query_range(f"count_over_time(({expr})[{_dur(step_ms)}:{IDLE_RESOLUTION_S}s])",
+                                             bounds[first] / 1000 - 0.001, bounds[after - 1] / 1000 - 0.001,
+                                             step_ms / 1000):
+            for ts, value in series["values"]:
+                k = int(round((float(ts) + 0.001) * 1000 - bounds[0]) // step_ms)
+                if 1 <= k <= n:
+                    add(series["metric"], k, float(value))
+
+    async def tail(tail_ms: int) -> None:
+        for series in await prom.query(f"count_over_time(({expr})[{_dur(tail_ms)}:{IDLE_RESOLUTION_S}s])",
+                                       bounds[-1] / 1000 - 0.001, expect="vector"):
+            add(series["metric"], len(bounds) - 1, float(series["value"][1]))
+
     tail_ms = bounds[-1] - bounds[n] if len(bounds) > n + 1 else 0
-    if tail_ms:
-        queries.append(prom.query(f"count_over_time(({expr})[{_dur(tail_ms)}:{IDLE_RESOLUTION_S}s])",
-                                  bounds[-1] / 1000 - 0.001, expect="vector"))
-
-    def merge(answers: Sequence[Any]) -> dict[tuple[str, str], list[float]]:
-        out: dict[tuple[str, str], list[float]] = {}
-
-        def add(metric: Mapping[str, str], k: int, count: float) -> None:
-            key = (metric.get("namespace", ""), metric.get("pod", ""))
-            row = out.setdefault(key, [0.0] * (len(bounds) - 1))
-            row[k - 1] = min(count * IDLE_RESOLUTION_S, (bounds[k] - bounds[k - 1]) / 1000)
-
-        for answer in answers[:parts]:
-            for series in answer:
-                for ts, value in series["values"]:
-                    k = int(round((float(ts) + 0.001) * 1000 - bounds[0]) // step_ms)
-                    if 1 <= k <= n:
-                        add(series["metric"], k, float(value))
-        if tail_ms:
-            for series in answers[-1]:
-                add(series["metric"], len(bounds) - 1, float(series["value"][1]))
-        return out
-
-    return queries, merge
+    await all_of(*[part(first, after) for first, after in zip(cuts, cuts[1:])], *([tail(tail_ms)] if tail_ms else []))
+    return out
 
 
 def _series_rows(named: Iterable[tuple[str, Mapping[SeriesKey, Sequence[float]]]]) -> list[SeriesTotals]:
@@ -523,19 +522,22 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
     candidates = [(engine.name, engine.model_label, fieldname, sel.text('pod!=""'))
                   for engine in engines for fieldname in TOKEN_FIELDS for sel in engine.selectors(fieldname)]
 
-    async def tokens_then_idle() -> tuple[list[Any], dict[tuple[str, str], list[float]]]:
+    keys = {}
+
+    async def tokens_then_idle() -> tuple[list[Any], dict[tuple[str, str], MutableSequence[float]]]:
         # the tokens first: the idle intervals are asked for only where tokens were served
-        token_results = await all_of(*[_counter(prom, text, grid, selector, stats) for _, _, _, text in candidates])
+        token_results = await all_of(*[_counter(prom, text, grid, selector, stats, keys)
+                                       for _, _, _, text in candidates])
         used = [text for (_, _, _, text), result in zip(candidates, token_results) if result]
         pods = sorted({dict(key).get("pod", "") for result in token_results for key in result} - {""})
         if not used or not pods:
             return token_results, {}
-        idle, merge_idle = _idle(prom, grid, _idle_expression(used, pods, selector))
-        return token_results, merge_idle(await all_of(*idle))
+        return token_results, await _idle(prom, grid, _idle_expression(used, pods, selector))
 
     work: list[Any] = [tokens_then_idle()]
-    work += [_counter(prom, family, grid, selector, stats) for family in families]
-    work += [aggregate.increases(prom, family, grid, selector, None, stats) for family, _ in DEVICE_COUNTERS.values()]
+    work += [_counter(prom, family, grid, selector, stats, keys) for family in families]
+    work += [aggregate.increases(prom, family, grid, selector, None, stats, keys)
+             for family, _ in DEVICE_COUNTERS.values()]
     answers = await all_of(*work)
     token_results, idle = answers[0]
     results = answers[1:1 + len(families)]
