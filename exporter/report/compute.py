@@ -30,6 +30,7 @@ sample lists; `fetch` runs the queries.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from array import array
 from dataclasses import dataclass, field
@@ -56,9 +57,11 @@ STEPS_S = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 MAX_STEPS = 130
 NODE_BATCH = 100  # nodes per raw-sample query
 # A counter's values per step are read in slices of steps: the first this long, the rest
-# sized so that an answer holds about this many points (see `_counter`).
+# sized so that an answer holds about this many points, so many answers at once over all
+# counters (see `_counter`).
 FIRST_SLICE_STEPS = 2
 VALUES_PER_ANSWER = 100_000
+VALUE_ANSWERS_AT_ONCE = 2
 
 SeriesKey = tuple[tuple[str, str], ...]
 # Labels that belong to a workload, not to its GPU: a workload series' labels without them
@@ -188,10 +191,14 @@ class FetchStats:
 
 
 async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, stats: FetchStats,
-                   interned: dict[SeriesKey, SeriesKey] | None = None) -> dict[SeriesKey, Sequence[float]]:
+                   interned: dict[SeriesKey, SeriesKey] | None = None,
+                   answers: asyncio.Semaphore | None = None) -> dict[SeriesKey, Sequence[float]]:
     """Per series, the increase of ``family`` in each step of ``grid``. ``interned`` holds one
-    copy of each series' key for every family read (a key is ~2.5 KiB of label strings)."""
+    copy of each series' key for every family read (a key is ~2.5 KiB of label strings);
+    ``answers`` bounds the slices of values read and folded at once, over every family (an
+    answer carries every series' labels, however few its steps)."""
     known_keys: dict[SeriesKey, SeriesKey] = {} if interned is None else interned
+    at_once = answers or asyncio.Semaphore(VALUE_ANSWERS_AT_ONCE)
     bounds = grid.bounds
     n = grid.regular
     step_ms = grid.step_ms
@@ -223,13 +230,14 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
 
     async def last_values(first: int, last: int) -> None:
         """Steps ``first``..``last``' values, folded into the rows as soon as they come."""
-        for series in await prom.query_range(f"last_over_time({sel}[{_dur(step_ms)}])", t[first], t[last],
-                                             step_ms / 1000):
-            r = row(series["metric"])
-            for ts, v in series["values"]:
-                k = index.get(ts)
-                if k is not None:
-                    r[k] = v
+        async with at_once:
+            for series in await prom.query_range(f"last_over_time({sel}[{_dur(step_ms)}])", t[first], t[last],
+                                                 step_ms / 1000):
+                r = row(series["metric"])
+                for ts, v in series["values"]:
+                    k = index.get(ts)
+                    if k is not None:
+                        r[k] = v
 
     async def tail_values() -> None:
         for series in await prom.query(f"last_over_time({sel}[{_dur(tail_ms)}])", t[-1], expect="vector"):
@@ -523,10 +531,11 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
                   for engine in engines for fieldname in TOKEN_FIELDS for sel in engine.selectors(fieldname)]
 
     keys = {}
+    at_once = asyncio.Semaphore(VALUE_ANSWERS_AT_ONCE)
 
     async def tokens_then_idle() -> tuple[list[Any], dict[tuple[str, str], MutableSequence[float]]]:
         # the tokens first: the idle intervals are asked for only where tokens were served
-        token_results = await all_of(*[_counter(prom, text, grid, selector, stats, keys)
+        token_results = await all_of(*[_counter(prom, text, grid, selector, stats, keys, at_once)
                                        for _, _, _, text in candidates])
         used = [text for (_, _, _, text), result in zip(candidates, token_results) if result]
         pods = sorted({dict(key).get("pod", "") for result in token_results for key in result} - {""})
@@ -535,7 +544,7 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
         return token_results, await _idle(prom, grid, _idle_expression(used, pods, selector))
 
     work: list[Any] = [tokens_then_idle()]
-    work += [_counter(prom, family, grid, selector, stats, keys) for family in families]
+    work += [_counter(prom, family, grid, selector, stats, keys, at_once) for family in families]
     work += [aggregate.increases(prom, family, grid, selector, None, stats, keys)
              for family, _ in DEVICE_COUNTERS.values()]
     answers = await all_of(*work)
