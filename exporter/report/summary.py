@@ -31,7 +31,7 @@ tokens, replicas and idle replica hours (`MODEL_FIGURES`).
 from __future__ import annotations
 
 from array import array
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from exporter.report import carbon
 from exporter.report.carbon import Intensity
@@ -275,12 +275,15 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
     workloads: dict[str, dict[str, dict[str, Any]]] = {}
     per_series = []
     split = _ModelSplit(tokens, idle or {}, grid) if by == MODEL_BY else None
-    pieces: list[tuple[str, SeriesTotals]] = []
-    for s in series:
-        if not any(any(steps) for steps in s.steps.values()):
-            continue  # seen just before the period, nothing in it
-        pieces += split.pieces(s) if split is not None else [(s.labels.get(by) or NONE_GROUP, s)]
-    for name, s in pieces:
+    def pieces() -> Iterator[tuple[str, SeriesTotals]]:
+        """Each series, or each model's piece of it: one at a time, as a piece's figures
+        are summed as soon as it is made."""
+        for s in series:
+            if not any(any(steps) for steps in s.steps.values()):
+                continue  # seen just before the period, nothing in it
+            yield from split.pieces(s) if split is not None else [(s.labels.get(by) or NONE_GROUP, s)]
+
+    for name, s in pieces():
         f = _figures(s, prices)
         if split is not None:
             f["idle_gpu_hours"] = sum(s.steps.get("idle_gpu", ())) * SCALE["allocated"]
