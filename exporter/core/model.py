@@ -255,9 +255,11 @@ class ProcessRow:
                                 "start_time": start_time})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class WorkloadUsage:
     """One workload on one GPU, with its derived counters.
+
+    Made for every workload on every GPU each pass: filled in one step, as `ProcessSample`.
 
     Attributes:
         device_key: the `DeviceSample.key` of the GPU.
@@ -305,6 +307,18 @@ class WorkloadUsage:
     present: bool = True
     allocated: bool | None = None
     sole_owner: bool = False
+
+    def __init__(self, device_key: str, workload: Workload, labels: tuple[str, ...], memory_used_bytes: int | None,
+                 utilization: float | None, processes: int, idle_seconds: float | None,
+                 usage_seconds_total: float | None, allocation_seconds_total: float,
+                 energy_joules_total: float | None, present: bool = True, allocated: bool | None = None,
+                 sole_owner: bool = False):
+        _set(self, "__dict__", {
+            "device_key": device_key, "workload": workload, "labels": labels, "memory_used_bytes": memory_used_bytes,
+            "utilization": utilization, "processes": processes, "idle_seconds": idle_seconds,
+            "usage_seconds_total": usage_seconds_total, "allocation_seconds_total": allocation_seconds_total,
+            "energy_joules_total": energy_joules_total, "present": present, "allocated": allocated,
+            "sole_owner": sole_owner})
 
 
 @dataclass(frozen=True)

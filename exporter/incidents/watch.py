@@ -101,7 +101,7 @@ class IncidentWatch:
             return ()
 
     def _record(self, incident: Any) -> None:
-        from exporter.incidents.engine import event_messages, incident_json
+        from exporter.incidents.messages import event_messages, incident_json
 
         device = next((d for d in self._devices.values()
                        if d.uuid == incident.uuid and d.gpu_instance == incident.gpu_instance), None)
@@ -131,7 +131,7 @@ class IncidentWatch:
         """The incidents the agent remembers, newest first (``/api/v1/incidents``)."""
         if self.tracker is None:
             return []
-        from exporter.incidents.engine import incident_json
+        from exporter.incidents.messages import incident_json
 
         return [incident_json(incident, self.extra_names) for incident in self.tracker.recent()]
 
