@@ -5,8 +5,8 @@ from __future__ import annotations
 from exporter.collect.xids import XidBaseline, xid_step
 from exporter.core.model import DeviceSample, ProcessSample, Workload
 from exporter.incidents.engine import IncidentConfig, IncidentTracker
-from exporter.incidents.messages import event_messages, incident_json
 from exporter.incidents.kmsg import XidRecord
+from exporter.incidents.messages import event_messages, incident_json
 from exporter.incidents.peaks import PeakSeries
 
 GIB = 2**30
