@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.collect.derive import DeriveState, split_energy, step
+from exporter.collect.derive import DeriveState, step
+from exporter.collect.splits import split_energy
 from exporter.core.labels import label_schema, workload_label_map
 from exporter.core.model import DeviceSample, ProcessSample, Workload
 from exporter.core.process_groups import has_one_owner

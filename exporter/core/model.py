@@ -278,7 +278,7 @@ class WorkloadUsage:
         usage_seconds_total: integral of its SM share over time (GPU-seconds; None while
             the device has never reported its SM share, e.g. Gaudi).
         allocation_seconds_total: its share of this GPU's time, in GPU-seconds: what it
-            is billed for holding the GPU (see `derive.split_time`: device-plugin replicas
+            is billed for holding the GPU (see `splits.split_time`: device-plugin replicas
             k/N, else in proportion to the memory held). The shares of a GPU's holders
             and its unallocated seconds add up to the GPU's capacity seconds.
         energy_joules_total: its share of the device's energy (see docs/ATTRIBUTION.md;
