@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from operator import is_
 from typing import Mapping, NamedTuple, Sequence
 
+from exporter.collect.splits import advance_energy, reports_nothing, split_energy, split_time
 from exporter.core.labels import Labeller, default_labeller, device_label_values, workload_id_values
 from exporter.core.model import (
     UNKNOWN,
@@ -55,7 +56,6 @@ from exporter.core.model import (
     Workload,
     WorkloadUsage,
 )
-from exporter.collect.splits import advance_energy, reports_nothing, split_energy, split_time
 from exporter.core.process_groups import OwnerGroup, ProcessGroups, group_processes
 
 # A workload's counters are kept per (device key, series label values).
