@@ -112,6 +112,8 @@ class DeviceLayout(NamedTuple):
         owners: each PID's owner object (None where unknown), held so that their
             identities cannot be taken by other objects while the layout is kept.
         groups: the processes by owner.
+        holdings: what `split_device` worked out from the processes' samples last (one
+            `_Holdings` or none): a pass whose processes tuple is the same object takes it.
     """
 
     device_labels: tuple[str, ...]
@@ -119,6 +121,27 @@ class DeviceLayout(NamedTuple):
     pids: list[int]
     owners: list[Workload | None]
     groups: ProcessGroups
+    holdings: list[_Holdings]
+
+
+class _Holdings(NamedTuple):
+    """What a GPU's processes hold, apart from this pass's energy: for the processes tuple
+    (`DeviceSample.processes`) and SM-share source it was worked out for.
+
+    Attributes:
+        processes, share_from_device, utilization: what it was worked out for.
+        shares: per process (SM share, memory) as `split_energy` takes them.
+        holders_only: the device reports neither for any process.
+        groups: per group of `DeviceLayout.groups` (memory, SM share summed at most 1,
+            energy known, holds the GPU), as `_running_share` says.
+    """
+
+    processes: tuple[ProcessSample, ...]
+    share_from_device: bool
+    utilization: float | None
+    shares: list[tuple[float | None, int | None]]
+    holders_only: bool
+    groups: list[tuple[int | None, float | None, bool, bool]]
 
 
 @dataclass(frozen=True)
@@ -165,8 +188,8 @@ class _Pass:
             labels = self._labels[id(owner)] = self.labeller(owner)
         return labels
 
-    def groups(self, device: DeviceSample, device_labels: tuple[str, ...]) -> ProcessGroups:
-        """The GPU's processes by owner: the last pass's groups where the GPU has the same
+    def layout(self, device: DeviceSample, device_labels: tuple[str, ...]) -> DeviceLayout:
+        """The GPU's processes by owner: the last pass's layout where the GPU has the same
         PIDs with the same owner objects (and labels), else `group_processes` afresh."""
         pids = [p.pid for p in device.processes]
         get = self.owners.get
@@ -177,9 +200,9 @@ class _Pass:
             layout = last
         else:
             groups = group_processes(device, self.owners, lambda owner: device_labels + self.labels(owner))
-            layout = DeviceLayout(device_labels, self.labeller, pids, owners, groups)
+            layout = DeviceLayout(device_labels, self.labeller, pids, owners, groups, [])
         self.layouts[device.key] = layout
-        return layout.groups
+        return layout
 
     def workload(self, owner: Workload, runs: bool = True) -> Workload:
         """The pass's one `Workload` with the owner's identity. Ask for process owners
@@ -268,12 +291,12 @@ def _allocations_here(ctx: _Pass, device: DeviceSample, dev_labels: tuple[str, .
 _Holding = tuple[tuple[str, ...], Workload, int, int | None, float | None, float, bool, bool | None, bool]
 
 
-def _running_share(ctx: _Pass, group: OwnerGroup, procs: Sequence[ProcessSample], sms: Sequence[float | None],
-                   parts: Sequence[float], holders_only: bool, allocated: bool | None) -> _Holding:
-    """What a group of processes holds of the GPU, before the time split."""
+def _holding(group: OwnerGroup, procs: Sequence[ProcessSample], sms: Sequence[float | None], holders_only: bool
+             ) -> tuple[int | None, float | None, bool, bool]:
+    """What a group of processes holds of the GPU apart from energy: (memory, SM share
+    summed at most 1, whether its energy share is known, whether it holds the GPU)."""
     memory: int | None = None  # stays None when the device reports no per-process memory
     util_sum: float | None = None
-    energy = 0.0
     energy_known = holders_only
     for i in group.members:
         used, sm = procs[i].used_memory_bytes, sms[i]
@@ -285,11 +308,25 @@ def _running_share(ctx: _Pass, group: OwnerGroup, procs: Sequence[ProcessSample]
             # An energy share needs an SM share or memory; without either the device's
             # energy went to the unattributed bucket (split_energy), not to this workload.
             energy_known = True
-        energy += parts[i]
     # Holding the GPU: memory on it, or (where memory is unknown) a process on it.
     held = memory > 0 if memory is not None else True
-    return (group.labels, ctx.workload(group.owner), len(group.members), memory,
-            None if util_sum is None else min(1.0, util_sum), energy, energy_known, allocated, held)
+    return memory, None if util_sum is None else min(1.0, util_sum), energy_known, held
+
+
+def _holdings(device: DeviceSample, layout: DeviceLayout) -> _Holdings:
+    """The GPU's `_Holdings`: the layout's, where worked out for these processes, else afresh."""
+    procs = device.processes
+    last = layout.holdings[0] if layout.holdings else None
+    if (last is not None and last.processes is procs and last.share_from_device == device.sm_share_from_device
+            and last.utilization == device.utilization):
+        return last
+    sms = _process_sm_shares(device)
+    shares = [(sm, p.used_memory_bytes) for sm, p in zip(sms, procs)]
+    holders_only = bool(procs) and reports_nothing(shares)
+    holdings = _Holdings(procs, device.sm_share_from_device, device.utilization, shares, holders_only,
+                         [_holding(group, procs, sms, holders_only) for group in layout.groups.groups])
+    layout.holdings[:] = [holdings]
+    return holdings
 
 
 def split_device(ctx: _Pass, device: DeviceSample, delta: float, device_seconds: float) -> DeviceSplit:
@@ -297,16 +334,15 @@ def split_device(ctx: _Pass, device: DeviceSample, delta: float, device_seconds:
     between its holders and nobody: processes by owner, energy by `split_energy`, time by
     `split_time`."""
     dev_labels = device_label_values(ctx.node, device)
-    groups = ctx.groups(device, dev_labels)
+    layout = ctx.layout(device, dev_labels)
+    groups = layout.groups
     procs = device.processes
-    sms = _process_sm_shares(device)
-    shares = [(sm, p.used_memory_bytes) for sm, p in zip(sms, procs)]
-    parts, nobody = split_energy(delta, shares)
-    holders_only = bool(procs) and reports_nothing(shares)
+    holdings = _holdings(device, layout)
+    parts, nobody = split_energy(delta, holdings.shares)
     allocated_here, replicas = _allocations_here(ctx, device, dev_labels)
     known_allocations = ctx.known_allocations
     running: list[_Holding] = []
-    for group in groups.groups:
+    for group, (memory, utilization, energy_known, held) in zip(groups.groups, holdings.groups):
         allocated = None
         if known_allocations:
             # Only a named Kubernetes container can be matched to an allocation (pod-resources
@@ -314,7 +350,11 @@ def split_device(ctx: _Pass, device: DeviceSample, delta: float, device_seconds:
             owner = group.owner
             if owner.kind == "kubernetes" and owner.pod:
                 allocated = group.labels in allocated_here
-        running.append(_running_share(ctx, group, procs, sms, parts, holders_only, allocated))
+        energy = 0.0
+        for i in group.members:
+            energy += parts[i]
+        running.append((group.labels, ctx.workload(group.owner), len(group.members), memory, utilization, energy,
+                        energy_known, allocated, held))
     idle: list[_Holding] = []
     if allocated_here:
         running_labels = {group.labels for group in groups.groups}

@@ -75,14 +75,10 @@ class IncidentWatch:
         if self.tracker is None:
             return
         records = self._poll()
-        owners: dict[int, Workload] = {}
-        starts: dict[int, float] = {}
-        comms: dict[int, str] = {}
-        for row in snap.processes:
-            owners[row.pid] = row.workload
-            comms[row.pid] = row.comm
-            if row.start_time is not None:
-                starts[row.pid] = row.start_time
+        rows = snap.processes
+        owners: dict[int, Workload] = {row.pid: row.workload for row in rows}
+        starts: dict[int, float] = {row.pid: row.start_time for row in rows if row.start_time is not None}
+        comms: dict[int, str] = {row.pid: row.comm for row in rows}
         reasons = {key: set(verdict.reason_names) for key, verdict in snap.verdicts.items()}
         for incident in self.tracker.observe(now, snap.timestamp, snap.devices, owners, records, reasons,
                                              starts=starts, comms=comms, new_xids=snap.new_xids):
