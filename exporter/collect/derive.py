@@ -133,7 +133,7 @@ class _Holdings(NamedTuple):
         shares: per process (SM share, memory) as `split_energy` takes them.
         holders_only: the device reports neither for any process.
         groups: per group of `DeviceLayout.groups` (memory, SM share summed at most 1,
-            energy known, holds the GPU), as `_running_share` says.
+            energy known, holds the GPU), as `_holding` says.
     """
 
     processes: tuple[ProcessSample, ...]

@@ -268,7 +268,7 @@ class IncidentTracker:
         previous = state.memory[-1][1] if state.memory else {}
         if seen is not None and seen.work is not None and seen.processes is device.processes:
             # the same processes and owners as the last pass (`_track`): the same memory
-            work, exited = seen.work, frozenset()
+            work, exited = seen.work, frozenset[int]()
         else:
             work = self._memory_by_workload(device, owners)
             if seen is not None and seen.processes is device.processes:
