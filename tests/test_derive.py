@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.collect.derive import DeriveState, split_energy, step
+from exporter.collect.derive import DeriveState, step
+from exporter.collect.splits import split_energy
 from exporter.core.labels import label_schema, workload_label_map
 from exporter.core.model import DeviceSample, ProcessSample, Workload
 from exporter.core.process_groups import has_one_owner
@@ -266,3 +267,19 @@ def test_sole_owner_is_the_one_workload_running_every_process_on_an_up_gpu():
     # a gone workload's counters (grace period) are no owner of anything
     _, d = step(state, 1.0, "n", [gpu(index=0)], owners)
     assert d.workloads and not any(u.present or u.sole_owner for u in d.workloads)
+
+
+def test_a_gpu_whose_processes_tuple_is_the_last_passes_derives_what_fresh_samples_do():
+    """A pass given the very processes tuple of the last one takes what that pass worked
+    out for them; its figures are those of the same processes sampled afresh."""
+    a, b = pod("a"), pod("b")
+    procs = (ProcessSample(1, 2 * GIB, 0.25), ProcessSample(2, GIB, 0.5), ProcessSample(3, 3 * GIB, 0.0))
+    owners = {1: a, 2: b, 3: a}
+    kept, fresh = DeriveState(), DeriveState()
+    for n in range(4):
+        same = gpu(energy=100.0 * n + 7.3, procs=procs)
+        anew = gpu(energy=100.0 * n + 7.3, procs=tuple(ProcessSample(p.pid, p.used_memory_bytes, p.sm_utilization)
+                                                    for p in procs))
+        kept, kept_out = step(kept, float(n), "node-1", [same], owners)
+        fresh, fresh_out = step(fresh, float(n), "node-1", [anew], owners)
+        assert kept_out == fresh_out

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_derive import GIB, pod
 
-from exporter.collect.derive import DeriveState, split_time, step
+from exporter.collect.derive import DeriveState, step
+from exporter.collect.splits import split_time
 from exporter.core.model import AllocationRow, DeviceSample, ProcessSample, Workload
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from exporter.collect.xids import XidBaseline, xid_step
 from exporter.core.model import DeviceSample, ProcessSample, Workload
-from exporter.incidents.engine import IncidentConfig, IncidentTracker, event_messages, incident_json
+from exporter.incidents.engine import IncidentConfig, IncidentTracker
 from exporter.incidents.kmsg import XidRecord
+from exporter.incidents.messages import event_messages, incident_json
 from exporter.incidents.peaks import PeakSeries
 
 GIB = 2**30
@@ -338,3 +339,21 @@ def test_on_a_mig_gpu_the_xid_of_the_gpu_names_the_one_workload_on_its_instances
     node.pass_(gpu({}, xids={"31": 1}), mig(2, "1", {1: GIB}), mig(2, "2", {2: GIB}))
     [shared] = node.pass_(gpu({}, xids={"31": 2}), mig(2, "1", {1: GIB}), mig(2, "2", {2: GIB}))
     assert shared.caused_by == () and set(shared.affected) == {TRAINER, NOTEBOOK}
+
+
+def test_passes_that_see_the_very_processes_of_the_last_pass_keep_lives_holders_and_memory():
+    """A GPU whose processes tuple, owners, starts and names are the last pass's is not gone
+    through process by process; its lives still move on, its holders and memory stand."""
+    node = Node({1: TRAINER, 2: NOTEBOOK})
+    node.starts = {1: 900.0, 2: 950.0}
+    steady = gpu({1: 40 * GIB, 2: 38 * GIB})
+    assert TOTAL - steady.memory_used_bytes < 2 * GIB  # full from the first pass
+    for _ in range(20):
+        assert node.pass_(steady) == []
+    assert node.tracker._gpus[steady.key].last_pass.lives[0].last_seen == node.now  # moved on every pass
+    faulted = node.now - 0.5  # while the same tuple was seen pass after pass
+    new = node.pass_(gpu({2: 38 * GIB}), records=(xid(31, 1, faulted),))  # the trainer exits
+    by_kind = {incident.kind: incident for incident in new}
+    assert sorted(by_kind) == ["memory_exhausted", "xid"]
+    assert by_kind["xid"].caused_by == (TRAINER,) and by_kind["xid"].cause_basis == "kernel_log"
+    assert by_kind["memory_exhausted"].affected == (TRAINER,)

@@ -7,10 +7,10 @@ import inspect
 
 import pytest
 
-from exporter.core.model import UNKNOWN, ProcessRow, ProcessSample
+from exporter.core.model import UNKNOWN, ProcessRow, ProcessSample, WorkloadUsage
 
 
-@pytest.mark.parametrize("cls", [ProcessSample, ProcessRow])
+@pytest.mark.parametrize("cls", [ProcessSample, ProcessRow, WorkloadUsage])
 def test_a_one_step_init_takes_the_fields_in_order_with_their_defaults(cls: type) -> None:
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     fields = dataclasses.fields(cls)

@@ -640,3 +640,14 @@ def test_real_ctypes_handles_map_back_by_address():
     event.device = ctypes.cast(ctypes.addressof(device), pynvml.c_nvmlDevice_t)
     assert event.device is not registered
     assert handle_key(event.device) == handle_key(registered)
+
+
+def test_processes_with_the_last_passes_shares_are_the_last_passes_tuple():
+    """The stages after the read take an unchanged tuple for unchanged processes."""
+    from exporter.devices.nvml.processes import processes_with_shares
+
+    entries = [(1, 10, "compute"), (2, 20, "compute")]
+    first = processes_with_shares(entries, {1: (0.5, 0.1)})
+    assert processes_with_shares(entries, {1: (0.5, 0.1)}, first) is first
+    changed = processes_with_shares(entries, {1: (0.6, 0.1)}, first)
+    assert changed is not first and changed[1] is first[1] and changed[0].sm_utilization == 0.6

@@ -25,7 +25,7 @@ from fakes.pynvml_fake import (
 
 from exporter.attribution import NullAttributor
 from exporter.collect.collector import Collector
-from exporter.collect.derive import advance_energy
+from exporter.collect.splits import advance_energy
 from exporter.core.model import Workload
 from exporter.core.shares import passes_between_reads
 from exporter.devices import nvml as nvml_backend

@@ -23,7 +23,8 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Callable, Mapping, NoReturn, Sequence
+from operator import is_
+from typing import Callable, Mapping, NamedTuple, NoReturn, Sequence
 
 from exporter.attribution import Attributor, NullAttributor
 from exporter.collect.derive import DeriveState, step
@@ -37,6 +38,7 @@ from exporter.core.model import (
     CollectorStatus,
     DeviceSample,
     ProcessRow,
+    ProcessSample,
     Snapshot,
     StuckCall,
     Workload,
@@ -51,6 +53,18 @@ log = logging.getLogger(__name__)
 
 def _raise(exc: BaseException) -> NoReturn:
     raise exc
+
+
+class _DeviceRows(NamedTuple):
+    """A GPU's process rows as one pass made them (in process order, and by PID), with
+    what they were made of: its processes tuple and each process's owner, name and start."""
+
+    processes: tuple[ProcessSample, ...]
+    owners: list[Workload]
+    names: list[str]
+    starts: list[float | None]
+    rows: list[ProcessRow]
+    by_pid: dict[int, ProcessRow]
 
 
 class Collector:
@@ -106,7 +120,7 @@ class Collector:
         self._health = HealthStageState()
         self._xids = XidBaseline()
         self._snapshot: Snapshot | None = None
-        self._rows: dict[str, dict[int, ProcessRow]] = {}  # the last pass's, by device key and PID
+        self._rows: dict[str, _DeviceRows] = {}  # the last pass's, by device key
         self.read_timeout = read_timeout
         self._bulkhead = Bulkhead(read_timeout)
         self.process_metrics = process_metrics
@@ -212,27 +226,41 @@ class Collector:
     def _process_rows(self, devices: Sequence[DeviceSample], owners: Mapping[int, Workload]
                       ) -> tuple[ProcessRow, ...]:
         """The pass's processes joined to their owners; a row equal to the last pass's is
-        that row again (most are, pass after pass: building them is most of their cost)."""
+        that row again (most are, pass after pass: building them is most of their cost), and
+        a GPU whose processes tuple, owners, names and starts are the last pass's has the
+        last pass's rows, without a look at each."""
         last, rows = self._rows, []
-        kept: dict[str, dict[int, ProcessRow]] = {}
+        kept: dict[str, _DeviceRows] = {}
         comm = self.attributor.comm
         start_of = self.attributor.start_time
         get_owner = owners.get
         for d in devices:
             if not d.up:
                 continue
-            key = d.key
-            last_here = last.get(key, {})
-            kept[key] = here = {}
-            for p in d.processes:
+            key, procs = d.key, d.processes
+            pids = [p.pid for p in procs]
+            here_owners = [get_owner(pid, UNKNOWN) for pid in pids]
+            names = [comm(pid) for pid in pids]
+            starts = [start_of(pid) for pid in pids]
+            before = last.get(key)
+            if (before is not None and before.processes is procs and all(map(is_, here_owners, before.owners))
+                    and names == before.names and starts == before.starts):
+                kept[key] = before
+                rows += before.rows
+                continue
+            last_here = before.by_pid if before is not None else {}
+            here: list[ProcessRow] = []
+            by_pid: dict[int, ProcessRow] = {}
+            for p, owner, name, started in zip(procs, here_owners, names, starts):
                 pid = p.pid
-                owner, name, started = get_owner(pid, UNKNOWN), comm(pid), start_of(pid)
                 row = last_here.get(pid)
                 if (row is None or row.workload is not owner or row.comm != name or row.start_time != started
                         or row.used_memory_bytes != p.used_memory_bytes or row.sm_utilization != p.sm_utilization):
                     row = ProcessRow(key, pid, name, owner, p.used_memory_bytes, p.sm_utilization, started)
-                here[pid] = row
-                rows.append(row)
+                by_pid[pid] = row
+                here.append(row)
+            kept[key] = _DeviceRows(procs, here_owners, names, starts, here, by_pid)
+            rows += here
         self._rows = kept
         return tuple(rows)
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from operator import is_
 from typing import Mapping, NamedTuple, Sequence
 
+from exporter.collect.splits import advance_energy, reports_nothing, split_energy, split_time
 from exporter.core.labels import Labeller, default_labeller, device_label_values, workload_id_values
 from exporter.core.model import (
     UNKNOWN,
@@ -111,6 +112,8 @@ class DeviceLayout(NamedTuple):
         owners: each PID's owner object (None where unknown), held so that their
             identities cannot be taken by other objects while the layout is kept.
         groups: the processes by owner.
+        holdings: what `split_device` worked out from the processes' samples last (one
+            `_Holdings` or none): a pass whose processes tuple is the same object takes it.
     """
 
     device_labels: tuple[str, ...]
@@ -118,6 +121,27 @@ class DeviceLayout(NamedTuple):
     pids: list[int]
     owners: list[Workload | None]
     groups: ProcessGroups
+    holdings: list[_Holdings]
+
+
+class _Holdings(NamedTuple):
+    """What a GPU's processes hold, apart from this pass's energy: for the processes tuple
+    (`DeviceSample.processes`) and SM-share source it was worked out for.
+
+    Attributes:
+        processes, share_from_device, utilization: what it was worked out for.
+        shares: per process (SM share, memory) as `split_energy` takes them.
+        holders_only: the device reports neither for any process.
+        groups: per group of `DeviceLayout.groups` (memory, SM share summed at most 1,
+            energy known, holds the GPU), as `_holding` says.
+    """
+
+    processes: tuple[ProcessSample, ...]
+    share_from_device: bool
+    utilization: float | None
+    shares: list[tuple[float | None, int | None]]
+    holders_only: bool
+    groups: list[tuple[int | None, float | None, bool, bool]]
 
 
 @dataclass(frozen=True)
@@ -129,118 +153,6 @@ class Derived:
     unattributed: tuple[Unattributed, ...]
     unattributed_processes: int
     device_capacity_seconds: Mapping[str, float] = field(default_factory=dict)
-
-
-def advance_energy(raw_before: float | None, total_before: float | None, device: DeviceSample,
-                   dt: float) -> tuple[float | None, float | None]:
-    """Next (raw reading, monotonic total) of a device's energy counter.
-
-    The device's own counter is used where it has one (a drop, e.g. after a driver
-    reload, adds nothing rather than going backwards); otherwise power is integrated
-    over ``dt`` seconds. Returns (None, total_before) when neither is known.
-    """
-    if device.energy_joules is not None:
-        raw = device.energy_joules
-        if total_before is None:
-            return raw, raw
-        if raw_before is None:
-            return raw, total_before
-        return raw, total_before + max(0.0, raw - raw_before)
-    if device.power_watts is not None:
-        return None, (total_before or 0.0) + device.power_watts * dt
-    return None, total_before
-
-
-def reports_nothing(shares: Sequence[tuple[float | None, int | None]]) -> bool:
-    """True when no process on the device has an SM share or a memory figure."""
-    return all(u is None and m is None for u, m in shares)
-
-
-def split_energy(delta: float, shares: Sequence[tuple[float | None, int | None]]) -> tuple[list[float], float]:
-    """Split one GPU's energy delta over its processes.
-
-    Args:
-        delta: joules the device used in this pass.
-        shares: per process (SM share 0-1 or None, memory bytes or None).
-
-    Returns:
-        (joules per process, joules that belong to nobody: idle with no holder).
-        Where the device reports neither for any process (Gaudi), the holders of the
-        device share ΔE equally.
-    """
-    parts = [0.0] * len(shares)
-    if delta <= 0 or not shares:
-        return parts, max(0.0, delta)
-    if reports_nothing(shares):  # e.g. Gaudi: only who holds the device is known
-        return [delta / len(shares)] * len(shares), 0.0
-    known = [u for u, _ in shares if u is not None]
-    util_sum = sum([u if u > 0.0 else 0.0 for u in known])  # negative shares count as 0
-    busy = min(1.0, util_sum) if known else 0.0
-    busy_energy = delta * busy
-    if util_sum > 0:
-        for i, (u, _) in enumerate(shares):
-            if u is not None and u > 0:
-                parts[i] += busy_energy * u / util_sum
-    idle_energy = delta - busy_energy
-    memory_sum = sum([m for _, m in shares if m and m > 0])
-    if memory_sum > 0:
-        for i, (_, m) in enumerate(shares):
-            if m and m > 0:
-                parts[i] += idle_energy * m / memory_sum
-        return parts, 0.0
-    return parts, idle_energy
-
-
-def split_time(holders: Sequence[tuple[int, int | None]], replicas: int | None) -> tuple[list[float], float]:
-    """Split one GPU's time between the workloads that hold it.
-
-    Args:
-        holders: per holder (device-plugin replicas it was allocated on this GPU, 0 for a
-            holder outside the device plugin; memory it holds there in bytes, None where
-            the device reports no per-process memory).
-        replicas: how many replicas the kubelet can allocate on this GPU (N), None where
-            unknown (then the replicas held count as all of them).
-
-    Returns:
-        (each holder's fraction of the GPU's time, the fraction nobody holds); they add
-        up to 1. The rules (docs/CHARGEBACK.md says why):
-
-        - A holder outside the device plugin (a Slurm job, a process beside the plugin's
-          pods, any holder where allocations are unknown) takes the share of the GPU that
-          its memory is of all memory the holders hold (holding memory is what keeps
-          others off the GPU); where memory is not reported, each holder counts the same.
-        - The rest is cut into the N replicas: a container holding k of them is allocated
-          k/N of it, and replicas nobody holds are unallocated.
-        - With no holder at all, the whole GPU is unallocated.
-    """
-    n = len(holders)
-    if n == 0:
-        return [], 1.0
-    held = 0  # replicas held, and whether anyone holds the GPU outside the device plugin
-    outside = False
-    for k, _ in holders:
-        if k > 0:
-            held += k
-        else:
-            outside = True
-    if not outside:  # the common case: device-plugin holders only (a whole GPU: 1 of 1)
-        total = max(replicas or 0, held)
-        return [k / total for k, _ in holders], (total - held) / total
-    memory_known = all(m is not None for _, m in holders)
-    weight = [max(0, m or 0) if memory_known else 1 for _, m in holders]
-    outside_weight = sum(w for (k, _), w in zip(holders, weight) if k <= 0)
-    if held:
-        all_weight = sum(weight)
-        outside_share = outside_weight / all_weight if all_weight else 0.0
-    else:
-        outside_share = 1.0
-    outsiders = sum(1 for k, _ in holders if k <= 0)
-    rest = 1.0 - outside_share
-    total = max(replicas or 0, held)
-    parts = [rest * k / total if k > 0 else
-             outside_share * (w / outside_weight if outside_weight else 1.0 / outsiders)
-             for (k, _), w in zip(holders, weight)]
-    return parts, (rest * (total - held) / total) if held else rest
 
 
 class _Pass:
@@ -276,8 +188,8 @@ class _Pass:
             labels = self._labels[id(owner)] = self.labeller(owner)
         return labels
 
-    def groups(self, device: DeviceSample, device_labels: tuple[str, ...]) -> ProcessGroups:
-        """The GPU's processes by owner: the last pass's groups where the GPU has the same
+    def layout(self, device: DeviceSample, device_labels: tuple[str, ...]) -> DeviceLayout:
+        """The GPU's processes by owner: the last pass's layout where the GPU has the same
         PIDs with the same owner objects (and labels), else `group_processes` afresh."""
         pids = [p.pid for p in device.processes]
         get = self.owners.get
@@ -288,9 +200,9 @@ class _Pass:
             layout = last
         else:
             groups = group_processes(device, self.owners, lambda owner: device_labels + self.labels(owner))
-            layout = DeviceLayout(device_labels, self.labeller, pids, owners, groups)
+            layout = DeviceLayout(device_labels, self.labeller, pids, owners, groups, [])
         self.layouts[device.key] = layout
-        return layout.groups
+        return layout
 
     def workload(self, owner: Workload, runs: bool = True) -> Workload:
         """The pass's one `Workload` with the owner's identity. Ask for process owners
@@ -379,12 +291,12 @@ def _allocations_here(ctx: _Pass, device: DeviceSample, dev_labels: tuple[str, .
 _Holding = tuple[tuple[str, ...], Workload, int, int | None, float | None, float, bool, bool | None, bool]
 
 
-def _running_share(ctx: _Pass, group: OwnerGroup, procs: Sequence[ProcessSample], sms: Sequence[float | None],
-                   parts: Sequence[float], holders_only: bool, allocated: bool | None) -> _Holding:
-    """What a group of processes holds of the GPU, before the time split."""
+def _holding(group: OwnerGroup, procs: Sequence[ProcessSample], sms: Sequence[float | None], holders_only: bool
+             ) -> tuple[int | None, float | None, bool, bool]:
+    """What a group of processes holds of the GPU apart from energy: (memory, SM share
+    summed at most 1, whether its energy share is known, whether it holds the GPU)."""
     memory: int | None = None  # stays None when the device reports no per-process memory
     util_sum: float | None = None
-    energy = 0.0
     energy_known = holders_only
     for i in group.members:
         used, sm = procs[i].used_memory_bytes, sms[i]
@@ -396,11 +308,25 @@ def _running_share(ctx: _Pass, group: OwnerGroup, procs: Sequence[ProcessSample]
             # An energy share needs an SM share or memory; without either the device's
             # energy went to the unattributed bucket (split_energy), not to this workload.
             energy_known = True
-        energy += parts[i]
     # Holding the GPU: memory on it, or (where memory is unknown) a process on it.
     held = memory > 0 if memory is not None else True
-    return (group.labels, ctx.workload(group.owner), len(group.members), memory,
-            None if util_sum is None else min(1.0, util_sum), energy, energy_known, allocated, held)
+    return memory, None if util_sum is None else min(1.0, util_sum), energy_known, held
+
+
+def _holdings(device: DeviceSample, layout: DeviceLayout) -> _Holdings:
+    """The GPU's `_Holdings`: the layout's, where worked out for these processes, else afresh."""
+    procs = device.processes
+    last = layout.holdings[0] if layout.holdings else None
+    if (last is not None and last.processes is procs and last.share_from_device == device.sm_share_from_device
+            and last.utilization == device.utilization):
+        return last
+    sms = _process_sm_shares(device)
+    shares = [(sm, p.used_memory_bytes) for sm, p in zip(sms, procs)]
+    holders_only = bool(procs) and reports_nothing(shares)
+    holdings = _Holdings(procs, device.sm_share_from_device, device.utilization, shares, holders_only,
+                         [_holding(group, procs, sms, holders_only) for group in layout.groups.groups])
+    layout.holdings[:] = [holdings]
+    return holdings
 
 
 def split_device(ctx: _Pass, device: DeviceSample, delta: float, device_seconds: float) -> DeviceSplit:
@@ -408,16 +334,15 @@ def split_device(ctx: _Pass, device: DeviceSample, delta: float, device_seconds:
     between its holders and nobody: processes by owner, energy by `split_energy`, time by
     `split_time`."""
     dev_labels = device_label_values(ctx.node, device)
-    groups = ctx.groups(device, dev_labels)
+    layout = ctx.layout(device, dev_labels)
+    groups = layout.groups
     procs = device.processes
-    sms = _process_sm_shares(device)
-    shares = [(sm, p.used_memory_bytes) for sm, p in zip(sms, procs)]
-    parts, nobody = split_energy(delta, shares)
-    holders_only = bool(procs) and reports_nothing(shares)
+    holdings = _holdings(device, layout)
+    parts, nobody = split_energy(delta, holdings.shares)
     allocated_here, replicas = _allocations_here(ctx, device, dev_labels)
     known_allocations = ctx.known_allocations
     running: list[_Holding] = []
-    for group in groups.groups:
+    for group, (memory, utilization, energy_known, held) in zip(groups.groups, holdings.groups):
         allocated = None
         if known_allocations:
             # Only a named Kubernetes container can be matched to an allocation (pod-resources
@@ -425,7 +350,11 @@ def split_device(ctx: _Pass, device: DeviceSample, delta: float, device_seconds:
             owner = group.owner
             if owner.kind == "kubernetes" and owner.pod:
                 allocated = group.labels in allocated_here
-        running.append(_running_share(ctx, group, procs, sms, parts, holders_only, allocated))
+        energy = 0.0
+        for i in group.members:
+            energy += parts[i]
+        running.append((group.labels, ctx.workload(group.owner), len(group.members), memory, utilization, energy,
+                        energy_known, allocated, held))
     idle: list[_Holding] = []
     if allocated_here:
         running_labels = {group.labels for group in groups.groups}

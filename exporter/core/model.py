@@ -255,9 +255,11 @@ class ProcessRow:
                                 "start_time": start_time})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class WorkloadUsage:
     """One workload on one GPU, with its derived counters.
+
+    Made for every workload on every GPU each pass: filled in one step, as `ProcessSample`.
 
     Attributes:
         device_key: the `DeviceSample.key` of the GPU.
@@ -276,7 +278,7 @@ class WorkloadUsage:
         usage_seconds_total: integral of its SM share over time (GPU-seconds; None while
             the device has never reported its SM share, e.g. Gaudi).
         allocation_seconds_total: its share of this GPU's time, in GPU-seconds: what it
-            is billed for holding the GPU (see `derive.split_time`: device-plugin replicas
+            is billed for holding the GPU (see `splits.split_time`: device-plugin replicas
             k/N, else in proportion to the memory held). The shares of a GPU's holders
             and its unallocated seconds add up to the GPU's capacity seconds.
         energy_joules_total: its share of the device's energy (see docs/ATTRIBUTION.md;
@@ -305,6 +307,18 @@ class WorkloadUsage:
     present: bool = True
     allocated: bool | None = None
     sole_owner: bool = False
+
+    def __init__(self, device_key: str, workload: Workload, labels: tuple[str, ...], memory_used_bytes: int | None,
+                 utilization: float | None, processes: int, idle_seconds: float | None,
+                 usage_seconds_total: float | None, allocation_seconds_total: float,
+                 energy_joules_total: float | None, present: bool = True, allocated: bool | None = None,
+                 sole_owner: bool = False):
+        _set(self, "__dict__", {
+            "device_key": device_key, "workload": workload, "labels": labels, "memory_used_bytes": memory_used_bytes,
+            "utilization": utilization, "processes": processes, "idle_seconds": idle_seconds,
+            "usage_seconds_total": usage_seconds_total, "allocation_seconds_total": allocation_seconds_total,
+            "energy_joules_total": energy_joules_total, "present": present, "allocated": allocated,
+            "sole_owner": sole_owner})
 
 
 @dataclass(frozen=True)

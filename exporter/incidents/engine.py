@@ -35,17 +35,17 @@ Kinds:
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from operator import is_
 from typing import Any, Mapping, Sequence
 
 from exporter.core.escape import for_terminal
 from exporter.core.model import UNKNOWN, DeviceSample, Workload
 from exporter.health.policy import RULES, XIDS
 from exporter.incidents.kmsg import normalise_pci_bus_id
-from exporter.output.snapshot_json import describe_owner, rfc3339, workload_json
+from exporter.output.snapshot_json import describe_owner
 
 KINDS = ("memory_exhausted", "xid", "gpu_lost", "row_remap_failure", "nvlink_errors", "stuck_in_driver_call")
 REASON_KINDS = ("gpu_lost", "row_remap_failure", "nvlink_errors", "stuck_in_driver_call")
@@ -58,6 +58,7 @@ HOST_TOOLS = frozenset({"nvidia-smi", "nvidia-persistenced", "nv-hostengine", "d
 # How the cause of an incident is known (`Incident.cause_basis`).
 CAUSE_BASES = ("kernel_log", "sole_holder", "memory_growth")
 LIVES_PER_PID = 8
+_NO_LIVES: tuple[None] = (None,)
 _ATTRIBUTED = ("kubernetes", "slurm")  # `Workload.attributed`, read without a call
 GIB = 2**30
 # The reasons of the Kubernetes Events an incident posts on its pods.
@@ -96,7 +97,7 @@ class IncidentConfig:
 
 @dataclass(frozen=True)
 class Incident:
-    """One incident (the ``/api/v1/incidents`` entries are `incident_json` of these)."""
+    """One incident (the ``/api/v1/incidents`` entries are `messages.incident_json` of these)."""
 
     kind: str
     time: float  # wall clock, Unix seconds
@@ -150,9 +151,29 @@ class _Gpu:
     reported: bool = False
     reasons: frozenset[str] = frozenset()
     passes: deque = field(default_factory=deque)  # _Holders of runs of passes, oldest first
+    last_pass: _Seen | None = None  # what the last pass saw of its processes (None: it saw none)
 
 
-def _xid_action(code: int) -> tuple[str, str]:
+@dataclass
+class _Seen:
+    """A GPU's processes as one pass saw them (the pass `number`; the device's processes
+    tuple, each one's owner, start and name, and life), who held the GPU (`_Holders`) and
+    the memory per workload. The next pass that sees the same ones takes this instead of
+    going through them one by one (`IncidentTracker._track`)."""
+
+    number: int
+    processes: tuple
+    owners: list[Workload]
+    starts: list[float | None]
+    comms: list[str]
+    lives: list[_Life]
+    workloads: dict[int, Workload]
+    others: bool
+    work: dict[Workload, int] | None = None
+
+
+def xid_action(code: int) -> tuple[str, str]:
+    """(action, description) of an Xid code: NVIDIA's catalog, or a hardware check for one not in it."""
     rule = XIDS.get(code)
     return (rule.action, rule.description) if rule is not None else ("inspect_hardware", "not in NVIDIA's catalog")
 
@@ -186,6 +207,7 @@ class IncidentTracker:
         # NVML Xids waiting for the kernel log: (since, key, code, wall, the sole holder then)
         self._held: list[tuple[float, str, int, float, Workload | None]] = []
         self._from_log: dict[tuple[str, int], float] = {}  # (device key, xid) -> when the log named it
+        self._passes = 0  # passes observed
 
     def recent(self) -> tuple[Incident, ...]:
         """The incidents remembered, newest first."""
@@ -210,6 +232,7 @@ class IncidentTracker:
                 without an entry (its first pass) has none.
         """
         new: list[Incident] = []
+        self._passes += 1
         by_bus = {_bus(d.pci_bus_id): d for d in devices if d.pci_bus_id and not d.gpu_instance}
         instances = self._instances(devices)
         self._track(now, devices, owners, starts or {}, comms or {}, instances)
@@ -241,20 +264,17 @@ class IncidentTracker:
                      owners: Mapping[int, Workload]) -> list[Incident]:
         if not device.up:
             return []
-        by_object: dict[int, list] = {}  # summed per workload object first: one hash per workload, not per process
-        for p in device.processes:
-            owner = owners.get(p.pid, UNKNOWN)
-            entry = by_object.get(id(owner))
-            if entry is None:
-                by_object[id(owner)] = [owner, p.used_memory_bytes or 0]
-            else:
-                entry[1] += p.used_memory_bytes or 0
-        work: dict[Workload, int] = {}
-        for owner, used in by_object.values():
-            work[owner] = work.get(owner, 0) + used
+        seen = state.last_pass  # this pass's (`_track`)
         previous = state.memory[-1][1] if state.memory else {}
-        exited = state.pids - {p.pid for p in device.processes}
-        state.pids = frozenset(p.pid for p in device.processes)
+        if seen is not None and seen.work is not None and seen.processes is device.processes:
+            # the same processes and owners as the last pass (`_track`): the same memory
+            work, exited = seen.work, frozenset[int]()
+        else:
+            work = self._memory_by_workload(device, owners)
+            if seen is not None and seen.processes is device.processes:
+                seen.work = work
+            exited = state.pids - {p.pid for p in device.processes}
+            state.pids = frozenset(p.pid for p in device.processes)
         state.holders = tuple(w for w in work if w.attributed)
         state.memory.append((now, work))
         while state.memory and state.memory[0][0] < now - self.config.growth_window - self.config.window:
@@ -278,6 +298,22 @@ class IncidentTracker:
             return []
         state.reported = True
         return [self._exhaustion(wall, device, state, victims)]
+
+    @staticmethod
+    def _memory_by_workload(device: DeviceSample, owners: Mapping[int, Workload]) -> dict[Workload, int]:
+        """The device's memory per workload, bytes (processes of no workload under theirs)."""
+        by_object: dict[int, list] = {}  # summed per workload object first: one hash per workload, not per process
+        for p in device.processes:
+            owner = owners.get(p.pid, UNKNOWN)
+            entry = by_object.get(id(owner))
+            if entry is None:
+                by_object[id(owner)] = [owner, p.used_memory_bytes or 0]
+            else:
+                entry[1] += p.used_memory_bytes or 0
+        work: dict[Workload, int] = {}
+        for owner, used in by_object.values():
+            work[owner] = work.get(owner, 0) + used
+        return work
 
     def _exhaustion(self, wall: float, device: DeviceSample, state: _Gpu, victims: set[Workload]) -> Incident:
         assert state.full_since is not None
@@ -311,19 +347,35 @@ class IncidentTracker:
         for device in devices:
             if not device.up:
                 continue
+            state = self._gpus.setdefault(device.key, _Gpu(deque()))
+            procs = device.processes
+            numbers = [p.pid for p in procs]
+            get_owner, get_start, get_comm = owners.get, starts.get, comms.get
+            seen_now = _Seen(self._passes, procs, [get_owner(pid, UNKNOWN) for pid in numbers],
+                             [get_start(pid) for pid in numbers], [get_comm(pid, "") for pid in numbers], [], {},
+                             False)
+            last_pass = state.last_pass
+            state.last_pass = seen_now
+            if last_pass is not None and self._seen_again(last_pass, seen_now, seen):
+                # The same processes as in the last pass, each still its PID's newest life.
+                for life in last_pass.lives:
+                    life.last_seen = now
+                seen.update(numbers)
+                seen_now.lives, seen_now.workloads, seen_now.others = last_pass.lives, last_pass.workloads, \
+                    last_pass.others
+                seen_now.work = last_pass.work
+                held_by[device.key] = (last_pass.workloads, last_pass.others)
+                continue
             workloads: dict[int, Workload] = {}
             others = False
-            for p in device.processes:
-                pid = p.pid
-                owner = owners.get(pid, UNKNOWN)
+            for pid, owner, start, comm in zip(numbers, seen_now.owners, seen_now.starts, seen_now.comms):
                 if owner.kind in _ATTRIBUTED:
                     workloads[id(owner)] = owner
-                elif not self._host_tool(pid, comms.get(pid, "")):
+                elif not self._host_tool(pid, comm):
                     others = True
                 if pid in seen:
                     continue
                 seen.add(pid)
-                start = starts.get(pid)
                 lives = pids.get(pid)
                 last = lives[-1] if lives else None
                 if last is not None and last.end is None and last.start == start:
@@ -332,6 +384,9 @@ class IncidentTracker:
                         last.workload = owner
                 else:
                     self._live(pid, owner, start, now)
+                    last = pids[pid][-1]
+                seen_now.lives.append(last)
+            seen_now.workloads, seen_now.others = workloads, others
             held_by[device.key] = (workloads, others)
         for device in devices:
             if device.key not in held_by:
@@ -355,6 +410,19 @@ class IncidentTracker:
             if lives and lives[-1].end is None:
                 lives[-1].end = now  # gone from the GPUs by this pass
         self._open = seen
+
+    def _seen_again(self, last: _Seen, now: _Seen, seen: set[int]) -> bool:
+        """True when a GPU's processes in this pass are those of the pass before (``last``)
+        with the same owners, starts and names, no PID is on an earlier GPU of this pass,
+        and each one's life is still its PID's newest: going through them one by one would
+        change nothing but their ``last_seen``."""
+        if (last.number != self._passes - 1 or last.processes is not now.processes
+                or not all(map(is_, last.owners, now.owners)) or last.starts != now.starts
+                or last.comms != now.comms or len(last.lives) != len(now.owners) or not seen.isdisjoint(
+                    p.pid for p in now.processes)):
+            return False
+        pids = self._pids
+        return all(map(is_, [pids.get(p.pid, _NO_LIVES)[-1] for p in now.processes], last.lives))
 
     @staticmethod
     def _instances(devices: Sequence[DeviceSample]) -> dict[str, list[DeviceSample]]:
@@ -437,7 +505,7 @@ class IncidentTracker:
 
     def _from_kernel_log(self, now: float, wall: float, device: DeviceSample, record: Any) -> Incident:
         state = self._gpus.get(device.key) or _Gpu(deque())
-        action, description = _xid_action(record.xid)
+        action, description = xid_action(record.xid)
         self._from_log[(device.key, record.xid)] = now
         at = getattr(record, "time", None)
         if at is not None and at > now:
@@ -484,7 +552,7 @@ class IncidentTracker:
 
     def _nvml_incident(self, wall: float, device: DeviceSample, state: _Gpu, code: int,
                        sole: Workload | None) -> Incident:
-        action, description = _xid_action(code)
+        action, description = xid_action(code)
         if sole is not None:
             return Incident("xid", wall, self.node, device.index, device.uuid, device.gpu_instance, code, action,
                             (sole,), tuple(w for w in state.holders if w != sole),
@@ -527,56 +595,3 @@ class IncidentTracker:
             del self._pids[pid]
         for key in [key for key, seen in self._from_log.items() if seen < now - 60.0]:
             del self._from_log[key]
-
-
-def incident_id(incident: Incident) -> str:
-    """A short id, the same for an incident wherever it shows (the JSON, the OTLP log
-    records of each workload it involves): a hash of node, GPU, kind, Xid and time."""
-    key = "|".join((incident.node, incident.uuid, incident.gpu_instance, incident.kind, str(incident.xid),
-                    f"{incident.time:.6f}"))
-    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-
-
-def incident_json(incident: Incident, extra_names: Sequence[str] = ()) -> dict[str, Any]:
-    """An incident as ``/api/v1/incidents`` serves it (docs/INCIDENTS.md)."""
-    return {
-        "id": incident_id(incident),
-        "kind": incident.kind, "time": incident.time, "time_rfc3339": rfc3339(incident.time),
-        "node": incident.node, "gpu": incident.gpu, "uuid": incident.uuid, "gpu_instance": incident.gpu_instance,
-        "xid": incident.xid, "action": incident.action,
-        "caused_by": [workload_json(w) for w in incident.caused_by],
-        "affected": [workload_json(w) for w in incident.affected],
-        "cause_known": incident.cause_known, "cause_basis": incident.cause_basis or None,
-        "detail": incident.detail,
-    }
-
-
-def _what(incident: Incident) -> str:
-    if incident.kind == "memory_exhausted":
-        return "ran out of memory (inferred)"
-    if incident.xid is not None:
-        _, description = _xid_action(incident.xid)
-        return f"raised Xid {incident.xid} ({description}; action: {incident.action.replace('_', ' ')})"
-    return f"reported {incident.kind.replace('_', ' ')} (action: {incident.action.replace('_', ' ')})"
-
-
-def event_messages(incident: Incident) -> list[tuple[Workload, str, str]]:
-    """The Kubernetes Events of an incident: (workload, reason, one-line message)."""
-    where = f"GPU {incident.gpu} ({incident.uuid}, node {incident.node})"
-    what = _what(incident)
-    out = []
-    exhausted = incident.kind == "memory_exhausted"
-    for w in incident.caused_by:
-        if exhausted:
-            message = f"{where} {what}: this container grew most before it filled"
-        elif incident.cause_basis == "sole_holder":
-            message = f"{where} {what}: this container alone held the GPU then, so its process raised it"
-        else:
-            message = f"{where} {what}: this container's process raised it"
-        out.append((w, "GPUMemoryExhausted" if exhausted else "GPUFaultCaused", for_terminal(message)))
-    suspect = f"; suspected cause: {describe_owner(incident.caused_by[0])}" if incident.caused_by else ""
-    for w in incident.affected:
-        message = (f"{where} {what} while this container held it{suspect}" if exhausted
-                   else f"{where} {what} while this container held it")
-        out.append((w, "GPUMemoryExhausted" if exhausted else "GPUFaultAffected", for_terminal(message)))
-    return out

@@ -75,14 +75,10 @@ class IncidentWatch:
         if self.tracker is None:
             return
         records = self._poll()
-        owners: dict[int, Workload] = {}
-        starts: dict[int, float] = {}
-        comms: dict[int, str] = {}
-        for row in snap.processes:
-            owners[row.pid] = row.workload
-            comms[row.pid] = row.comm
-            if row.start_time is not None:
-                starts[row.pid] = row.start_time
+        rows = snap.processes
+        owners: dict[int, Workload] = {row.pid: row.workload for row in rows}
+        starts: dict[int, float] = {row.pid: row.start_time for row in rows if row.start_time is not None}
+        comms: dict[int, str] = {row.pid: row.comm for row in rows}
         reasons = {key: set(verdict.reason_names) for key, verdict in snap.verdicts.items()}
         for incident in self.tracker.observe(now, snap.timestamp, snap.devices, owners, records, reasons,
                                              starts=starts, comms=comms, new_xids=snap.new_xids):
@@ -101,7 +97,7 @@ class IncidentWatch:
             return ()
 
     def _record(self, incident: Any) -> None:
-        from exporter.incidents.engine import event_messages, incident_json
+        from exporter.incidents.messages import event_messages, incident_json
 
         device = next((d for d in self._devices.values()
                        if d.uuid == incident.uuid and d.gpu_instance == incident.gpu_instance), None)
@@ -131,7 +127,7 @@ class IncidentWatch:
         """The incidents the agent remembers, newest first (``/api/v1/incidents``)."""
         if self.tracker is None:
             return []
-        from exporter.incidents.engine import incident_json
+        from exporter.incidents.messages import incident_json
 
         return [incident_json(incident, self.extra_names) for incident in self.tracker.recent()]
 

@@ -235,9 +235,11 @@ def processes_with_shares(processes: Sequence[tuple[int, int | None, str]],
 
     ``previous``: the GPU's samples of the last pass when its processes were the same ones
     in the same order (else empty); one whose shares are this pass's is that sample again
-    (a pass builds only what changed).
+    (a pass builds only what changed), and where all are, the tuple is ``previous`` itself:
+    the later stages of the pass take an unchanged tuple for unchanged processes.
     """
     out = []
+    changed = not previous
     for n, (pid, memory, kind) in enumerate(processes):
         sm, mem = (None, None) if util is None else util.get(pid, (0.0, 0.0))
         last = previous[n] if previous else None
@@ -245,6 +247,9 @@ def processes_with_shares(processes: Sequence[tuple[int, int | None, str]],
             out.append(last)
         else:
             out.append(ProcessSample(pid, memory, sm, mem, kind))
+            changed = True
+    if not changed and len(out) == len(previous):
+        return tuple(previous)
     return tuple(out)
 
 
