@@ -271,7 +271,7 @@ def test_token_series_are_read_per_workload_and_model_first_engine_first():
                                    ("nim", "model_name", "prompt_tokens", nim),
                                    ("triton-trtllm", "model", "prompt_tokens", triton),
                                    ("triton-trtllm", "model", "generated_tokens", triton)], 2)
-    got = {(r.namespace, r.pod, r.model): (r.engine, r.prompt, r.generated) for r in rows}
+    got = {(r.namespace, r.pod, r.model): (r.engine, list(r.prompt), list(r.generated)) for r in rows}
     assert got == {("a", "p", "m"): ("vllm", [11.0, 22.0], [0.0, 0.0]),
                    ("a", "q", "n"): ("nim", [3.0, 4.0], [0.0, 0.0]),
                    ("b", "t", "x"): ("triton-trtllm", [8.0, 1.0], [8.0, 1.0]),
