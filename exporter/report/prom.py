@@ -359,7 +359,7 @@ class Prometheus:
         Refused as too large (`QueryTooLarge`), it is asked again as two queries, each for
         half of its steps, which run side by side, and their answers joined: the same
         points, as each step is evaluated alone."""
-        points = int((end - start) // step) + 1 if end >= start else 1
+        points = int((end - start) / step + 1e-6) + 1 if end >= start else 1  # float seconds: 2.9999999 is 3
         try:
             data = await self._call("/api/v1/query_range",
                                     {"query": expr, "start": _ts(start), "end": _ts(end), "step": _ts(step)},
