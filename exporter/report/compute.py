@@ -58,7 +58,7 @@ MAX_STEPS = 130
 NODE_BATCH = 100  # nodes per raw-sample query
 # A counter's values per step are read in slices of steps: the first this long, the rest
 # sized so that an answer holds about this many points, so many answers at once over all
-# counters (see `_counter`).
+# counters (see `_last_values`).
 FIRST_SLICE_STEPS = 2
 VALUES_PER_ANSWER = 100_000
 VALUE_ANSWERS_AT_ONCE = 2
@@ -190,15 +190,61 @@ class FetchStats:
     raw_steps: int = 0
 
 
+async def _last_values(prom: Prometheus, sel: str, grid: Grid, interned: dict[SeriesKey, SeriesKey],
+                       at_once: asyncio.Semaphore) -> dict[SeriesKey, array[float]]:
+    """Per series of the selector ``sel``, its last value in each step of ``grid`` and
+    before START (NaN: none), 8 bytes a step.
+
+    The values are read in slices of steps sized to the series count that the first slice
+    shows, so that an answer holds about `VALUES_PER_ANSWER` points (a month of 25,000
+    series read whole is 3 M points, over a GiB as parsed JSON), at most ``at_once``
+    answers at a time, each folded into the rows as it comes. ``interned`` holds one copy
+    of each series' key for every family read (a key is ~2.5 KiB of label strings).
+    """
+    bounds = grid.bounds
+    n = grid.regular
+    step_ms = grid.step_ms
+    t = [b / 1000 for b in bounds]
+    tail_ms = bounds[-1] - bounds[n] if len(bounds) > n + 1 else 0
+    # step ends as the API writes them (seconds, float or int; equal values hash alike)
+    index = {b / 1000: k for k, b in enumerate(bounds)}
+    values: dict[SeriesKey, array[float]] = {}
+    blank = array("d", [math.nan]) * len(bounds)
+
+    def row(metric: Mapping[str, str]) -> array[float]:
+        key = series_key(metric)
+        r = values.get(key)
+        if r is None:
+            r = values[interned.setdefault(key, key)] = array("d", blank)
+        return r
+
+    async def steps(first: int, last: int) -> None:
+        async with at_once:
+            for series in await prom.query_range(f"last_over_time({sel}[{_dur(step_ms)}])", t[first], t[last],
+                                                 step_ms / 1000):
+                r = row(series["metric"])
+                for ts, v in series["values"]:
+                    k = index.get(ts)
+                    if k is not None:
+                        r[k] = v
+
+    async def tail() -> None:
+        for series in await prom.query(f"last_over_time({sel}[{_dur(tail_ms)}])", t[-1], expect="vector"):
+            row(series["metric"])[-1] = series["value"][1]
+
+    await steps(0, min(n, FIRST_SLICE_STEPS - 1))
+    width = max(1, VALUES_PER_ANSWER // max(1, len(values)))
+    await all_of(*[steps(k, min(n, k + width - 1)) for k in range(FIRST_SLICE_STEPS, n + 1, width)],
+                 *([tail()] if tail_ms else []))
+    return values
+
+
 async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, stats: FetchStats,
                    interned: dict[SeriesKey, SeriesKey] | None = None,
                    answers: asyncio.Semaphore | None = None) -> dict[SeriesKey, Sequence[float]]:
-    """Per series, the increase of ``family`` in each step of ``grid``. ``interned`` holds one
-    copy of each series' key for every family read (a key is ~2.5 KiB of label strings);
-    ``answers`` bounds the slices of values read and folded at once, over every family (an
-    answer carries every series' labels, however few its steps)."""
-    known_keys: dict[SeriesKey, SeriesKey] = {} if interned is None else interned
-    at_once = answers or asyncio.Semaphore(VALUE_ANSWERS_AT_ONCE)
+    """Per series, the increase of ``family`` in each step of ``grid``. ``interned`` and
+    ``answers`` are `_last_values`' (series keys held once over every family; the slices of
+    values read at once, over every family: an answer carries every series' labels)."""
     bounds = grid.bounds
     n = grid.regular
     step_ms = grid.step_ms
@@ -215,44 +261,10 @@ async def _counter(prom: Prometheus, family: str, grid: Grid, selector: str, sta
     tail_ms = bounds[-1] - bounds[n] if len(bounds) > n + 1 else 0
     if tail_ms:
         reset_q.append(prom.query(fell(tail_ms, step_ms if n else tail_ms), t[-1]))
-    # step ends as the API writes them (seconds, float or int; equal values hash alike)
     index = {b / 1000: k for k, b in enumerate(bounds)}
-    # per series, its last value in each step (NaN: none), 8 bytes a step
-    values: dict[SeriesKey, array[float]] = {}
-    blank = array("d", [math.nan]) * len(bounds)
-
-    def row(metric: Mapping[str, str]) -> array[float]:
-        key = series_key(metric)
-        r = values.get(key)
-        if r is None:
-            r = values[known_keys.setdefault(key, key)] = array("d", blank)
-        return r
-
-    async def last_values(first: int, last: int) -> None:
-        """Steps ``first``..``last``' values, folded into the rows as soon as they come."""
-        async with at_once:
-            for series in await prom.query_range(f"last_over_time({sel}[{_dur(step_ms)}])", t[first], t[last],
-                                                 step_ms / 1000):
-                r = row(series["metric"])
-                for ts, v in series["values"]:
-                    k = index.get(ts)
-                    if k is not None:
-                        r[k] = v
-
-    async def tail_values() -> None:
-        for series in await prom.query(f"last_over_time({sel}[{_dur(tail_ms)}])", t[-1], expect="vector"):
-            row(series["metric"])[-1] = series["value"][1]
-
-    # The values are read in slices of steps sized to the series count that the first
-    # slice shows, so that an answer holds about `VALUES_PER_ANSWER` points: a month of
-    # 25,000 series read whole is 3 M points, over a GiB as parsed JSON.
-    async def all_values() -> None:
-        await last_values(0, min(n, FIRST_SLICE_STEPS - 1))
-        width = max(1, VALUES_PER_ANSWER // max(1, len(values)))
-        await all_of(*[last_values(k, min(n, k + width - 1)) for k in range(FIRST_SLICE_STEPS, n + 1, width)],
-                     *([tail_values()] if tail_ms else []))
-
-    resets_ans = (await all_of(all_values(), *reset_q))[1:]
+    values, *resets_ans = await all_of(
+        _last_values(prom, sel, grid, {} if interned is None else interned,
+                     answers or asyncio.Semaphore(VALUE_ANSWERS_AT_ONCE)), *reset_q)
     flagged: dict[int, set[SeriesKey]] = {}
     for i, answer in enumerate(resets_ans):
         for series in answer:
