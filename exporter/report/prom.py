@@ -241,11 +241,12 @@ class Prometheus:
             headers[name] = value
         return headers
 
-    def error(self, message: str) -> PrometheusError:
-        """A `PrometheusError` whose message shows no credential and no control character."""
+    def error(self, message: str, kind: type[PrometheusError] = PrometheusError) -> PrometheusError:
+        """A `PrometheusError` (or ``kind``) whose message shows no credential and no control
+        character."""
         for secret in self._secrets:
             message = message.replace(secret, "***")
-        return PrometheusError(for_terminal(message))
+        return kind(for_terminal(message))
 
     async def __aenter__(self) -> Prometheus:
         import aiohttp
@@ -328,10 +329,8 @@ class Prometheus:
                              "base URL?")
         if doc.get("status") != "success":
             error, kind = _text(doc.get("error", "")), _text(doc.get("errorType", ""))
-            message = f"Prometheus refused a query (HTTP {status}, {kind}): {error}"
-            if _TOO_LARGE.search(error):
-                raise QueryTooLarge(self.error(message).args[0])
-            raise self.error(message)
+            raise self.error(f"Prometheus refused a query (HTTP {status}, {kind}): {error}",
+                             QueryTooLarge if _TOO_LARGE.search(error) else PrometheusError)
         return doc.get("data")
 
     def _malformed(self, where: str, problem: str) -> PrometheusError:
