@@ -275,6 +275,7 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
     workloads: dict[str, dict[str, dict[str, Any]]] = {}
     per_series = []
     split = _ModelSplit(tokens, idle or {}, grid) if by == MODEL_BY else None
+
     def pieces() -> Iterator[tuple[str, SeriesTotals]]:
         """Each series, or each model's piece of it: one at a time, as a piece's figures
         are summed as soon as it is made."""
