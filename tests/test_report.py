@@ -36,9 +36,10 @@ from agent import REPO, ambient_setting
 from chargeback_history import Device, EngineCounters, Node, Workload, backfill
 from conftest import need_tool
 from loopback_http import LoopbackServer
-from promserver import PrometheusServer
+from promserver import PrometheusServer, evaluate_rules
 
 from exporter.app.cli import main
+from exporter.report import rules
 
 H, D = 3600, 86400
 STEP = 300
@@ -1044,8 +1045,9 @@ def test_the_server_sums_equal_the_per_series_computation(prometheus, start, end
 
 
 CHARGEBACK_RULES = REPO / "alerts" / "l9gpu-chargeback.rules.yaml"
-# The rules are evaluated over four days around gpu-a's restart (day 10)
-RULES_FROM, RULES_TO = START + 8 * D, START + 12 * D
+# The rules are evaluated over eight days: vLLM's two hours without a token (day 5) and
+# gpu-a's restart (day 10)
+RULES_FROM, RULES_TO = START + 4 * D, START + 12 * D
 
 
 @pytest.fixture(scope="module")
@@ -1057,17 +1059,10 @@ def rules_prometheus(tmp_path_factory):
     nodes, workloads = scenario()
     backfill(promtool, tmp / "data", nodes, workloads, START - D, END + 12 * H, STEP, tmp, engines=engines())
     args = ["--storage.tsdb.retention.time=400d"]
-    server = PrometheusServer(prometheus_bin, tmp, [], args=args).start()
-    try:
-        server.wait_for(f'count(last_over_time(container_gpu_usage_seconds_total[40d] @ {END}))', timeout=60)
-        subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", f"--start={RULES_FROM - 2 * H}",
-                        f"--end={RULES_TO + 2 * H}", "--eval-interval=1h", f"--url={server.base}",
-                        f"--output-dir={tmp / 'rules'}", str(CHARGEBACK_RULES)], check=True, cwd=tmp,
-                       capture_output=True)
-    finally:
-        server.stop()
-    for block in (tmp / "rules").iterdir():
-        block.rename(tmp / "data" / block.name)
+    # the served-model rules read the ones before them: one pass each
+    stages = [rules.rules_yaml(stage=stage) for stage in rules.STAGES]
+    evaluate_rules(prometheus_bin, promtool, tmp, stages, RULES_FROM - 2 * H, RULES_TO + 2 * H,
+                   f'count(last_over_time(container_gpu_usage_seconds_total[40d] @ {END}))', args, timeout=60)
     server = PrometheusServer(prometheus_bin, tmp, [], args=args).start()
     try:
         server.wait_for(f"count(last_over_time(l9gpu:chargeback_rules:evaluations[1d] @ {RULES_TO}))", timeout=60)
@@ -1082,6 +1077,29 @@ def test_chargeback_rules_pass_their_promtool_unit_tests():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_the_chargeback_rules_file_is_the_generated_one_and_its_stages_hold_every_rule_once():
+    import yaml
+
+    assert CHARGEBACK_RULES.read_text() == rules.rules_yaml()  # `make docs` writes it
+
+    def records(text: str) -> list[str]:
+        return [rule["record"] for group in yaml.safe_load(text)["groups"] for rule in group["rules"]]
+
+    whole = records(rules.rules_yaml())
+    staged = [records(rules.rules_yaml(stage=stage)) for stage in rules.STAGES]
+    assert [r for stage in staged for r in stage] == whole and len(set(whole)) == len(whole)
+    # a rule reads only records of the stages before its own (promtool evaluates a stage at once)
+    seen: set[str] = set()
+    for stage, text in zip(staged, (rules.rules_yaml(stage=k) for k in rules.STAGES)):
+        for group in yaml.safe_load(text)["groups"]:
+            for rule in group["rules"]:
+                read = set(re.findall(r"[a-z_]+:l9gpu_[a-z_]+:[a-z0-9]+", rule["expr"]))
+                read |= {rules.TOKENS.format(field=f) for f in ("prompt_tokens", "generated_tokens")
+                         if "(prompt|generated)_tokens" in rule["expr"]}
+                assert read <= seen, (rule["record"], read - seen)
+        seen |= set(stage)
+
+
 def test_the_report_from_the_recording_rules_is_within_its_stated_bound(rules_prometheus, tmp_path):
     """--source rules reads a few series per namespace; every figure is the raw report's,
     within the error bound it states (the hours at the ends and the hours with a restart)."""
@@ -1091,7 +1109,7 @@ def test_the_report_from_the_recording_rules_is_within_its_stated_bound(rules_pr
     auto = report_json(rules_prometheus, tmp_path, *period)
     assert raw["source"]["counters"] == "raw" and raw["source"]["error_bound_gpu_hours"] == 0
     assert ruled["source"]["counters"] == auto["source"]["counters"] == "rules"
-    assert ruled["source"]["rules_hours_evaluated"] == 4 * 24
+    assert ruled["source"]["rules_hours_evaluated"] == 8 * 24
     bound = ruled["source"]["error_bound_gpu_hours"]
     assert 0 < bound < 24  # two hours of this history's GPUs
     assert "recording rules" in ruled["notes"][0] and f"{bound:g}" in ruled["notes"][0]
@@ -1108,6 +1126,40 @@ def test_the_report_from_the_recording_rules_is_within_its_stated_bound(rules_pr
     assert raw["groups"][0]["top_waste"] and not ruled["groups"][0]["top_waste"]  # no workload is named
 
 
+def test_the_report_by_model_from_the_recording_rules_is_the_raw_report_split_hour_by_hour(rules_prometheus,
+                                                                                            tmp_path):
+    """--by model --source rules: the rules split each pod's hour between its models by their
+    tokens, as the raw report does step by step; read at a one-hour step, every group's
+    hours, kWh and tokens are the raw report's, within the bound stated."""
+    period = ("--from", str(RULES_FROM), "--to", str(RULES_TO), "--by", "model")
+    raw = report_json(rules_prometheus, tmp_path, *period, "--source", "raw", "--step", "1h")
+    ruled = report_json(rules_prometheus, tmp_path, *period, "--source", "rules")
+    assert report_json(rules_prometheus, tmp_path, *period)["source"]["counters"] == "rules"  # auto
+    assert ruled["source"]["counters"] == "rules" and ruled["source"]["rules_hours_evaluated"] == 8 * 24
+    assert "served model" in ruled["notes"][0]
+    bound = ruled["source"]["error_bound_gpu_hours"]
+    restarts = 2  # the hours around gpu-a's restart: increase() there
+    want = {g["group"]: g for g in raw["groups"]}
+    # the vLLM replica, the embedder, Triton's two models (80% and 20% of one pod's tokens)
+    # and the workloads serving nothing
+    assert {g["group"] for g in ruled["groups"]} == set(want) == {
+        "llama-3.1-70b", "qwen2.5-7b", "llama-3.1-8b", "mistral-7b", "(none)"}
+    for group in ruled["groups"]:
+        name = group["group"]
+        for key in ("gpu_hours_allocated", "gpu_hours_used", "zombie_hours", "energy_kwh", "idle_gpu_hours"):
+            assert group[key] == pytest.approx(want[name][key], abs=bound + restarts), (name, key)
+        for key in ("prompt_tokens", "generated_tokens", "idle_replica_hours"):  # no engine restarts here
+            assert group[key] == pytest.approx(want[name][key], rel=1e-9), (name, key)
+        assert group["replicas"] == want[name]["replicas"], name  # one pod per model all along
+    mig = {g["group"]: g for g in ruled["groups"]}
+    # vLLM's replica served nothing on day 5 from 00:00 to 02:00: two hours of one GPU
+    assert mig["llama-3.1-70b"]["idle_replica_hours"] == mig["llama-3.1-70b"]["idle_gpu_hours"] == pytest.approx(2)
+    assert mig["llama-3.1-8b"]["gpu_hours_allocated"] == pytest.approx(
+        4 * mig["mistral-7b"]["gpu_hours_allocated"], rel=1e-6)
+    assert ruled["totals"]["gpu_hours_allocated"] == pytest.approx(raw["totals"]["gpu_hours_allocated"],
+                                                                   abs=bound + restarts)
+
+
 def test_which_source_the_report_reads(rules_prometheus, prometheus, tmp_path, capsys):
     # rules keep namespace and model only: other groupings read the agent's counters
     period = ("--from", str(RULES_FROM), "--to", str(RULES_TO))
@@ -1116,8 +1168,8 @@ def test_which_source_the_report_reads(rules_prometheus, prometheus, tmp_path, c
     assert report_json(rules_prometheus, tmp_path)["source"]["counters"] == "raw"
     status, _, err = run("report", "--prometheus", rules_prometheus.base, *period,
                          "--by", "label_team", "--source", "rules", capsys=capsys)
-    assert status == 2 and err == ("l9gpu report: --source rules: --by label_team: the rules are per namespace and "
-                                   "GPU model; use --source raw\n")
+    assert status == 2 and err == ("l9gpu report: --source rules: --by label_team: the rules are per namespace, "
+                                   "served model and GPU model; use --source raw\n")
     # a Prometheus without the rules: auto reads the counters, rules is refused
     assert report_json(prometheus, tmp_path)["source"]["counters"] == "raw"
     status, _, err = run("report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),

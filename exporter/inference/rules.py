@@ -41,7 +41,7 @@ def _model(engine: Engine, inner: str) -> str:
     return inner
 
 
-def _union(engines: Sequence[Engine], field: str, aggregation: str, inner: Callable[[Selector], str]) -> str | None:
+def union(engines: Sequence[Engine], field: str, aggregation: str, inner: Callable[[Selector], str]) -> str | None:
     """Every engine's (and alternative's) series for ``field``, aggregated per workload and
     model, the first that a pod exposes winning (``or``), unnamed models named."""
     terms = []
@@ -100,8 +100,8 @@ def rules_text(engines: Sequence[Engine], source: str = "the built-in engines") 
         "  - name: l9gpu-inference",
         "    rules:",
     ]
-    prompt = _union(engines, "prompt_tokens", "sum", _rate)
-    generated = _union(engines, "generated_tokens", "sum", _rate)
+    prompt = union(engines, "prompt_tokens", "sum", _rate)
+    generated = union(engines, "generated_tokens", "sum", _rate)
     assert prompt and generated, "prompt_tokens and generated_tokens are required fields"
     _rule(lines, f"{PM}prompt_tokens:rate{WINDOW}", prompt,
           "Tokens per second, per workload (namespace, pod) and served model (model_name). Where\n"
@@ -124,7 +124,7 @@ def rules_text(engines: Sequence[Engine], source: str = "the built-in engines") 
             ("preemptions", f"preemptions:rate{WINDOW}", "sum", _rate, ""),
             ("requests_running", "requests_running", "sum", _value, ""),
             ("requests_waiting", "requests_waiting", "sum", _value, "")):
-        expr = _union(engines, field, aggregation, inner)
+        expr = union(engines, field, aggregation, inner)
         if expr:
             _rule(lines, PM + name, expr, comment)
     _gpu_and_cost_rules(lines)

@@ -230,7 +230,7 @@ def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, p
         price_keys.update(key for key, _ in rule.match)
     carbon_label = prices.carbon.label if prices is not None and prices.carbon is not None else None
     group_by = sorted(price_keys | {args.by} | ({carbon_label} if carbon_label else set()))
-    why_not_rules = rules.usable(args.by, args.selector.strip(), price_keys, bool(engines))
+    why_not_rules = rules.usable(args.by, args.selector.strip(), price_keys, bool(args.engines))
     if carbon_label and not why_not_rules:
         why_not_rules = f"carbon intensity per {carbon_label}: the rules keep no label but namespace and model"
     query = (args.carbon_intensity_query or "").strip()
@@ -248,7 +248,8 @@ def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, p
             if args.source != "raw" and not why_not_rules:
                 progress.phase("reading counters")
                 grid = compute.Grid(start_ms, end_ms, step_s * 1000)
-                recorded = await _ticking(rules.fetch(prom, grid, compute.FetchStats()), progress)
+                recorded = await _ticking(rules.fetch(prom, grid, compute.FetchStats(), args.by == summary.MODEL_BY),
+                                          progress)
                 whole = recorded is not None and recorded.hours_evaluated >= int(recorded.hours) - 1
                 if recorded is not None and (whole or args.source == "rules"):
                     return recorded, await intensity(prom), prom
@@ -316,7 +317,7 @@ def _timings(read_s: float, queries: int, summarise_s: float) -> None:
 def _from_rules(args: argparse.Namespace, config: Any, prices: Any, recorded: Any, queries: int,
                 period: tuple[int, int, int], note: Any, read_s: float, intensity: Any) -> dict[str, Any]:
     """The report from the chargeback recording rules (`exporter.report.rules`)."""
-    from exporter.report import compute, summary
+    from exporter.report import compute, rules, summary
     from exporter.report.prices import PricesError
 
     start_ms, end_ms, step_s = period
@@ -330,15 +331,25 @@ def _from_rules(args: argparse.Namespace, config: Any, prices: Any, recorded: An
     began = time.perf_counter()
     try:
         report = summary.summarize(recorded.series, grid, args.by, prices, top=0, source=source,
-                                   devices=recorded.devices, intensity=intensity)
+                                   devices=recorded.devices, intensity=intensity, recorded_models=recorded.models)
     except PricesError as exc:
         raise CommandFailed(str(exc)) from None
     if args.timings:
         _timings(read_s, queries, time.perf_counter() - began)
-    report["notes"].insert(0, f"read from the chargeback recording rules: hourly figures per namespace and GPU model; "
+    if recorded.models is None:
+        what = "hourly figures per namespace and GPU model"
+    else:
+        what = ("hourly figures per namespace, served model and GPU model, each pod's hour split between its models "
+                "by their tokens in the hour (replicas: the most that served a model in one hour)")
+    report["notes"].insert(0, f"read from the chargeback recording rules: {what}; "
                               f"the hours at the period's two ends may be off by up to {bound:g} allocated "
                               "GPU-hours in all, an hour with an agent restart counts what increase() estimates, "
                               "and no workload is named (--source raw reads the agent's counters exactly)")
+    unsplit = sum(s.total("allocated") for s in recorded.series if s.labels.get("model_name") == rules.UNSPLIT_GROUP)
+    if unsplit:
+        report["notes"].append(f"{unsplit:g} GPU-hours of pods on GPUs of several models serving several "
+                               f"models are in group {rules.UNSPLIT_GROUP}: the rules cannot split them "
+                               "(--source raw does)")
     missing = int(recorded.hours) - recorded.hours_evaluated
     if missing > 1:
         report["notes"].append(f"the recording rules were not evaluated in {missing} of the period's "

@@ -390,20 +390,25 @@ def model_tokens(candidates: Sequence[tuple[str, str, str, dict[SeriesKey, list[
     return list(rows.values()), unjoined
 
 
-def _idle_expression(token_selectors: Sequence[str], pods: Sequence[str], selector: str) -> str:
+def idle_expression(token_selectors: Sequence[str], pods: Sequence[str] | None, selector: str = "") -> str:
     """1 per (namespace, pod) at each `IDLE_RESOLUTION_S` interval where it held GPUs (an
     allocation sample in the interval) and none of its token counters rose (the last
     sample in the interval above the last one before it; a series new in the interval
     rose if it is above 0).
 
-    Only the pods that served tokens in the period (``pods``: their idle time splits
-    between their models) and the engines' selectors that have series there
-    (``token_selectors``) are asked about: the expression is evaluated every 5 minutes of
-    the period, so every pod and selector left out is 8,640 evaluations fewer a month."""
+    The report asks only about the pods that served tokens in the period (``pods``: their
+    idle time splits between their models) and the engines' selectors that have series
+    there (``token_selectors``): the expression is evaluated every 5 minutes of the
+    period, so every pod and selector left out is 8,640 evaluations fewer a month. The
+    recording rules (``pods`` None) ask about every pod with a token series sampled in
+    the hour before the interval's end, an hour at a time."""
     res = f"{IDLE_RESOLUTION_S}s"
-    pod_matcher = f"pod=~{_promql_string(_value_regex(pods))}"
+    pod_matcher = f"pod=~{_promql_string(_value_regex(pods))}" if pods is not None else ""
     allocation = with_matchers("container_gpu_allocation_seconds_total", _join(pod_matcher, selector))
     held = f"group by (namespace, pod) (last_over_time({allocation}[{res}]))"
+    if pods is None:
+        engines = " or ".join(f"last_over_time({with_matchers(text, selector)}[1h])" for text in token_selectors)
+        held = f"{held} and on (namespace, pod) ({engines})"
     served = []
     for text in token_selectors:
         s = with_matchers(text, _join(pod_matcher, selector))
@@ -553,7 +558,7 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
         pods = sorted({dict(key).get("pod", "") for result in token_results for key in result} - {""})
         if not used or not pods:
             return token_results, {}
-        return token_results, await _idle(prom, grid, _idle_expression(used, pods, selector))
+        return token_results, await _idle(prom, grid, idle_expression(used, pods, selector))
 
     work: list[Any] = [tokens_then_idle()]
     work += [_counter(prom, family, grid, selector, stats, keys, at_once) for family in families]

@@ -234,6 +234,24 @@ class _ModelSplit:
         return out
 
 
+class _RecordedModels:
+    """--by model from the recording rules (`exporter.report.rules`): the rows are each
+    model's part already, split hour by hour on the server, and the model figures are
+    the rules' (``replicas``: the most that served the model in one hour)."""
+
+    def __init__(self, figures: Mapping[str, Mapping[str, float]]):
+        self._figures = figures
+
+    def pieces(self, s: SeriesTotals) -> list[tuple[str, SeriesTotals]]:
+        return [(s.labels.get("model_name") or NONE_GROUP, s)]
+
+    def figures(self) -> dict[str, dict[str, float]]:
+        return {name: {"prompt_tokens": f.get("prompt_tokens", 0.0), "generated_tokens": f.get("generated_tokens", 0.0),
+                       "replicas": int(f.get("replicas", 0)),
+                       "idle_replica_hours": f.get("idle_replica_seconds", 0.0) / 3600}
+                for name, f in self._figures.items()}
+
+
 def _per_million(value: float | None, tokens: float) -> float | None:
     return None if value is None or not tokens else round(value / tokens * 1e6, DIGITS) + 0.0
 
@@ -256,7 +274,8 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
               source: dict[str, Any] | None = None, devices: Sequence[SeriesTotals] = (),
               tokens: Sequence[ModelTokens] = (), idle: Mapping[tuple[str, str], list[float]] | None = None,
               steps: Sequence[SeriesTotals] | None = None, device_steps: Sequence[SeriesTotals] | None = None,
-              intensity: Intensity | None = None) -> dict[str, Any]:
+              intensity: Intensity | None = None, recorded_models: Mapping[str, Mapping[str, float]] | None = None
+              ) -> dict[str, Any]:
     """The report as plain data (the JSON output; CSV and HTML are views of it).
 
     Args:
@@ -270,11 +289,15 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
             own steps make the timeline.
         intensity: the grid's carbon intensity (`carbon.Intensity`): adds ``carbon_gco2e``
             per group, from each step's energy.
+        recorded_models: with `MODEL_BY`, the recording rules' figures per served model
+            (`rules.Recorded.models`): ``series`` are each model's part already.
     """
     groups: dict[str, dict[str, Any]] = {}
     workloads: dict[str, dict[str, dict[str, Any]]] = {}
     per_series = []
-    split = _ModelSplit(tokens, idle or {}, grid) if by == MODEL_BY else None
+    split: _ModelSplit | _RecordedModels | None = None
+    if by == MODEL_BY:
+        split = _ModelSplit(tokens, idle or {}, grid) if recorded_models is None else _RecordedModels(recorded_models)
 
     def pieces() -> Iterator[tuple[str, SeriesTotals]]:
         """Each series, or each model's piece of it: one at a time, as a piece's figures
