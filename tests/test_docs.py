@@ -111,9 +111,11 @@ def known_flags() -> frozenset[str]:
         result = run_cli([*command, "--help"])
         assert result.returncode == 0, (command, result.stderr)
         flags |= set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", result.stdout))
-    # the benchmarks' own flags (docs/PERFORMANCE.md runs them) and `python -m exporter.health
-    # --markdown`, read from their argument parsers' source rather than by running them
-    for source in [*(REPO / "benchmarks").glob("*.py"), REPO / "exporter" / "health" / "policy.py"]:
+    # the benchmarks' own flags (docs/PERFORMANCE.md runs them), `python -m exporter.health
+    # --markdown` and `python -m exporter.report.rules --stage`, read from their argument
+    # parsers' source rather than by running them
+    for source in [*(REPO / "benchmarks").glob("*.py"), REPO / "exporter" / "health" / "policy.py",
+                   REPO / "exporter" / "report" / "rules.py"]:
         flags |= set(re.findall(r"""["'](--[a-z][a-z0-9-]*)["']""", source.read_text()))
     return frozenset(flags)
 
