@@ -1170,6 +1170,16 @@ def test_which_source_the_report_reads(rules_prometheus, prometheus, tmp_path, c
                          "--by", "label_team", "--source", "rules", capsys=capsys)
     assert status == 2 and err == ("l9gpu report: --source rules: --by label_team: the rules are per namespace, "
                                    "served model and GPU model; use --source raw\n")
+    # the served-model rules read the built-in engines: an engines file reads the counters
+    engines_file = tmp_path / "engines.yaml"
+    engines_file.write_text('engines:\n  myengine:\n    model_label: model\n    prompt_tokens: "my_prompt_total"\n'
+                            '    generated_tokens: "my_generated_total"\n')
+    by_model = (*period, "--by", "model", "--engines", str(engines_file))
+    assert report_json(rules_prometheus, tmp_path, *by_model)["source"]["counters"] == "raw"
+    status, _, err = run("report", "--prometheus", rules_prometheus.base, *by_model, "--source", "rules",
+                         capsys=capsys)
+    assert status == 2 and err == ("l9gpu report: --source rules: --engines: the rules read the built-in engines; "
+                                   "use --source raw\n")
     # a Prometheus without the rules: auto reads the counters, rules is refused
     assert report_json(prometheus, tmp_path)["source"]["counters"] == "raw"
     status, _, err = run("report", "--prometheus", prometheus.base, "--from", str(START), "--to", str(END),
