@@ -366,12 +366,21 @@ def test_passes_that_see_the_very_processes_of_the_last_pass_keep_lives_holders_
     # taken on pass after pass where told, made afresh each pass where not
     assert (node.tracker._gpus[steady.key].last_pass is first) == told
     assert node.tracker._gpus[steady.key].last_pass.lives[0].last_seen == node.now  # moved on every pass
+    # one run of passes with the same holders, up to this pass
+    [run] = node.tracker._gpus[steady.key].passes
+    assert (run.first, run.last, run.workloads, run.others) == (node.now - 19, node.now, {TRAINER, NOTEBOOK}, False)
     faulted = node.now - 0.5  # while the same tuple was seen pass after pass
     new = node.pass_(gpu({2: 38 * GIB}), records=(xid(31, 1, faulted),))  # the trainer exits
     by_kind = {incident.kind: incident for incident in new}
     assert sorted(by_kind) == ["memory_exhausted", "xid"]
     assert by_kind["xid"].caused_by == (TRAINER,) and by_kind["xid"].cause_basis == "kernel_log"
     assert by_kind["memory_exhausted"].affected == (TRAINER,)
+    after = gpu({2: 38 * GIB})
+    node.pass_(after)
+    node.pass_(after, unchanged=frozenset({after.key}) if told else frozenset())
+    runs = list(node.tracker._gpus[steady.key].passes)
+    assert [(r.first, r.last, r.workloads) for r in runs] == [
+        (node.now - 22, node.now - 3, {TRAINER, NOTEBOOK}), (node.now - 2, node.now, {NOTEBOOK})]
 
 
 # ---- fed by the collector: its word that a GPU's processes are the last pass's ----------------

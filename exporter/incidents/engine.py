@@ -152,6 +152,7 @@ class _Gpu:
     reasons: frozenset[str] = frozenset()
     passes: deque = field(default_factory=deque)  # _Holders of runs of passes, oldest first
     last_pass: _Seen | None = None  # what the last pass saw of its processes (None: it saw none)
+    held_from: dict[int, Workload] | None = None  # the workloads the last run of `passes` was told from
 
 
 @dataclass
@@ -396,12 +397,16 @@ class IncidentTracker:
                 workloads = {**workloads, **child_workloads}
                 others = others or child_others
             state = self._gpus.setdefault(device.key, _Gpu(deque()))
-            held = frozenset(workloads.values())
             runs = state.passes
-            if runs and runs[-1].others == others and runs[-1].workloads == held:
-                runs[-1].last = now
+            if runs and workloads is state.held_from and runs[-1].others == others:
+                runs[-1].last = now  # the holders of a `_Seen` taken on: the last run's
             else:
-                runs.append(_Holders(now, now, held, others))
+                held = frozenset(workloads.values())
+                if runs and runs[-1].others == others and runs[-1].workloads == held:
+                    runs[-1].last = now
+                else:
+                    runs.append(_Holders(now, now, held, others))
+                state.held_from = workloads
             while runs and runs[0].last < now - self.config.pid_memory:
                 runs.popleft()
         for pid in self._open - seen:
