@@ -16,6 +16,7 @@ import logging
 import threading
 from typing import Any, Iterable, Mapping, Sequence
 
+import pytest
 from agent import parse_metrics, pick
 from prometheus_client import CollectorRegistry, generate_latest
 from waiting import FakeClock, wait_until, within
@@ -391,3 +392,87 @@ def test_a_down_gpu_has_no_process_rows() -> None:
     device = DeviceSample(index=0, uuid="GPU-a", up=False, error="GPU is lost", processes=(ProcessSample(10, GIB),))
     c = Collector([StaticBackend([device])], "n", attributor=Owners({10: TRAINER}), clock=FakeClock())
     assert c.collect_once().processes == ()
+
+
+class Lives(Owners):
+    """Owners, with process names and starts that a test can change (a PID another process
+    took over, a process that renamed itself)."""
+
+    def __init__(self, owners: Mapping[int, Workload]):
+        super().__init__(owners)
+        self.names: dict[int, str] = {}
+        self.starts: dict[int, float] = {}
+
+    def comm(self, pid: int) -> str:
+        return self.names.get(pid, "python3")
+
+    def start_time(self, pid: int) -> float | None:
+        return self.starts.get(pid)
+
+
+def test_a_gpu_is_marked_unchanged_only_while_its_processes_tuple_owners_names_and_starts_are_the_last_passs():
+    """`Snapshot.unchanged_processes` is what the incident tracker trusts instead of looking
+    at each process: the processes tuple the very same object is not enough."""
+    procs = (ProcessSample(10, GIB, 0.5), ProcessSample(11, GIB, 0.1))
+    other = (ProcessSample(12, GIB),)
+    backend = StaticBackend([DeviceSample(index=0, uuid="GPU-a", processes=procs),
+                             DeviceSample(index=1, uuid="GPU-b", processes=other)])
+    attributor = Lives({10: TRAINER, 12: TRAINER})
+    attributor.starts = {10: 900.0, 11: 901.0, 12: 902.0}
+    c = Collector([backend], "n", attributor=attributor, clock=FakeClock())
+
+    def marked() -> frozenset[str]:
+        return c.collect_once().unchanged_processes
+
+    def owner_of(pid: int) -> Workload:
+        assert c.snapshot is not None
+        [row] = [row for row in c.snapshot.processes if row.pid == pid]
+        return row.workload
+
+    assert marked() == frozenset()  # no pass before
+    assert marked() == {"GPU-a", "GPU-b"}
+    # PID 11 is another container's now (the driver lists the same PID and memory: the same tuple)
+    notebook = Workload(kind="kubernetes", namespace="ml", pod="notebook", container="main")
+    attributor.owners[11] = notebook
+    attributor.starts[11] = 950.0
+    assert marked() == {"GPU-b"} and owner_of(11) is notebook
+    assert marked() == {"GPU-a", "GPU-b"}
+    attributor.owners[11] = Workload(kind="kubernetes", namespace="ml", pod="notebook", container="main")
+    assert marked() == {"GPU-b"}  # an equal owner that is another object: the owner is not taken for the same
+    attributor.starts[10] = 960.0  # the same owner, a new process under the PID
+    assert marked() == {"GPU-b"}
+    attributor.names[12] = "vllm"
+    assert marked() == {"GPU-a"}
+    backend.devices = [DeviceSample(index=0, uuid="GPU-a", processes=tuple(list(procs))),
+                       DeviceSample(index=1, uuid="GPU-b", processes=other)]
+    assert marked() == {"GPU-b"}  # equal processes in another tuple are not told to be the same ones
+    backend.devices[1] = DeviceSample(index=1, uuid="GPU-b", up=False, error="GPU is lost", processes=other)
+    assert marked() == {"GPU-a"}
+    backend.devices[1] = DeviceSample(index=1, uuid="GPU-b", processes=other)
+    assert marked() == {"GPU-a"}  # back up: not seen in the pass before
+    assert marked() == {"GPU-a", "GPU-b"}
+
+
+def test_after_a_pass_that_published_nothing_no_gpu_is_marked_unchanged() -> None:
+    """The mark says "as in the snapshot before": a pass that made its rows and then failed
+    published no snapshot, so the next one compares with a pass no one saw."""
+    class Flaky(StaticBackend):
+        fail_errors = False
+
+        def errors(self) -> Mapping[str, int]:
+            if self.fail_errors:
+                raise RuntimeError("the error counters are unreadable")
+            return {}
+
+    procs = (ProcessSample(10, GIB, 0.5),)
+    backend = Flaky([DeviceSample(index=0, uuid="GPU-a", processes=procs)])
+    c = Collector([backend], "n", attributor=Owners({10: TRAINER}), clock=FakeClock())
+    c.collect_once()
+    assert c.collect_once().unchanged_processes == {"GPU-a"}
+    backend.fail_errors = True
+    with pytest.raises(RuntimeError):
+        c.collect_once()
+    backend.fail_errors = False
+    snap = c.collect_once()
+    assert snap.unchanged_processes == frozenset() and snap.processes[0].workload is TRAINER
+    assert c.collect_once().unchanged_processes == {"GPU-a"}

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Iterable, Mapping
+
+import pytest
+
+from exporter.attribution import NullAttributor
+from exporter.collect.collector import Collector
 from exporter.collect.xids import XidBaseline, xid_step
-from exporter.core.model import DeviceSample, ProcessSample, Workload
+from exporter.core.labels import label_schema
+from exporter.core.model import UNKNOWN, DeviceSample, ProcessSample, Snapshot, Workload
+from exporter.devices.base import Backend
 from exporter.incidents.engine import IncidentConfig, IncidentTracker
 from exporter.incidents.kmsg import XidRecord
 from exporter.incidents.messages import event_messages, incident_json
 from exporter.incidents.peaks import PeakSeries
+from exporter.incidents.watch import IncidentWatch
 
 GIB = 2**30
 TOTAL = 80 * GIB
@@ -41,11 +50,11 @@ class Node:
         self.xids = XidBaseline()
 
     def pass_(self, *devices: DeviceSample, records: tuple[XidRecord, ...] = (),
-              reasons: dict[str, set[str]] | None = None) -> list:
+              reasons: dict[str, set[str]] | None = None, unchanged: frozenset[str] = frozenset()) -> list:
         self.now += 1.0
         self.xids, new_xids = xid_step(self.xids, devices)
         return self.tracker.observe(self.now, 1.7e9 + self.now, devices, self.owners, records, reasons,
-                                    starts=self.starts, comms=self.comms, new_xids=new_xids)
+                                    starts=self.starts, comms=self.comms, new_xids=new_xids, unchanged=unchanged)
 
 
 def xid(code: int, pid: int | None, at: float, comm: str = "python3", text: str = "MMU Fault") -> XidRecord:
@@ -341,19 +350,152 @@ def test_on_a_mig_gpu_the_xid_of_the_gpu_names_the_one_workload_on_its_instances
     assert shared.caused_by == () and set(shared.affected) == {TRAINER, NOTEBOOK}
 
 
-def test_passes_that_see_the_very_processes_of_the_last_pass_keep_lives_holders_and_memory():
-    """A GPU whose processes tuple, owners, starts and names are the last pass's is not gone
-    through process by process; its lives still move on, its holders and memory stand."""
+@pytest.mark.parametrize("told", [True, False], ids=["told-unchanged", "not-told"])
+def test_passes_that_see_the_very_processes_of_the_last_pass_keep_lives_holders_and_memory(told: bool):
+    """A GPU whose processes the caller says are the last pass's (``unchanged``: the
+    collector's `Snapshot.unchanged_processes`) is not gone through process by process; its
+    lives still move on, its holders and memory stand, as where it is gone through."""
     node = Node({1: TRAINER, 2: NOTEBOOK})
     node.starts = {1: 900.0, 2: 950.0}
     steady = gpu({1: 40 * GIB, 2: 38 * GIB})
     assert TOTAL - steady.memory_used_bytes < 2 * GIB  # full from the first pass
-    for _ in range(20):
-        assert node.pass_(steady) == []
+    assert node.pass_(steady) == []
+    first = node.tracker._gpus[steady.key].last_pass
+    for _ in range(19):
+        assert node.pass_(steady, unchanged=frozenset({steady.key}) if told else frozenset()) == []
+    # taken on pass after pass where told, made afresh each pass where not
+    assert (node.tracker._gpus[steady.key].last_pass is first) == told
     assert node.tracker._gpus[steady.key].last_pass.lives[0].last_seen == node.now  # moved on every pass
+    # one run of passes with the same holders, up to this pass
+    [run] = node.tracker._gpus[steady.key].passes
+    assert (run.first, run.last, run.workloads, run.others) == (node.now - 19, node.now, {TRAINER, NOTEBOOK}, False)
     faulted = node.now - 0.5  # while the same tuple was seen pass after pass
     new = node.pass_(gpu({2: 38 * GIB}), records=(xid(31, 1, faulted),))  # the trainer exits
     by_kind = {incident.kind: incident for incident in new}
     assert sorted(by_kind) == ["memory_exhausted", "xid"]
     assert by_kind["xid"].caused_by == (TRAINER,) and by_kind["xid"].cause_basis == "kernel_log"
     assert by_kind["memory_exhausted"].affected == (TRAINER,)
+    after = gpu({2: 38 * GIB})
+    node.pass_(after)
+    node.pass_(after, unchanged=frozenset({after.key}) if told else frozenset())
+    runs = list(node.tracker._gpus[steady.key].passes)
+    assert [(r.first, r.last, r.workloads) for r in runs] == [
+        (node.now - 22, node.now - 3, {TRAINER, NOTEBOOK}), (node.now - 2, node.now, {NOTEBOOK})]
+
+
+# ---- fed by the collector: its word that a GPU's processes are the last pass's ----------------
+
+
+class _SameTuple(Backend):
+    """GPU 2 (BUS) whose processes tuple is handed on as the very same object pass after pass,
+    as NVML's backend does while the driver lists the same PIDs with the same memory."""
+
+    name = "same-tuple"
+
+    def __init__(self, procs: tuple[ProcessSample, ...]) -> None:
+        self.procs = procs
+
+    def sample(self, now: float) -> list[DeviceSample]:
+        used = sum(p.used_memory_bytes or 0 for p in self.procs)
+        return [DeviceSample(index=2, uuid="GPU-2", model="H100", pci_bus_id=BUS, memory_total_bytes=TOTAL,
+                             memory_used_bytes=used, processes=self.procs)]
+
+
+class _Owners(NullAttributor):
+    """Each PID's owner and process start, as the test sets them."""
+
+    def __init__(self, owners: dict[int, Workload], starts: dict[int, float]) -> None:
+        self.owners, self.starts = owners, starts
+
+    def resolve(self, pids: Iterable[int], now: float) -> Mapping[int, Workload]:
+        return {pid: self.owners.get(pid, UNKNOWN) for pid in pids}
+
+    def comm(self, pid: int) -> str:
+        return "python3"
+
+    def start_time(self, pid: int) -> float | None:
+        return self.starts.get(pid)
+
+
+class _KernelLog:
+    """A kernel log whose next poll reads what the test wrote."""
+
+    def __init__(self) -> None:
+        self.records: list[XidRecord] = []
+
+    def poll(self) -> list[XidRecord]:
+        out, self.records = self.records, []
+        return out
+
+    def counts(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        return None
+
+
+class Agent:
+    """A collector whose snapshots an incident watch follows, one pass a second (times:
+    seconds since boot), GPU 2 running PID 1 in a tuple that stays the same object."""
+
+    def __init__(self, owners: dict[int, Workload], starts: dict[int, float]) -> None:
+        self.now = 1000.0
+        self.attributor = _Owners(owners, starts)
+        names, labeller = label_schema([])
+        self.log = _KernelLog()
+        self.collector = Collector([_SameTuple((ProcessSample(1, 40 * GIB),))], "gpu-node-7",
+                                   attributor=self.attributor, labeller=labeller, clock=lambda: self.now,
+                                   wall=lambda: 1.7e9 + self.now)
+        self.watch = IncidentWatch("gpu-node-7", labeller, names, tracker=IncidentTracker("gpu-node-7"),
+                                   kernel_log=self.log, clock=lambda: self.now)
+
+    def pass_(self, *records: XidRecord, followed: bool = True) -> Snapshot:
+        self.now += 1.0
+        self.log.records = list(records)
+        snap = self.collector.collect_once()
+        if followed:
+            self.watch.observe(snap)
+        return snap
+
+    def caused(self) -> list[tuple[Workload, ...]]:
+        return [incident.caused_by for incident in reversed(self.watch.tracker.recent())]
+
+
+def test_a_pid_another_containers_process_took_in_the_same_processes_tuple_is_the_new_ones():
+    """The driver lists the same PID with the same memory (the same tuple), but the process
+    under it is another container's: the pass is not one of the same processes, and the
+    kernel log's Xid after the change names the new container, the one before the old."""
+    agent = Agent({1: TRAINER}, {1: 900.0})
+    assert agent.pass_().unchanged_processes == frozenset()
+    assert agent.pass_().unchanged_processes == {"GPU-2"}  # 1002
+    agent.attributor.owners[1], agent.attributor.starts[1] = NOTEBOOK, 1002.2
+    assert agent.pass_().unchanged_processes == frozenset()  # 1003
+    assert agent.pass_().unchanged_processes == {"GPU-2"}  # 1004
+    agent.pass_(xid(31, 1, 1001.5), xid(31, 1, 1003.5))
+    assert agent.caused() == [(TRAINER,), (NOTEBOOK,)]
+
+
+def test_an_owner_told_later_for_the_same_process_is_its_workload_from_then_on():
+    """Attribution learns the pod of a process it first could not place (the same tuple, the
+    same start): the pass after is not one of unchanged processes, and the trainer is named."""
+    agent = Agent({}, {1: 900.0})
+    agent.pass_()
+    agent.pass_()
+    agent.attributor.owners[1] = TRAINER
+    assert agent.pass_().unchanged_processes == frozenset()
+    agent.pass_(xid(31, 1, agent.now))
+    assert agent.caused() == [(TRAINER,)]
+    assert agent.watch.tracker._gpus["GPU-2"].holders == (TRAINER,)
+
+
+def test_a_snapshot_the_watch_missed_voids_the_next_ones_word_that_the_processes_are_unchanged():
+    """The collector's mark compares with the snapshot before; where the watch did not take
+    that one in, the tracker's last pass is an older one and must go through the processes."""
+    agent = Agent({1: TRAINER}, {1: 900.0})
+    agent.pass_()
+    agent.pass_()
+    agent.attributor.owners[1], agent.attributor.starts[1] = NOTEBOOK, 1002.2
+    agent.pass_(followed=False)  # 1003: not followed
+    assert agent.pass_().unchanged_processes == {"GPU-2"}  # 1004: as 1003, which the tracker did not see
+    agent.pass_(xid(31, 1, 1003.5))
+    assert agent.caused() == [(NOTEBOOK,)]

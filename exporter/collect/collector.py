@@ -121,6 +121,7 @@ class Collector:
         self._xids = XidBaseline()
         self._snapshot: Snapshot | None = None
         self._rows: dict[str, _DeviceRows] = {}  # the last pass's, by device key
+        self._rows_seq = 0  # the seq of the snapshot ``_rows`` were made for
         self.read_timeout = read_timeout
         self._bulkhead = Bulkhead(read_timeout)
         self.process_metrics = process_metrics
@@ -185,7 +186,7 @@ class Collector:
         self._health, health = health_step(self._health, now, devices, new_xids, {k for s in stuck for k in s.devices})
         for line in health.problems:
             log.warning("GPU health: %s", line)
-        rows = self._process_rows(devices, owners)
+        rows, unchanged = self._process_rows(devices, owners)
         backend_errors = {}
         for backend in self.backends:
             for reason, count in backend.errors().items():
@@ -203,6 +204,7 @@ class Collector:
             workloads=derived.workloads,
             unattributed=derived.unattributed,
             processes=rows,
+            unchanged_processes=unchanged,
             allocations=allocations or (),
             collectors=tuple(statuses),
             backend_errors=frozen_mapping(backend_errors),
@@ -224,13 +226,20 @@ class Collector:
         return snapshot
 
     def _process_rows(self, devices: Sequence[DeviceSample], owners: Mapping[int, Workload]
-                      ) -> tuple[ProcessRow, ...]:
+                      ) -> tuple[tuple[ProcessRow, ...], frozenset[str]]:
         """The pass's processes joined to their owners; a row equal to the last pass's is
         that row again (most are, pass after pass: building them is most of their cost), and
         a GPU whose processes tuple, owners, names and starts are the last pass's has the
-        last pass's rows, without a look at each."""
+        last pass's rows, without a look at each.
+
+        Returns:
+            The rows, and the keys of the GPUs whose processes are the last pass's in that
+            sense (`Snapshot.unchanged_processes`: the one place that tells).
+        """
         last, rows = self._rows, []
         kept: dict[str, _DeviceRows] = {}
+        unchanged: list[str] = []
+        published = self._rows_seq == self._seq  # the last rows are the last snapshot's (no pass failed since)
         comm = self.attributor.comm
         start_of = self.attributor.start_time
         get_owner = owners.get
@@ -247,6 +256,8 @@ class Collector:
                     and names == before.names and starts == before.starts):
                 kept[key] = before
                 rows += before.rows
+                if published:
+                    unchanged.append(key)
                 continue
             last_here = before.by_pid if before is not None else {}
             here: list[ProcessRow] = []
@@ -261,8 +272,8 @@ class Collector:
                 here.append(row)
             kept[key] = _DeviceRows(procs, here_owners, names, starts, here, by_pid)
             rows += here
-        self._rows = kept
-        return tuple(rows)
+        self._rows, self._rows_seq = kept, self._seq + 1
+        return tuple(rows), frozenset(unchanged)
 
     def _read_devices(self, now: float) -> tuple[list[DeviceSample], list[int], tuple[StuckCall, ...], bool]:
         """Every backend's reads for this pass, each within its deadline.

@@ -423,6 +423,11 @@ class Snapshot:
         new_xids: per key of a device seen in an earlier pass, its XID events new in this
             one by code (the growth of ``DeviceSample.xid_errors``, `exporter.collect.xids`):
             the one reading of them that the health stage and the incident engine share.
+        unchanged_processes: keys of the up devices whose processes are those of the
+            snapshot before (``seq - 1``): the very same processes tuple, each process with
+            the same owner (the same `Workload` object), name and start time. The collector
+            tells it once, where it joins the processes to their owners; the incident
+            tracker reads it instead of comparing them again. Empty: none is known to be.
     """
 
     seq: int
@@ -444,3 +449,4 @@ class Snapshot:
     device_unhealthy_seconds: Mapping[str, float] = field(default_factory=frozen_mapping)
     health_signals: Mapping[str, HealthSignals] = field(default_factory=frozen_mapping)
     new_xids: Mapping[str, Mapping[str, int]] = field(default_factory=frozen_mapping)
+    unchanged_processes: frozenset[str] = frozenset()

@@ -39,7 +39,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from operator import is_
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from exporter.core.escape import for_terminal
 from exporter.core.model import UNKNOWN, DeviceSample, Workload
@@ -152,23 +152,21 @@ class _Gpu:
     reasons: frozenset[str] = frozenset()
     passes: deque = field(default_factory=deque)  # _Holders of runs of passes, oldest first
     last_pass: _Seen | None = None  # what the last pass saw of its processes (None: it saw none)
+    held_from: dict[int, Workload] | None = None  # the workloads the last run of `passes` was told from
 
 
 @dataclass
 class _Seen:
-    """A GPU's processes as one pass saw them (the pass `number`; the device's processes
-    tuple, each one's owner, start and name, and life), who held the GPU (`_Holders`) and
-    the memory per workload. The next pass that sees the same ones takes this instead of
-    going through them one by one (`IncidentTracker._track`)."""
+    """A GPU's processes as the passes saw them (the last pass that did, `number`; their
+    PIDs and lives), who held the GPU (`_Holders`) and the memory per workload. A pass whose
+    processes are the last pass's (``unchanged`` of `IncidentTracker.observe`) takes this
+    on instead of going through them one by one (`IncidentTracker._track`)."""
 
     number: int
-    processes: tuple
-    owners: list[Workload]
-    starts: list[float | None]
-    comms: list[str]
-    lives: list[_Life]
-    workloads: dict[int, Workload]
-    others: bool
+    pids: list[int]
+    lives: list[_Life] = field(default_factory=list)
+    workloads: dict[int, Workload] = field(default_factory=dict)
+    others: bool = False
     work: dict[Workload, int] | None = None
 
 
@@ -216,7 +214,8 @@ class IncidentTracker:
     def observe(self, now: float, wall: float, devices: Sequence[DeviceSample], owners: Mapping[int, Workload],
                 xid_records: Sequence[Any] = (), reasons: Mapping[str, set[str]] | None = None,
                 starts: Mapping[int, float] | None = None, comms: Mapping[int, str] | None = None,
-                new_xids: Mapping[str, Mapping[str, int]] | None = None) -> list[Incident]:
+                new_xids: Mapping[str, Mapping[str, int]] | None = None,
+                unchanged: Collection[str] = frozenset()) -> list[Incident]:
         """Fold one pass in; the incidents it started, oldest first.
 
         Args:
@@ -230,12 +229,16 @@ class IncidentTracker:
             new_xids: per device key, the XID events NVML counted in this pass
                 (``Snapshot.new_xids``, the baseline the health stage reads too); a device
                 without an entry (its first pass) has none.
+            unchanged: keys of the devices whose processes are those of the pass observed
+                before, with the same owners, starts and names (``Snapshot.unchanged_processes``,
+                which the collector tells); only the caller can know it, and a key it leaves
+                out costs a look at each of the device's processes, never a wrong answer.
         """
         new: list[Incident] = []
         self._passes += 1
         by_bus = {_bus(d.pci_bus_id): d for d in devices if d.pci_bus_id and not d.gpu_instance}
         instances = self._instances(devices)
-        self._track(now, devices, owners, starts or {}, comms or {}, instances)
+        self._track(now, devices, owners, starts or {}, comms or {}, instances, unchanged)
         for device in devices:
             state = self._gpus.setdefault(device.key, _Gpu(deque()))
             new += self._memory_pass(now, wall, device, state, owners)
@@ -266,12 +269,12 @@ class IncidentTracker:
             return []
         seen = state.last_pass  # this pass's (`_track`)
         previous = state.memory[-1][1] if state.memory else {}
-        if seen is not None and seen.work is not None and seen.processes is device.processes:
-            # the same processes and owners as the last pass (`_track`): the same memory
+        if seen is not None and seen.work is not None:
+            # taken on from the last pass, with the same processes and owners (`_track`): the same memory
             work, exited = seen.work, frozenset[int]()
         else:
             work = self._memory_by_workload(device, owners)
-            if seen is not None and seen.processes is device.processes:
+            if seen is not None:
                 seen.work = work
             exited = state.pids - {p.pid for p in device.processes}
             state.pids = frozenset(p.pid for p in device.processes)
@@ -337,45 +340,42 @@ class IncidentTracker:
 
     def _track(self, now: float, devices: Sequence[DeviceSample], owners: Mapping[int, Workload],
                starts: Mapping[int, float], comms: Mapping[int, str],
-               instances: Mapping[str, list[DeviceSample]]) -> None:
-        """Each PID's processes (lives) and each GPU's holders at this pass (called for
-        every process every pass: workloads are told apart by identity, one object per
-        workload and pass, rather than hashed)."""
+               instances: Mapping[str, list[DeviceSample]], unchanged: Collection[str]) -> None:
+        """Each PID's processes (lives) and each GPU's holders at this pass (workloads are
+        told apart by identity, one object per workload and pass, rather than hashed). A GPU
+        whose processes are the last pass's (``unchanged``) takes on the last pass's
+        `_Seen` where nothing else changed (`_seen_again`); the others' processes are gone
+        through one by one."""
         seen: set[int] = set()
         pids = self._pids
         held_by: dict[str, tuple[dict[int, Workload], bool]] = {}
+        get_owner, get_start, get_comm = owners.get, starts.get, comms.get
         for device in devices:
             if not device.up:
                 continue
             state = self._gpus.setdefault(device.key, _Gpu(deque()))
-            procs = device.processes
-            numbers = [p.pid for p in procs]
-            get_owner, get_start, get_comm = owners.get, starts.get, comms.get
-            seen_now = _Seen(self._passes, procs, [get_owner(pid, UNKNOWN) for pid in numbers],
-                             [get_start(pid) for pid in numbers], [get_comm(pid, "") for pid in numbers], [], {},
-                             False)
             last_pass = state.last_pass
-            state.last_pass = seen_now
-            if last_pass is not None and self._seen_again(last_pass, seen_now, seen):
+            if last_pass is not None and device.key in unchanged and self._seen_again(last_pass, seen):
                 # The same processes as in the last pass, each still its PID's newest life.
                 for life in last_pass.lives:
                     life.last_seen = now
-                seen.update(numbers)
-                seen_now.lives, seen_now.workloads, seen_now.others = last_pass.lives, last_pass.workloads, \
-                    last_pass.others
-                seen_now.work = last_pass.work
+                seen.update(last_pass.pids)
+                last_pass.number = self._passes
                 held_by[device.key] = (last_pass.workloads, last_pass.others)
                 continue
+            seen_now = state.last_pass = _Seen(self._passes, [p.pid for p in device.processes])
             workloads: dict[int, Workload] = {}
             others = False
-            for pid, owner, start, comm in zip(numbers, seen_now.owners, seen_now.starts, seen_now.comms):
+            for pid in seen_now.pids:
+                owner = get_owner(pid, UNKNOWN)
                 if owner.kind in _ATTRIBUTED:
                     workloads[id(owner)] = owner
-                elif not self._host_tool(pid, comm):
+                elif not self._host_tool(pid, get_comm(pid, "")):
                     others = True
                 if pid in seen:
                     continue
                 seen.add(pid)
+                start = get_start(pid)
                 lives = pids.get(pid)
                 last = lives[-1] if lives else None
                 if last is not None and last.end is None and last.start == start:
@@ -397,12 +397,16 @@ class IncidentTracker:
                 workloads = {**workloads, **child_workloads}
                 others = others or child_others
             state = self._gpus.setdefault(device.key, _Gpu(deque()))
-            held = frozenset(workloads.values())
             runs = state.passes
-            if runs and runs[-1].others == others and runs[-1].workloads == held:
-                runs[-1].last = now
+            if runs and workloads is state.held_from and runs[-1].others == others:
+                runs[-1].last = now  # the holders of a `_Seen` taken on: the last run's
             else:
-                runs.append(_Holders(now, now, held, others))
+                held = frozenset(workloads.values())
+                if runs and runs[-1].others == others and runs[-1].workloads == held:
+                    runs[-1].last = now
+                else:
+                    runs.append(_Holders(now, now, held, others))
+                state.held_from = workloads
             while runs and runs[0].last < now - self.config.pid_memory:
                 runs.popleft()
         for pid in self._open - seen:
@@ -411,18 +415,16 @@ class IncidentTracker:
                 lives[-1].end = now  # gone from the GPUs by this pass
         self._open = seen
 
-    def _seen_again(self, last: _Seen, now: _Seen, seen: set[int]) -> bool:
-        """True when a GPU's processes in this pass are those of the pass before (``last``)
-        with the same owners, starts and names, no PID is on an earlier GPU of this pass,
-        and each one's life is still its PID's newest: going through them one by one would
-        change nothing but their ``last_seen``."""
-        if (last.number != self._passes - 1 or last.processes is not now.processes
-                or not all(map(is_, last.owners, now.owners)) or last.starts != now.starts
-                or last.comms != now.comms or len(last.lives) != len(now.owners) or not seen.isdisjoint(
-                    p.pid for p in now.processes)):
+    def _seen_again(self, last: _Seen, seen: set[int]) -> bool:
+        """For a GPU whose processes the caller says are the last pass's, with the same
+        owners, starts and names: True when ``last`` is what the pass before saw of them, no
+        PID is on an earlier GPU of this pass (``seen``) nor twice on this one, and each
+        one's life is still its PID's newest: going through them one by one would change
+        nothing but their ``last_seen``."""
+        if last.number != self._passes - 1 or len(last.lives) != len(last.pids) or not seen.isdisjoint(last.pids):
             return False
         pids = self._pids
-        return all(map(is_, [pids.get(p.pid, _NO_LIVES)[-1] for p in now.processes], last.lives))
+        return all(map(is_, [pids.get(pid, _NO_LIVES)[-1] for pid in last.pids], last.lives))
 
     @staticmethod
     def _instances(devices: Sequence[DeviceSample]) -> dict[str, list[DeviceSample]]:

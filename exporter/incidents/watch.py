@@ -63,6 +63,7 @@ class IncidentWatch:
         self._lock = threading.Lock()
         self._counts: dict[tuple[tuple[str, ...], str, str], int] = {}
         self._poll_failed = False
+        self._observed = -1  # the seq of the last snapshot the tracker took in whole
 
     def observe(self, snap: Snapshot) -> None:
         """Fold one published snapshot in (the collector thread's hook)."""
@@ -80,8 +81,14 @@ class IncidentWatch:
         starts: dict[int, float] = {row.pid: row.start_time for row in rows if row.start_time is not None}
         comms: dict[int, str] = {row.pid: row.comm for row in rows}
         reasons = {key: set(verdict.reason_names) for key, verdict in snap.verdicts.items()}
-        for incident in self.tracker.observe(now, snap.timestamp, snap.devices, owners, records, reasons,
-                                             starts=starts, comms=comms, new_xids=snap.new_xids):
+        # the collector's word that a GPU's processes are the snapshot before's holds for the
+        # tracker only where that snapshot is the last one it took in
+        unchanged = snap.unchanged_processes if snap.seq == self._observed + 1 else frozenset()
+        self._observed = -1
+        new = self.tracker.observe(now, snap.timestamp, snap.devices, owners, records, reasons, starts=starts,
+                                   comms=comms, new_xids=snap.new_xids, unchanged=unchanged)
+        self._observed = snap.seq
+        for incident in new:
             self._record(incident)
 
     def _poll(self) -> Sequence[Any]:
