@@ -390,6 +390,13 @@ def model_tokens(candidates: Sequence[tuple[str, str, str, dict[SeriesKey, list[
     return list(rows.values()), unjoined
 
 
+def token_candidates(engines: Sequence[Any]) -> list[tuple[str, str, str, str]]:
+    """Every engine's token selectors, with a pod label, in the mapping's order (a field's
+    alternatives after its first choice): (engine, model label, field, selector)."""
+    return [(engine.name, engine.model_label, fieldname, sel.text('pod!=""'))
+            for engine in engines for fieldname in TOKEN_FIELDS for sel in engine.selectors(fieldname)]
+
+
 def idle_expression(token_selectors: Sequence[str], pods: Sequence[str] | None, selector: str = "") -> str:
     """1 per (namespace, pod) at each `IDLE_RESOLUTION_S` interval where it held GPUs (an
     allocation sample in the interval) and none of its token counters rose (the last
@@ -544,8 +551,7 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
         stats.series = len(series)
         return fetched
     families = [family for family, _ in COUNTERS.values()]
-    candidates = [(engine.name, engine.model_label, fieldname, sel.text('pod!=""'))
-                  for engine in engines for fieldname in TOKEN_FIELDS for sel in engine.selectors(fieldname)]
+    candidates = token_candidates(engines)
 
     keys = {}
     at_once = asyncio.Semaphore(VALUE_ANSWERS_AT_ONCE)

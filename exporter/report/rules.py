@@ -18,7 +18,7 @@ fell in an hour counts what ``increase()`` extrapolates; an hour the rule evalua
 evaluated). Run ``python -m exporter.report.rules`` to print the file (``make docs``).
 
 Per served model (``--by model``), a second group does the report's split of each pod's GPU
-time between the models it serves, hour by hour, in two stages of one group (Prometheus
+time between the models it serves, hour by hour, in three stages of one group (Prometheus
 evaluates a group's rules in order, each seeing the ones before at the same time):
 
 1. per pod (namespace, pod, GPU model): what each workload counter rose by in the hour,
@@ -27,16 +27,17 @@ evaluates a group's rules in order, each seeing the ones before at the same time
    per pod the seconds in `compute.IDLE_RESOLUTION_S` intervals in which it held GPUs
    and served no token (`compute.idle_expression`, an hour at a time instead of the
    report's month at once);
-2. per namespace, served model and GPU model: each pod's hour split by its models' share
-   of its tokens in the hour (equally where it served none), pods serving no model in
-   `summary.NONE_GROUP`; per served model the tokens, the idle replica-seconds and the
-   replicas serving in the hour.
+2. per pod and served model: the model's share of the pod's tokens in the hour (equal
+   shares where it served none);
+3. per namespace, served model and GPU model: each pod's hour split by those shares, pods
+   serving no model in `summary.NONE_GROUP`; per served model the tokens, the idle
+   replica-seconds and the replicas serving in the hour.
 
 A pod whose GPUs are of several models and which serves several models cannot be split
-in PromQL (a many-to-many match): its hours are in `UNSPLIT_GROUP`. The second stage
-reads the first stage's records, so ``promtool tsdb create-blocks-from rules`` (which
-lets no rule see another's results) evaluates them in three passes: ``--stage 1``, then
-2 (each pod's token shares), then 3 (`rules_yaml`).
+in PromQL (a many-to-many match): its hours are in `UNSPLIT_GROUP`. Each stage reads the
+records of the stages before, so ``promtool tsdb create-blocks-from rules`` (which lets
+no rule see another's results) evaluates them in three passes: ``--stage 1``, then 2,
+then 3 (`rules_yaml`).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ from typing import Any, Sequence
 
 from exporter.inference.engines import Engine, load_engines
 from exporter.inference.rules import union
-from exporter.report.compute import IDLE_RESOLUTION_S, TOKEN_FIELDS, idle_expression
-from exporter.report.summary import NONE_GROUP
+from exporter.report.compute import IDLE_RESOLUTION_S, TOKEN_FIELDS, idle_expression, token_candidates
+from exporter.report.summary import MODEL_BY, NONE_GROUP
 
 INTERVAL_S = 3600
 GROUP = "l9gpu-chargeback-hourly"
@@ -122,8 +123,9 @@ SHARE = "namespace_pod_model_name:l9gpu_inference_token_share:ratio1h"
 
 @dataclass(frozen=True)
 class SplitRule:
-    """One figure per namespace, served model and GPU model (stage 2): ``source``, a
-    per-pod expression of stage 1's records, split between each pod's models."""
+    """One figure per namespace, served model and GPU model (stage 3): ``source``, a
+    per-pod expression of stage 1's records, split between each pod's models by stage 2's
+    shares."""
 
     key: str
     record: str
@@ -193,7 +195,7 @@ def model_rules(engines: Sequence[Engine], stage: int | None = None) -> list[tup
             assert expr, "prompt_tokens and generated_tokens are required fields"
             out.append((f"{field.replace('_', ' ')} per pod and served model in the hour",
                         TOKENS.format(field=field), expr))
-        texts = [sel.text('pod!=""') for engine in engines for field in TOKEN_FIELDS for sel in engine.selectors(field)]
+        texts = [text for *_, text in token_candidates(engines)]
         res = f"{IDLE_RESOLUTION_S}s"
         out.append((f"seconds per pod in {IDLE_RESOLUTION_S // 60}-minute intervals in which it held GPUs and served "
                     "no token", IDLE_POD,
@@ -261,12 +263,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-
 def usable(by: str, selector: str, price_keys: set[str], custom_engines: bool) -> str | None:
     """Why the rules cannot answer this report (None: they can)."""
-    if by not in ("namespace", "model"):
+    if by not in ("namespace", MODEL_BY):
         return f"--by {by}: the rules are per namespace, served model and GPU model"
-    if by == "model" and custom_engines:
+    if by == MODEL_BY and custom_engines:
         return "--engines: the rules read the built-in engines"
     if selector:
         return "--selector: the rules keep no label but namespace and model"

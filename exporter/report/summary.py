@@ -270,6 +270,24 @@ def _model_figures(g: dict[str, Any], tokens: Mapping[str, float] | None) -> dic
             "idle_gpu_hours": round(g.get("idle_gpu_hours") or 0.0, DIGITS) + 0.0}
 
 
+def _split_of(by: str, grid: Grid, tokens: Sequence[ModelTokens], idle: Mapping[tuple[str, str], list[float]] | None,
+              recorded_models: Mapping[str, Mapping[str, float]] | None) -> _ModelSplit | _RecordedModels | None:
+    """How the workload series become groups per served model (None: not ``--by model``):
+    split by their tokens here, or split already by the recording rules."""
+    if by != MODEL_BY:
+        return None
+    if recorded_models is not None:
+        return _RecordedModels(recorded_models)
+    return _ModelSplit(tokens, idle or {}, grid)
+
+
+def _add_model_totals(totals: dict[str, Any], groups: Sequence[dict[str, Any]]) -> None:
+    """The served models' figures (`MODEL_FIGURES` that add up) over all groups."""
+    for key in ("prompt_tokens", "generated_tokens", "idle_replica_hours", "idle_gpu_hours"):
+        totals[key] = round(sum(g[key] for g in groups), DIGITS) + 0.0
+    totals["replicas"] = sum(g["replicas"] for g in groups)
+
+
 def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Prices | None, *, top: int = 5,
               source: dict[str, Any] | None = None, devices: Sequence[SeriesTotals] = (),
               tokens: Sequence[ModelTokens] = (), idle: Mapping[tuple[str, str], list[float]] | None = None,
@@ -295,9 +313,7 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
     groups: dict[str, dict[str, Any]] = {}
     workloads: dict[str, dict[str, dict[str, Any]]] = {}
     per_series = []
-    split: _ModelSplit | _RecordedModels | None = None
-    if by == MODEL_BY:
-        split = _ModelSplit(tokens, idle or {}, grid) if recorded_models is None else _RecordedModels(recorded_models)
+    split = _split_of(by, grid, tokens, idle, recorded_models)
 
     def pieces() -> Iterator[tuple[str, SeriesTotals]]:
         """Each series, or each model's piece of it: one at a time, as a piece's figures
@@ -347,9 +363,7 @@ def summarize(series: Sequence[SeriesTotals], grid: Grid, by: str, prices: Price
     out_groups.sort(key=lambda g: (-(g[rank_key] or 0.0), g["group"]))
     totals = _finish(totals)
     if split is not None:
-        for key in ("prompt_tokens", "generated_tokens", "idle_replica_hours", "idle_gpu_hours"):
-            totals[key] = round(sum(g[key] for g in out_groups), DIGITS) + 0.0
-        totals["replicas"] = sum(g["replicas"] for g in out_groups)
+        _add_model_totals(totals, out_groups)
     step_rows = (per_series if steps is None else [(s.labels.get(by) or NONE_GROUP, s, {}) for s in steps])
     notes_carbon = _add_carbon(out_groups, totals, [(name, s) for name, s, _ in step_rows], intensity)
     totals["groups"] = len(out_groups)
