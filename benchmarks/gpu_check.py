@@ -3,8 +3,8 @@
 On a machine with an NVIDIA GPU, its driver, and PyTorch built with CUDA, run from the
 repository root::
 
-    python benchmarks/gpu_check.py                 # 4 GiB, 20 s busy, 20 s idle on GPU 0
-    python benchmarks/gpu_check.py --gib 8 --device 1 --busy-seconds 30
+    python benchmarks/gpu_check.py                 # 4 GiB, 40 s busy, 20 s idle on GPU 0
+    python benchmarks/gpu_check.py --gib 8 --device 1 --busy-seconds 60
 
 It starts the agent (``python -m exporter serve --backend nvml --interval 1s
 --process-metrics`` on a free loopback port, with ``PYTHONPATH`` set to this checkout),
@@ -279,7 +279,7 @@ def measure_call_costs(device: int, repeats: int = 30) -> list[dict[str, Any]]:
         pynvml.nvmlShutdown()
 
 
-def process_sample_buffer(device: int, windows: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0)
+def process_sample_buffer(device: int, windows: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0)
                           ) -> list[dict[str, Any]]:
     """How many per-process utilisation samples the driver keeps: for each window, the
     samples ``nvmlDeviceGetProcessesUtilizationInfo`` (else ``GetProcessUtilization``)
@@ -288,8 +288,9 @@ def process_sample_buffer(device: int, windows: tuple[float, ...] = (0.5, 1.0, 2
     (`exporter.core.shares.SHARED_READ_PERIOD`): a driver that keeps every sample of the window
     loses nothing by it; one that returns only the latest per process is sampled less often.
 
-    Per window: the samples, the distinct timestamps, the most samples of one process, and
-    the span of their timestamps (seconds).
+    Per window: the samples, the distinct timestamps, the most samples of one process, the
+    span of their timestamps and the median step between them (seconds). A last row
+    (``window_s`` ``"all"``) asks for every sample newer than timestamp 0: the buffer's depth.
     """
     import pynvml  # type: ignore[import-untyped,unused-ignore]
 
@@ -305,18 +306,23 @@ def process_sample_buffer(device: int, windows: tuple[float, ...] = (0.5, 1.0, 2
             except pynvml.NVMLError:
                 return []
 
-        rows = []
-        for window in windows:
-            latest = max((int(s.timeStamp) for s in samples(0)), default=0)
-            time.sleep(window)
-            got = samples(latest)
+        def row(window: float | str, got: list[Any]) -> dict[str, Any]:
             stamps = sorted({int(s.timeStamp) for s in got})
             per_pid: dict[int, int] = {}
             for sample in got:
                 per_pid[int(sample.pid)] = per_pid.get(int(sample.pid), 0) + 1
-            rows.append({"window_s": window, "samples": len(got), "timestamps": len(stamps),
-                         "most_per_process": max(per_pid.values(), default=0),
-                         "span_s": _round((stamps[-1] - stamps[0]) / 1e6 if len(stamps) > 1 else 0.0)})
+            steps = [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:])]
+            return {"window_s": window, "samples": len(got), "timestamps": len(stamps),
+                    "most_per_process": max(per_pid.values(), default=0),
+                    "span_s": _round((stamps[-1] - stamps[0]) / 1e6 if len(stamps) > 1 else 0.0),
+                    "median_step_s": _round(statistics.median(steps)) if steps else None}
+
+        rows = []
+        for window in windows:
+            latest = max((int(s.timeStamp) for s in samples(0)), default=0)
+            time.sleep(window)
+            rows.append(row(window, samples(latest)))
+        rows.append(row("all", samples(0)))
         return rows
     finally:
         pynvml.nvmlShutdown()
@@ -732,7 +738,7 @@ def run_check(args: argparse.Namespace) -> int:
                 if phase == "busy" and cost_thread is None:
                     def measure() -> None:
                         time.sleep(SETTLE_SECONDS)
-                        # first, while the workload is surely busy (8.5 s)
+                        # first, while the workload is surely busy (18.5 s)
                         cost["process_sample_buffer"] = process_sample_buffer(args.device)
                         cost["nvml_calls"] = measure_call_costs(args.device)
                         cost["agent_passes"] = agent_pass_timings(args.python, args.device)
@@ -785,8 +791,10 @@ def run_check(args: argparse.Namespace) -> int:
         print_call_costs(cost["nvml_calls"])
         print()
     for row in cost.get("process_sample_buffer", []):
-        print(f"per-process samples newer than {row['window_s']} s ago: {row['samples']} ({row['timestamps']} "
-              f"timestamps over {row['span_s']} s, at most {row['most_per_process']} for one process)")
+        since = "all kept (newer than 0)" if row["window_s"] == "all" else f"newer than {row['window_s']} s ago"
+        print(f"per-process samples {since}: {row['samples']} ({row['timestamps']} timestamps over "
+              f"{row['span_s']} s, median step {row['median_step_s']} s, at most {row['most_per_process']} "
+              f"for one process)")
     for title, summary in cost.get("agent_passes", {}).items():
         if isinstance(summary, dict):
             print(f"l9gpu {title}: {summary.get('calls')} NVML calls, {summary.get('wall_ms')} ms wall, "
@@ -1181,7 +1189,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(per-process memory and utilisation, power, energy). Writes details to $OUT if set.",
     )
     parser.add_argument("--gib", type=float, default=4.0, help="GiB the workload allocates (default: 4)")
-    parser.add_argument("--busy-seconds", type=float, default=20.0, help="matrix-multiply phase (default: 20)")
+    parser.add_argument("--busy-seconds", type=float, default=40.0, help="matrix-multiply phase (default: 40)")
     parser.add_argument("--idle-seconds", type=float, default=20.0, help="idle phase holding memory (default: 20)")
     parser.add_argument("--device", type=int, default=0, help="NVML index of the GPU to load (default: 0)")
     parser.add_argument("--startup-timeout", type=float, default=60.0,
