@@ -43,7 +43,7 @@ from exporter.devices.nvml.libnvml import (
     VALUE_MEMBERS,
     DeviceDown,
     Nvml,
-    decode_throttle_reasons,
+    throttle_reasons_mapping,
     handle_key,
     int_or_none,
     ratio,
@@ -434,7 +434,7 @@ class NvmlBackend(
             "fan_speed_ratio": ratio(self._opt(nvml, "nvmlDeviceGetFanSpeed", handle)),
             "ecc_errors": self._slow(index, "ecc", now, ECC_PERIOD,
                                      lambda: frozen_mapping(self._ecc(nvml, handle))),
-            "throttle_reasons": frozen_mapping(decode_throttle_reasons(throttle) if throttle is not NA else None),
+            "throttle_reasons": throttle_reasons_mapping(int(throttle)) if throttle is not NA else frozen_mapping(),
             "xid_errors": frozen_mapping(self._xid_counts.get(index)),
             # GPM of the whole GPU; in MIG mode each instance has its own (below).
             "gpm": self._read_gpm(nvml, handle, index) if not mig_enabled else frozen_mapping(),

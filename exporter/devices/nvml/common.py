@@ -81,18 +81,26 @@ class NvmlState:
         try:
             return fn(*args)
         except nvml.error as exc:
-            code = nvml.code(exc)
-            if code in (
-                nvml.const("NVML_ERROR_GPU_IS_LOST", NVML_ERROR_GPU_IS_LOST),
-                nvml.const("NVML_ERROR_RESET_REQUIRED", NVML_ERROR_RESET_REQUIRED),
-            ):
-                raise self._down(nvml, exc) from exc
-            self._errors["query_error"] += 1
-            log.debug("NVML query %s failed: %s", getattr(fn, "__name__", fn), exc)
-            return NA
+            return self._query_failed(nvml, getattr(fn, "__name__", fn), exc)
 
-    def _opt(self, nvml: Nvml, name: str, *args: Any, **kwargs: Any) -> Any:
-        return self._guard(nvml, lambda: nvml.call(name, *args, **kwargs))
+    def _query_failed(self, nvml: Nvml, what: Any, exc: BaseException) -> Any:
+        """An optional query's error: a lost GPU stops the device (raises), others count and give NA."""
+        code = nvml.code(exc)
+        if code in (
+            nvml.const("NVML_ERROR_GPU_IS_LOST", NVML_ERROR_GPU_IS_LOST),
+            nvml.const("NVML_ERROR_RESET_REQUIRED", NVML_ERROR_RESET_REQUIRED),
+        ):
+            raise self._down(nvml, exc) from exc
+        self._errors["query_error"] += 1
+        log.debug("NVML query %s failed: %s", what, exc)
+        return NA
+
+    def _opt(self, nvml: Nvml, name: str, *args: Any) -> Any:
+        """`_guard` of ``nvml.call(name, *args)``."""
+        try:
+            return nvml.call(name, *args)
+        except nvml.error as exc:
+            return self._query_failed(nvml, name, exc)
 
     def _due(self, index: int, what: Hashable, now: float, period: float) -> bool:
         """True when ``what`` of GPU ``index`` is to be read in this pass (`Schedule.due`

@@ -42,10 +42,12 @@ returns (`exporter.core.bulkhead.check_abandoned`).
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from exporter.core.bulkhead import ABANDONED, check_abandoned
@@ -362,6 +364,13 @@ def decode_throttle_reasons(mask: int) -> dict[str, bool]:
     """Turn an NVML clock event reason bit mask into reason name -> active."""
     mask = int(mask)
     return {name: bool(mask & bit) for name, bit in THROTTLE_REASONS}
+
+
+@functools.lru_cache(maxsize=256)
+def throttle_reasons_mapping(mask: int) -> Mapping[str, bool]:
+    """`decode_throttle_reasons` as the read-only mapping a sample carries, decoded once per
+    mask: a GPU reports the same few masks pass after pass."""
+    return MappingProxyType(decode_throttle_reasons(mask))
 
 
 
