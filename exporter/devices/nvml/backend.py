@@ -43,12 +43,12 @@ from exporter.devices.nvml.libnvml import (
     VALUE_MEMBERS,
     DeviceDown,
     Nvml,
-    throttle_reasons_mapping,
     handle_key,
     int_or_none,
     ratio,
     scaled,
     text,
+    throttle_reasons_mapping,
 )
 from exporter.devices.nvml.mig import MigMixin
 from exporter.devices.schedule import BOOT_ID_PATH, DEFAULT_HEALTH_INTERVAL, HealthReads, Schedule
@@ -403,10 +403,9 @@ class NvmlBackend(
         except nvml.error as exc:
             raise self._down(nvml, exc) from exc
 
-        mig_enabled = self._slow(index, "mig_mode", now, SLOW_PERIOD,
-                                 lambda: self._read_mig_mode(nvml, index, handle))
+        mig_enabled = self._slow(index, "mig_mode", now, SLOW_PERIOD, self._read_mig_mode, nvml, index, handle)
 
-        throttle = self._guard(nvml, lambda: nvml.first(THROTTLE_FUNCTIONS, handle))
+        throttle = self._guard(nvml, nvml.first, THROTTLE_FUNCTIONS, handle)
         power_watts = scaled(self._opt(nvml, "nvmlDeviceGetPowerUsage", handle), 1e-3)
         health_due = self.health_due(index, self._count, now)
         fields = self._field_values(nvml, index, handle, now, health_fields(nvml) if health_due else ())
@@ -419,9 +418,7 @@ class NvmlBackend(
             "temperature_celsius": scaled(self._temperature(nvml, handle), 1.0),
             "memory_temperature_celsius": fields.get(nvml.const("NVML_FI_DEV_MEMORY_TEMP")),
             "power_watts": power_watts,
-            "power_limit_watts": self._slow(
-                index, "power_limit", now, SLOW_PERIOD,
-                lambda: scaled(self._opt(nvml, "nvmlDeviceGetEnforcedPowerLimit", handle), 1e-3)),
+            "power_limit_watts": self._slow(index, "power_limit", now, SLOW_PERIOD, self._power_limit, nvml, handle),
             "energy_joules": self._energy_joules(nvml, index, handle, now, power_watts),
             "sm_clock_hertz": scaled(
                 self._opt(nvml, "nvmlDeviceGetClockInfo", handle, nvml.const("NVML_CLOCK_SM")), 1e6
@@ -432,8 +429,7 @@ class NvmlBackend(
             "pcie_tx_bytes_total": int_or_none(fields.get(nvml.const("NVML_FI_DEV_PCIE_COUNT_TX_BYTES"))),
             "pcie_rx_bytes_total": int_or_none(fields.get(nvml.const("NVML_FI_DEV_PCIE_COUNT_RX_BYTES"))),
             "fan_speed_ratio": ratio(self._opt(nvml, "nvmlDeviceGetFanSpeed", handle)),
-            "ecc_errors": self._slow(index, "ecc", now, ECC_PERIOD,
-                                     lambda: frozen_mapping(self._ecc(nvml, handle))),
+            "ecc_errors": self._slow(index, "ecc", now, ECC_PERIOD, self._ecc_mapping, nvml, handle),
             "throttle_reasons": throttle_reasons_mapping(int(throttle)) if throttle is not NA else frozen_mapping(),
             "xid_errors": frozen_mapping(self._xid_counts.get(index)),
             # GPM of the whole GPU; in MIG mode each instance has its own (below).
@@ -526,6 +522,12 @@ class NvmlBackend(
         if value is NA:
             value = self._opt(nvml, "nvmlDeviceGetTemperature", handle, sensor)
         return value
+
+    def _power_limit(self, nvml: Nvml, handle: Any) -> float | None:
+        return scaled(self._opt(nvml, "nvmlDeviceGetEnforcedPowerLimit", handle), 1e-3)
+
+    def _ecc_mapping(self, nvml: Nvml, handle: Any) -> Mapping[str, int]:
+        return frozen_mapping(self._ecc(nvml, handle))
 
     def _ecc(self, nvml: Nvml, handle: Any) -> dict[str, int]:
         counters: dict[str, int] = {}

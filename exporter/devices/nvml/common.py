@@ -107,11 +107,12 @@ class NvmlState:
         over this backend's GPUs: every GPU on its first pass, then staggered)."""
         return self._schedule.due(index, self._count, now, period, what)
 
-    def _slow(self, index: int, what: str, now: float, period: float, read: Callable[[], Any]) -> Any:
-        """A value re-read every ``period`` seconds, served from the last read in between."""
+    def _slow(self, index: int, what: str, now: float, period: float, read: Callable[..., Any], *args: Any) -> Any:
+        """A value re-read (``read(*args)``) every ``period`` seconds, served from the last
+        read in between."""
         key = (index, what)
         if self._due(index, what, now, period) or key not in self._slow_values:
-            self._slow_values[key] = read()
+            self._slow_values[key] = read(*args)
         return self._slow_values[key]
 
     def _read_gpm(self, nvml: Nvml, handle: Any, index: int, gpu_instance: int | None = None) -> Any:

@@ -81,7 +81,7 @@ class ProcessesMixin(NvmlState):
             kinds.append(("graphics", GRAPHICS_PROCESS_FUNCTIONS))
         listed: list[tuple[str, list[tuple[Any, Any]]]] = []
         for kind, functions in kinds:
-            infos = self._guard(nvml, lambda fns=functions: nvml.first(fns, handle))
+            infos = self._guard(nvml, nvml.first, functions, handle)
             if kind == "graphics":
                 self._slow_values[graphics_key] = bool(infos)
             if infos is not NA and infos:
