@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 from exporter.core.bulkhead import Read
 from exporter.core.model import DeviceSample, ProcessSample
-from exporter.core.shares import carried_utilization
+from exporter.core.shares import LastRead, carried_utilization
 from exporter.devices.nvml.common import GRAPHICS_PERIOD, NvmlState
 from exporter.devices.nvml.libnvml import (
     CALL_PREFIXES,
@@ -100,13 +100,20 @@ class ProcessesMixin(NvmlState):
             self._last_processes[key] = _Listing(listed, entries, ())
             return ()
         util: Mapping[int, tuple[float, float | None]] | None = None
+        carried_from: tuple[LastRead, float | None] | None = None
         if per_process_util and self._plan.reads_shares(index):
             util = self._process_utilization(nvml, index, handle)
         elif per_process_util and index in self._plan.carried:
             # a shared GPU between two reads: the last read's shares, carried (`exporter.core.shares`)
-            util = carried_utilization(self._plan.carried[index], [pid for pid, _, _ in entries], utilization)
+            carried_from = (self._plan.carried[index], utilization)
+            if previous and last is not None and last.carried_from is not None and \
+                    last.carried_from[0] is carried_from[0] and last.carried_from[1] == utilization:
+                # the same processes, the same read carried at the same utilisation: the same shares
+                self._last_processes[key] = last
+                return previous
+            util = carried_utilization(carried_from[0], [pid for pid, _, _ in entries], utilization)
         processes = processes_with_shares(entries, util, previous)
-        self._last_processes[key] = _Listing(listed, entries, processes)
+        self._last_processes[key] = _Listing(listed, entries, processes, carried_from if util is not None else None)
         return processes
 
     def process_share_reads(self, devices: Sequence[DeviceSample]) -> list[Read]:
@@ -261,11 +268,14 @@ class _Listing(NamedTuple):
             memory) as the binding gave them]).
         entries: (pid, memory bytes or None, kind) per process, by PID.
         processes: the samples made of them.
+        carried_from: where their shares were carried from a read (`carried_utilization`):
+            that read and the GPU's utilisation they were carried to; None otherwise.
     """
 
     listed: list[tuple[str, list[tuple[Any, Any]]]]
     entries: list[tuple[int, int | None, str]]
     processes: tuple[ProcessSample, ...]
+    carried_from: tuple[LastRead, float | None] | None = None
 
 
 def _pids_and_memory(infos: Iterable[Any]) -> list[tuple[Any, Any]]:
