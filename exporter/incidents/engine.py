@@ -236,9 +236,9 @@ class IncidentTracker:
         """
         new: list[Incident] = []
         self._passes += 1
-        by_bus = {_bus(d.pci_bus_id): d for d in devices if d.pci_bus_id and not d.gpu_instance}
         instances = self._instances(devices)
-        self._track(now, devices, owners, starts or {}, comms or {}, instances, unchanged)
+        self._track(now, devices, owners, {} if starts is None else starts, {} if comms is None else comms, instances,
+                    unchanged)
         for device in devices:
             state = self._gpus.setdefault(device.key, _Gpu(deque()))
             new += self._memory_pass(now, wall, device, state, owners)
@@ -248,6 +248,7 @@ class IncidentTracker:
             for child in children:
                 union += [w for w in self._gpus[child.key].holders if w not in union]
             state.holders = tuple(union)
+        by_bus = {_bus(d.pci_bus_id): d for d in devices if d.pci_bus_id and not d.gpu_instance} if xid_records else {}
         for record in xid_records:
             named = by_bus.get(_bus(record.pci_bus_id)) if record.pci_bus_id else None
             if named is not None:

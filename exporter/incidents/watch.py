@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as PrometheusCollector
@@ -24,9 +24,38 @@ from exporter.core.model import DeviceSample, Snapshot, Workload
 from exporter.incidents.peaks import PeakSeries
 from exporter.output import catalogue as cat
 
+V = TypeVar("V")
+
 log = logging.getLogger("l9gpu.incidents")
 
 ROLES = ("caused", "affected")
+
+
+class _ByPid(Mapping[int, V]):
+    """A read-only mapping by PID that is made (``make()``) at its first look, if any."""
+
+    __slots__ = ("_make", "_made")
+
+    def __init__(self, make: Callable[[], dict[int, V]]):
+        self._make = make
+        self._made: dict[int, V] | None = None
+
+    def _mapping(self) -> dict[int, V]:
+        if self._made is None:
+            self._made = self._make()
+        return self._made
+
+    def __getitem__(self, pid: int) -> V:
+        return self._mapping()[pid]
+
+    def get(self, pid: int, default: Any = None) -> Any:
+        return self._mapping().get(pid, default)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._mapping())
+
+    def __len__(self) -> int:
+        return len(self._mapping())
 
 
 class IncidentWatch:
@@ -77,9 +106,12 @@ class IncidentWatch:
             return
         records = self._poll()
         rows = snap.processes
-        owners: dict[int, Workload] = {row.pid: row.workload for row in rows}
-        starts: dict[int, float] = {row.pid: row.start_time for row in rows if row.start_time is not None}
-        comms: dict[int, str] = {row.pid: row.comm for row in rows}
+        # each PID's owner, start and name, made at the tracker's first look: it looks only
+        # at the processes of GPUs it does not take on from the last pass
+        owners: Mapping[int, Workload] = _ByPid(lambda: {row.pid: row.workload for row in rows})
+        starts: Mapping[int, float] = _ByPid(
+            lambda: {row.pid: row.start_time for row in rows if row.start_time is not None})
+        comms: Mapping[int, str] = _ByPid(lambda: {row.pid: row.comm for row in rows})
         reasons = {key: set(verdict.reason_names) for key, verdict in snap.verdicts.items()}
         # the collector's word that a GPU's processes are the snapshot before's holds for the
         # tracker only where that snapshot is the last one it took in
