@@ -134,6 +134,7 @@ class _Holdings(NamedTuple):
         holders_only: the device reports neither for any process.
         groups: per group of `DeviceLayout.groups` (memory, SM share summed at most 1,
             energy known, holds the GPU), as `_holding` says.
+        plan: the `_SplitPlan` `split_device` worked out from these last (one or none).
     """
 
     processes: tuple[ProcessSample, ...]
@@ -142,6 +143,34 @@ class _Holdings(NamedTuple):
     shares: list[tuple[float | None, int | None]]
     holders_only: bool
     groups: list[tuple[int | None, float | None, bool, bool]]
+    plan: list[_SplitPlan]
+
+
+class _SplitPlan(NamedTuple):
+    """How `split_device` cuts a GPU between its holders, apart from this pass's energy and
+    seconds: for one `_Holdings` and the allocations it was worked out with.
+
+    Attributes:
+        known_allocations, allocated_here, replicas: the allocations it was worked out with.
+        running: per group with processes (labels, owner, processes, memory, SM share,
+            energy known, allocated, held, the group's process places, its fraction of the
+            GPU's time or None where it takes no part in the time split).
+        idle: per container allocated the GPU and running nothing there (labels, fraction of
+            the GPU's time or None).
+        free: the fraction of the GPU's time nobody holds.
+        sole: the GPU has one running holder, owner of every process.
+        rest_memory: what the processes no workload owns hold (bytes; None where unknown).
+    """
+
+    known_allocations: bool
+    allocated_here: dict[tuple[str, ...], tuple[Workload, set[str]]]
+    replicas: int | None
+    running: list[tuple[tuple[str, ...], Workload, int, int | None, float | None, bool, bool | None, bool,
+                        tuple[int, ...], float | None]]
+    idle: list[tuple[tuple[str, ...], float | None]]
+    free: float
+    sole: bool
+    rest_memory: int | None
 
 
 @dataclass(frozen=True)
@@ -324,7 +353,7 @@ def _holdings(device: DeviceSample, layout: DeviceLayout) -> _Holdings:
     shares = [(sm, p.used_memory_bytes) for sm, p in zip(sms, procs)]
     holders_only = bool(procs) and reports_nothing(shares)
     holdings = _Holdings(procs, device.sm_share_from_device, device.utilization, shares, holders_only,
-                         [_holding(group, procs, sms, holders_only) for group in layout.groups.groups])
+                         [_holding(group, procs, sms, holders_only) for group in layout.groups.groups], [])
     layout.holdings[:] = [holdings]
     return holdings
 
@@ -332,63 +361,77 @@ def _holdings(device: DeviceSample, layout: DeviceLayout) -> _Holdings:
 def split_device(ctx: _Pass, device: DeviceSample, delta: float, device_seconds: float) -> DeviceSplit:
     """Cut one GPU's pass (energy ``delta`` joules, ``device_seconds`` capacity seconds)
     between its holders and nobody: processes by owner, energy by `split_energy`, time by
-    `split_time`."""
+    `split_time`. Who holds what is worked out once per `_Holdings` and allocations
+    (`_split_plan`); a pass adds its energy and seconds."""
     dev_labels = device_label_values(ctx.node, device)
     layout = ctx.layout(device, dev_labels)
-    groups = layout.groups
-    procs = device.processes
     holdings = _holdings(device, layout)
     parts, nobody = split_energy(delta, holdings.shares)
     allocated_here, replicas = _allocations_here(ctx, device, dev_labels)
+    plan = holdings.plan[0] if holdings.plan else None
+    if (plan is None or plan.known_allocations != ctx.known_allocations or plan.replicas != replicas
+            or plan.allocated_here != allocated_here):
+        plan = _split_plan(ctx, layout.groups, holdings, device.processes, allocated_here, replicas)
+        holdings.plan[:] = [plan]
+    sole = plan.sole
+    running: list[HolderShare] = []
+    for labels, owner, processes, memory, utilization, energy_known, allocated, held, members, fraction in plan.running:
+        energy = 0.0
+        for i in members:
+            energy += parts[i]
+        running.append(HolderShare(labels, ctx.workload(owner), processes, memory, utilization, energy, energy_known,
+                                   allocated, held, 0.0 if fraction is None else fraction * device_seconds, sole))
+    idle = tuple(HolderShare(labels, ctx.workload(allocated_here[labels][0], runs=False), 0, 0, 0.0, 0.0, False, True,
+                             False, 0.0 if fraction is None else fraction * device_seconds, False)
+                 for labels, fraction in plan.idle)
+    rest = layout.groups.rest
+    rest_energy = nobody
+    for i in rest:
+        rest_energy += parts[i]
+    return DeviceSplit(tuple(running), idle, len(rest), plan.rest_memory, rest_energy, plan.free * device_seconds)
+
+
+def _split_plan(ctx: _Pass, groups: ProcessGroups, holdings: _Holdings, procs: Sequence[ProcessSample],
+                allocated_here: dict[tuple[str, ...], tuple[Workload, set[str]]], replicas: int | None) -> _SplitPlan:
+    """Who holds what of a GPU (`_SplitPlan`): its groups of processes with what they hold,
+    the containers allocated it that run nothing there, and each one's fraction of the
+    GPU's time by `split_time`."""
     known_allocations = ctx.known_allocations
-    running: list[_Holding] = []
-    for group, (memory, utilization, energy_known, held) in zip(groups.groups, holdings.groups):
-        allocated = None
+    # per holder: (labels, replicas held, memory, takes part in the time split)
+    holders: list[tuple[tuple[str, ...], int, int | None, bool]] = []
+    allocated_to: list[bool | None] = []
+    for group, (memory, _, _, held) in zip(groups.groups, holdings.groups):
+        allocated: bool | None = None
         if known_allocations:
             # Only a named Kubernetes container can be matched to an allocation (pod-resources
             # names pods; a pod known by UID only cannot be told).
             owner = group.owner
             if owner.kind == "kubernetes" and owner.pod:
                 allocated = group.labels in allocated_here
-        energy = 0.0
-        for i in group.members:
-            energy += parts[i]
-        running.append((group.labels, ctx.workload(group.owner), len(group.members), memory, utilization, energy,
-                        energy_known, allocated, held))
-    idle: list[_Holding] = []
-    if allocated_here:
-        running_labels = {group.labels for group in groups.groups}
-        idle = [(labels, ctx.workload(workload, runs=False), 0, 0, 0.0, 0.0, False, True, False)
-                for labels, (workload, _) in allocated_here.items() if labels not in running_labels]
-
-    # Holders taking part in the time split: those holding the GPU or replicas of it
-    # (a holder's ``allocated`` is its 8th field, ``held`` its 9th).
-    taking: list[int] = []
-    holders: list[tuple[int, int | None]] = []
-    for n, holding in enumerate(running + idle):
-        replicas_held = len(allocated_here[holding[0]][1]) if holding[7] else 0
-        if holding[8] or replicas_held:
-            taking.append(n)
-            holders.append((replicas_held, holding[3]))
-    fractions, free = split_time(holders, replicas)
-    seconds = [0.0] * (len(running) + len(idle))
+        allocated_to.append(allocated)
+        replicas_held = len(allocated_here[group.labels][1]) if allocated else 0
+        holders.append((group.labels, replicas_held, memory, held or bool(replicas_held)))
+    running_labels = {group.labels for group in groups.groups} if allocated_here else set()
+    idle_here = [(labels, workload, len(device_ids)) for labels, (workload, device_ids) in allocated_here.items()
+                 if labels not in running_labels]
+    holders += [(labels, held, 0, bool(held)) for labels, _, held in idle_here]
+    taking = [n for n, holder in enumerate(holders) if holder[3]]
+    fractions, free = split_time([(holders[n][1], holders[n][2]) for n in taking], replicas)
+    fraction_of: list[float | None] = [None] * len(holders)
     for n, fraction in zip(taking, fractions):
-        seconds[n] = fraction * device_seconds
-    sole = groups.sole_workload is not None  # then it is the one running holder
-    running_shares = tuple(HolderShare(*holding, seconds[n], sole) for n, holding in enumerate(running))
-    idle_shares = tuple(HolderShare(*holding, seconds[n], False) for n, holding in enumerate(idle, len(running)))
-
-    rest_memory: int | None = None
-    rest_energy = nobody
+        fraction_of[n] = fraction
+    running = [(group.labels, group.owner, len(group.members), memory, utilization, energy_known, allocated_to[n],
+                held, group.members, fraction_of[n])
+               for n, (group, (memory, utilization, energy_known, held)) in enumerate(zip(groups.groups,
+                                                                                          holdings.groups))]
+    idle = [(labels, fraction_of[n]) for n, (labels, _, _) in enumerate(idle_here, len(running))]
+    rest_memory: int | None = 0
     if groups.rest:
         rest_memory = sum([procs[i].used_memory_bytes or 0 for i in groups.rest])
         if all(p.used_memory_bytes is None for p in procs):
             rest_memory = None  # the device reports no per-process memory at all
-        for i in groups.rest:
-            rest_energy += parts[i]
-    else:
-        rest_memory = 0
-    return DeviceSplit(running_shares, idle_shares, len(groups.rest), rest_memory, rest_energy, free * device_seconds)
+    return _SplitPlan(known_allocations, dict(allocated_here), replicas, running, idle, free,
+                      groups.sole_workload is not None, rest_memory)
 
 
 def advance_workload(old: WorkloadCounters, share: HolderShare, device_key: str, now: float,
