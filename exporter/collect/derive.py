@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from operator import is_
 from typing import Mapping, NamedTuple, Sequence
 
-from exporter.collect.splits import advance_energy, reports_nothing, split_energy, split_time
+from exporter.collect.splits import EnergyWeights, advance_energy, energy_weights, split_energy_by, split_time
 from exporter.core.labels import Labeller, default_labeller, device_label_values, workload_id_values
 from exporter.core.model import (
     UNKNOWN,
@@ -130,7 +130,7 @@ class _Holdings(NamedTuple):
 
     Attributes:
         processes, share_from_device, utilization: what it was worked out for.
-        shares: per process (SM share, memory) as `split_energy` takes them.
+        energy: the processes' (SM share, memory) as `split_energy_by` splits energy by them.
         holders_only: the device reports neither for any process.
         groups: per group of `DeviceLayout.groups` (memory, SM share summed at most 1,
             energy known, holds the GPU), as `_holding` says.
@@ -140,7 +140,7 @@ class _Holdings(NamedTuple):
     processes: tuple[ProcessSample, ...]
     share_from_device: bool
     utilization: float | None
-    shares: list[tuple[float | None, int | None]]
+    energy: EnergyWeights
     holders_only: bool
     groups: list[tuple[int | None, float | None, bool, bool]]
     plan: list[_SplitPlan]
@@ -350,9 +350,9 @@ def _holdings(device: DeviceSample, layout: DeviceLayout) -> _Holdings:
             and last.utilization == device.utilization):
         return last
     sms = _process_sm_shares(device)
-    shares = [(sm, p.used_memory_bytes) for sm, p in zip(sms, procs)]
-    holders_only = bool(procs) and reports_nothing(shares)
-    holdings = _Holdings(procs, device.sm_share_from_device, device.utilization, shares, holders_only,
+    weights = energy_weights([(sm, p.used_memory_bytes) for sm, p in zip(sms, procs)])
+    holders_only = weights.holders_only
+    holdings = _Holdings(procs, device.sm_share_from_device, device.utilization, weights, holders_only,
                          [_holding(group, procs, sms, holders_only) for group in layout.groups.groups], [])
     layout.holdings[:] = [holdings]
     return holdings
@@ -360,13 +360,13 @@ def _holdings(device: DeviceSample, layout: DeviceLayout) -> _Holdings:
 
 def split_device(ctx: _Pass, device: DeviceSample, delta: float, device_seconds: float) -> DeviceSplit:
     """Cut one GPU's pass (energy ``delta`` joules, ``device_seconds`` capacity seconds)
-    between its holders and nobody: processes by owner, energy by `split_energy`, time by
+    between its holders and nobody: processes by owner, energy by `split_energy_by`, time by
     `split_time`. Who holds what is worked out once per `_Holdings` and allocations
     (`_split_plan`); a pass adds its energy and seconds."""
     dev_labels = device_label_values(ctx.node, device)
     layout = ctx.layout(device, dev_labels)
     holdings = _holdings(device, layout)
-    parts, nobody = split_energy(delta, holdings.shares)
+    parts, nobody = split_energy_by(delta, holdings.energy)
     allocated_here, replicas = _allocations_here(ctx, device, dev_labels)
     plan = holdings.plan[0] if holdings.plan else None
     if (plan is None or plan.known_allocations != ctx.known_allocations or plan.replicas != replicas

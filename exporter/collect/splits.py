@@ -6,7 +6,7 @@ docs/ATTRIBUTION.md and docs/CHARGEBACK.md) says what the rules mean for operato
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from exporter.core.model import DeviceSample
 
@@ -36,6 +36,39 @@ def reports_nothing(shares: Sequence[tuple[float | None, int | None]]) -> bool:
     return all(u is None and m is None for u, m in shares)
 
 
+class EnergyWeights(NamedTuple):
+    """What `split_energy` reads of a GPU's processes' shares, worked out once for them
+    (`energy_weights`): a pass whose shares are the last pass's splits by these.
+
+    Attributes:
+        processes: how many processes.
+        holders_only: the device reports neither an SM share nor memory for any process.
+        util_sum: the positive SM shares summed.
+        busy: the busy part of the GPU's time, at most 1 (0 where no share is known).
+        by_util: (place, SM share) of each process with a positive SM share.
+        memory_sum: the positive memory figures summed, bytes.
+        by_memory: (place, bytes) of each process holding memory.
+    """
+
+    processes: int
+    holders_only: bool
+    util_sum: float
+    busy: float
+    by_util: list[tuple[int, float]]
+    memory_sum: int
+    by_memory: list[tuple[int, int]]
+
+
+def energy_weights(shares: Sequence[tuple[float | None, int | None]]) -> EnergyWeights:
+    """The `EnergyWeights` of per-process (SM share 0-1 or None, memory bytes or None)."""
+    known = [u for u, _ in shares if u is not None]
+    util_sum = sum([u if u > 0.0 else 0.0 for u in known])  # negative shares count as 0
+    return EnergyWeights(
+        len(shares), bool(shares) and reports_nothing(shares), util_sum, min(1.0, util_sum) if known else 0.0,
+        [(i, u) for i, (u, _) in enumerate(shares) if u is not None and u > 0],
+        sum([m for _, m in shares if m and m > 0]), [(i, m) for i, (_, m) in enumerate(shares) if m and m > 0])
+
+
 def split_energy(delta: float, shares: Sequence[tuple[float | None, int | None]]) -> tuple[list[float], float]:
     """Split one GPU's energy delta over its processes.
 
@@ -48,25 +81,28 @@ def split_energy(delta: float, shares: Sequence[tuple[float | None, int | None]]
         Where the device reports neither for any process (Gaudi), the holders of the
         device share ΔE equally.
     """
-    parts = [0.0] * len(shares)
-    if delta <= 0 or not shares:
+    return split_energy_by(delta, energy_weights(shares))
+
+
+def split_energy_by(delta: float, weights: EnergyWeights) -> tuple[list[float], float]:
+    """`split_energy` by the processes' `EnergyWeights`: the busy part of ΔE by SM share,
+    the idle part by memory held (nobody's where no process holds memory)."""
+    count = weights.processes
+    parts = [0.0] * count
+    if delta <= 0 or not count:
         return parts, max(0.0, delta)
-    if reports_nothing(shares):  # e.g. Gaudi: only who holds the device is known
-        return [delta / len(shares)] * len(shares), 0.0
-    known = [u for u, _ in shares if u is not None]
-    util_sum = sum([u if u > 0.0 else 0.0 for u in known])  # negative shares count as 0
-    busy = min(1.0, util_sum) if known else 0.0
-    busy_energy = delta * busy
+    if weights.holders_only:  # e.g. Gaudi: only who holds the device is known
+        return [delta / count] * count, 0.0
+    busy_energy = delta * weights.busy
+    util_sum = weights.util_sum
     if util_sum > 0:
-        for i, (u, _) in enumerate(shares):
-            if u is not None and u > 0:
-                parts[i] += busy_energy * u / util_sum
+        for i, u in weights.by_util:
+            parts[i] += busy_energy * u / util_sum
     idle_energy = delta - busy_energy
-    memory_sum = sum([m for _, m in shares if m and m > 0])
+    memory_sum = weights.memory_sum
     if memory_sum > 0:
-        for i, (_, m) in enumerate(shares):
-            if m and m > 0:
-                parts[i] += idle_energy * m / memory_sum
+        for i, m in weights.by_memory:
+            parts[i] += idle_energy * m / memory_sum
         return parts, 0.0
     return parts, idle_energy
 
