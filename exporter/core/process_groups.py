@@ -89,25 +89,21 @@ def has_one_owner(device: DeviceSample, owners: Mapping[int, Workload], labeller
     one workload (equal ``labeller`` values), or none attributed. The rule a pass uses to
     decide whether the device's utilisation can stand for the owner's SM share
     (`DeviceSample.sm_share_from_device`)."""
-    # Decided on the distinct owner objects (a container's processes share one), without
-    # building the groups: most GPUs hold one container's processes.
+    # Decided on the owner objects (a container's processes share one) without building the
+    # groups, and at the first process of another owner: most GPUs hold one container's
+    # processes, and a shared GPU tells at its first process of a second owner.
     get, first = owners.get, None
-    others: dict[int, Workload] | None = None
+    first_labels: tuple[str, ...] | None = None
     for proc in device.processes:
         owner = get(proc.pid, UNKNOWN)
         if first is None:
             first = owner
         elif owner is not first:
-            if others is None:
-                others = {}
-            others[id(owner)] = owner
-    if first is None or others is None:
-        return True
-    distinct = [first, *others.values()]
-    attributed = [owner for owner in distinct if owner.attributed]
-    if not attributed:
-        return True  # no workload: the unattributed processes are one (no) owner
-    if len(attributed) < len(distinct):
-        return False  # a workload beside unattributed processes
-    labels = labeller(attributed[0])
-    return all(labeller(owner) == labels for owner in attributed[1:])
+            if owner.attributed != first.attributed:
+                return False  # a workload beside unattributed processes
+            if owner.attributed:
+                if first_labels is None:
+                    first_labels = labeller(first)
+                if labeller(owner) != first_labels:
+                    return False
+    return True  # one owner, or none attributed: the unattributed processes are one (no) owner
