@@ -28,7 +28,6 @@ owner's SM share (docs/ATTRIBUTION.md). The graphics process list is asked every
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -42,9 +41,7 @@ from exporter.devices.nvml.libnvml import (
     COMPUTE_PROCESS_FUNCTIONS,
     GRAPHICS_PROCESS_FUNCTIONS,
     NA,
-    NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_NOT_FOUND,
-    NVML_ERROR_RESET_REQUIRED,
     NVML_SUCCESS,
     PROCESS_UTIL_FUNCTIONS,
     DeviceDown,
@@ -52,8 +49,6 @@ from exporter.devices.nvml.libnvml import (
     handle_key,
     process_memory,
 )
-
-log = logging.getLogger(__name__)
 
 
 class ProcessesMixin(NvmlState):
@@ -189,13 +184,7 @@ class ProcessesMixin(NvmlState):
                 if code in (nvml.not_supported, nvml.function_not_found):
                     nvml.remember_unsupported(name, handle)
                     continue
-                if code in (
-                    nvml.const("NVML_ERROR_GPU_IS_LOST", NVML_ERROR_GPU_IS_LOST),
-                    nvml.const("NVML_ERROR_RESET_REQUIRED", NVML_ERROR_RESET_REQUIRED),
-                ):
-                    raise self._down(nvml, exc) from exc
-                self._errors["query_error"] += 1
-                log.debug("%s failed: %s", name, exc)
+                self._query_failed(nvml, name, exc)  # a lost GPU stops the device; other errors are counted
                 return None
             return self._aggregate_utilization(index, last_seen, samples or ())
         return None
