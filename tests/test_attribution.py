@@ -70,15 +70,21 @@ def test_cache_rereads_a_reused_pid_and_forgets_gone_ones(tmp_path: Path) -> Non
     cache = ProcCache(ProcFS(str(tmp_path)))
     first = cache.lookup([100, 101])
     assert first[100].cgroup.pod_uid == UID and cache.reads == 2
+    generation = cache.generation
     cache.lookup([100, 101])
     assert cache.reads == 2  # warm: only stat was read
+    # the same processes: names and starts answer as before, and the cache says so
+    assert cache.generation == generation and cache.comm(100) == "python"
     # Same PID, new process (different start time): a new owner, never the old one.
     write_proc(tmp_path, 100, "0::/system.slice/slurmstepd.scope/job_9/step_0/user/task_0\n", start=900)
     again = cache.lookup([100])
     assert again[100].cgroup.kind == "slurm" and cache.reads == 3
     assert len(cache) == 1  # 101 was not asked for: forgotten
+    assert cache.generation != generation
+    generation = cache.generation
     (tmp_path / "100" / "stat").unlink()
     assert cache.lookup([100]) == {100: None} and len(cache) == 0
+    assert cache.generation != generation
 
 
 def _kept_open(kind: str) -> int:
@@ -116,7 +122,9 @@ def test_cache_on_the_real_proc_tells_exits_and_reused_pids_apart(pidfds: bool) 
         first = cache.lookup(pids)
         assert all(first[p] is not None and first[p].comm == "sleep" for p in pids)
         assert cache.reads == 3 and _kept_open(kind) == before + 3
+        generation = cache.generation
         assert cache.lookup(pids) == first and cache.reads == 3  # warm: nothing read again
+        assert cache.generation == generation
 
         zombie, gone, alive = children
         zombie.kill()  # exited, not yet reaped: still the same process, same start time
@@ -125,6 +133,8 @@ def test_cache_on_the_real_proc_tells_exits_and_reused_pids_apart(pidfds: bool) 
         assert cache.lookup(pids)[zombie.pid] == first[zombie.pid] and cache.reads == 3
         zombie.wait()  # reaped: gone
         assert cache.lookup(pids)[zombie.pid] is None and len(cache) == 2
+        assert cache.generation != generation
+        generation = cache.generation
         assert _kept_open(kind) == before + 2  # the gone process's descriptor is closed
 
         # A cached process exits and its PID is given to a new one before the next pass:
@@ -138,6 +148,7 @@ def test_cache_on_the_real_proc_tells_exits_and_reused_pids_apart(pidfds: bool) 
         again = cache.lookup([old.pid, alive.pid])
         # read anew although it started "in the same clock tick" (the same start time)
         assert again[old.pid] is not None and again[old.pid] is not old and cache.reads == 4
+        assert cache.generation != generation  # another process under the PID: names and starts asked again
         assert again[old.pid].start_time == old.start_time
         assert again[alive.pid] == first[alive.pid]
         assert _kept_open(kind) == before + 2

@@ -409,6 +409,11 @@ class Lives(Owners):
     def start_time(self, pid: int) -> float | None:
         return self.starts.get(pid)
 
+    @property
+    def generation(self) -> int:  # type: ignore[override]
+        """Changes with the names and starts a test sets."""
+        return hash((tuple(sorted(self.names.items())), tuple(sorted(self.starts.items()))))
+
 
 def test_a_gpu_is_marked_unchanged_only_while_its_processes_tuple_owners_names_and_starts_are_the_last_passs():
     """`Snapshot.unchanged_processes` is what the incident tracker trusts instead of looking

@@ -296,6 +296,8 @@ def test_healthz_fails_when_the_collector_itself_stops_finishing_passes(monkeypa
         def start_time(self, pid: int) -> float | None:
             return None
 
+        generation = 0
+
         def statuses(self) -> dict[str, bool]:
             return {}
 

@@ -295,6 +295,8 @@ class _TwoPodsPerGpu:
     def start_time(self, pid):  # type: ignore[no-untyped-def]
         return None
 
+    generation = 0
+
     def allocations(self, devices):  # type: ignore[no-untyped-def]
         return None
 

@@ -58,6 +58,8 @@ class Owners:
     def start_time(self, pid):
         return None
 
+    generation = 0
+
     def statuses(self):
         return {"kubernetes": True}
 

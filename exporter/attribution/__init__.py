@@ -41,6 +41,12 @@ class Attributor(Protocol):
     def start_time(self, pid: int) -> float | None:
         """When the process started, seconds since boot (None when unknown)."""
 
+    @property
+    def generation(self) -> int:
+        """A number that changes whenever `comm` or `start_time` may answer otherwise for
+        some PID: while it stays, the pass takes last pass's names and starts for the PIDs
+        whose processes and owners are the last pass's, without asking."""
+
     def allocations(self, devices: Sequence[DeviceSample]) -> tuple[AllocationRow, ...] | None:
         """The GPUs the kubelet allocated to containers, joined to ``devices`` (None: unknown)."""
 
@@ -65,6 +71,8 @@ class NullAttributor:
 
     def start_time(self, pid: int) -> float | None:
         return None
+
+    generation = 0  # no name, no start: nothing ever changes
 
     def allocations(self, devices: Sequence[DeviceSample]) -> tuple[AllocationRow, ...] | None:
         return None

@@ -269,6 +269,9 @@ class ProcCache:
     def __init__(self, procfs: ProcFS, pidfds: bool = True):
         self.procfs = procfs
         self._entries: dict[int, ProcInfo] = {}
+        # changes whenever the processes cached change (`comm` and `start_seconds` may then
+        # answer otherwise for some PID)
+        self.generation = 0
         self.reads = 0  # full reads so far (cache misses), for tests and benchmarks
         # On a real procfs, an open /proc/<pid>/comm stays bound to that process: reading it
         # again costs one small pread (no path lookup, no stat to format), and fails once
@@ -320,6 +323,9 @@ class ProcCache:
             result[pid] = cached
             if cached is not None:
                 fresh[pid] = cached
+        before = self._entries
+        if len(fresh) != len(before) or any(before.get(pid) is not info for pid, info in fresh.items()):
+            self.generation += 1
         self._entries = fresh
         for pid, fd in fds.items():  # processes gone or no longer asked about
             if kept.get(pid) != fd:

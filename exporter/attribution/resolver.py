@@ -189,6 +189,11 @@ class ProcAttributor:
     def comm(self, pid: int) -> str:
         return self.cache.comm(pid)
 
+    @property
+    def generation(self) -> int:
+        """Changes whenever the processes cached change (`comm`, `start_time`)."""
+        return self.cache.generation
+
     def start_time(self, pid: int) -> float | None:
         """When the process started, seconds since boot (None where unknown)."""
         return self.cache.start_seconds(pid)

@@ -122,6 +122,7 @@ class Collector:
         self._snapshot: Snapshot | None = None
         self._rows: dict[str, _DeviceRows] = {}  # the last pass's, by device key
         self._rows_seq = 0  # the seq of the snapshot ``_rows`` were made for
+        self._rows_generation: int | None = None  # the attributor's `generation` when they were made
         self.read_timeout = read_timeout
         self._bulkhead = Bulkhead(read_timeout)
         self.process_metrics = process_metrics
@@ -242,6 +243,9 @@ class Collector:
         published = self._rows_seq == self._seq  # the last rows are the last snapshot's (no pass failed since)
         comm = self.attributor.comm
         start_of = self.attributor.start_time
+        generation = self.attributor.generation
+        # the attributor names and starts every PID as it did for the last rows
+        same_answers = generation == self._rows_generation
         get_owner = owners.get
         for d in devices:
             if not d.up:
@@ -249,16 +253,20 @@ class Collector:
             key, procs = d.key, d.processes
             pids = [p.pid for p in procs]
             here_owners = [get_owner(pid, UNKNOWN) for pid in pids]
-            names = [comm(pid) for pid in pids]
-            starts = [start_of(pid) for pid in pids]
             before = last.get(key)
-            if (before is not None and before.processes is procs and all(map(is_, here_owners, before.owners))
-                    and names == before.names and starts == before.starts):
-                kept[key] = before
-                rows += before.rows
-                if published:
-                    unchanged.append(key)
-                continue
+            if before is not None and before.processes is procs and all(map(is_, here_owners, before.owners)):
+                if same_answers:
+                    names, starts = before.names, before.starts
+                else:
+                    names, starts = [comm(pid) for pid in pids], [start_of(pid) for pid in pids]
+                if names == before.names and starts == before.starts:
+                    kept[key] = before
+                    rows += before.rows
+                    if published:
+                        unchanged.append(key)
+                    continue
+            else:
+                names, starts = [comm(pid) for pid in pids], [start_of(pid) for pid in pids]
             last_here = before.by_pid if before is not None else {}
             here: list[ProcessRow] = []
             by_pid: dict[int, ProcessRow] = {}
@@ -272,7 +280,7 @@ class Collector:
                 here.append(row)
             kept[key] = _DeviceRows(procs, here_owners, names, starts, here, by_pid)
             rows += here
-        self._rows, self._rows_seq = kept, self._seq + 1
+        self._rows, self._rows_seq, self._rows_generation = kept, self._seq + 1, generation
         return tuple(rows), frozenset(unchanged)
 
     def _read_devices(self, now: float) -> tuple[list[DeviceSample], list[int], tuple[StuckCall, ...], bool]:
