@@ -38,8 +38,8 @@ def child(node: str, free: bool, passes: int) -> int:
     import gc
 
     # the tree's benchmarks (on PYTHONPATH), not this script's folder, which Python put first
-    here = Path(__file__).resolve().parent
-    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != here]
+    if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+        del sys.path[0]
 
     import profile_pass
     from bench_agent import scenario
