@@ -4,7 +4,8 @@ On a shared machine a pass's CPU time moves by a fifth from one run to the next 
 same code (other jobs, the CPU's clock, its caches), more than most changes to a pass.
 This counts the instructions instead: the agent as ``l9gpu serve`` builds it on a fake
 NVML node (`profile_pass.build`: collector, registry, incident watch, health reads on),
-one pass and the watch after it, back to back, under ``valgrind --tool=callgrind``. Run
+one pass and the watch after it, back to back, the agent's clock one second further each
+pass, under ``valgrind --tool=callgrind``. Run
 once with ``--warm`` passes and once with ``--warm`` + ``--passes``; the difference over
 ``--passes`` is one steady pass's instructions (Python's hash seed fixed, so that the
 count repeats to within a few hundredths of a percent). It counts instructions, not
@@ -49,11 +50,17 @@ def child(node: str, free: bool, passes: int) -> int:
     with live_processes(processes) as pids, tempfile.TemporaryDirectory() as tmp:
         path = scenario(Path(tmp) / "node.yaml", containers=containers, processes_total=processes, pids=pids)
         (_, attributor), collector, _, watch = profile_pass.build(path, not free, [])
+        # The agent's clock moves one 1 s interval per pass, however slowly valgrind runs
+        # it: what is read on a slow schedule (energy, PCIe, GPM, health) comes as often per
+        # pass as in `serve --interval 1s`, and the count does not depend on the machine.
+        clock = [time.monotonic()]
+        collector._clock = watch._clock = lambda: clock[0]
         collector.collect_once()
         watch.observe(collector.snapshot)
         gc.collect()
         gc.freeze()
         for _ in range(passes):
+            clock[0] += 1.0
             watch.observe(collector.collect_once())
         attributor.close()
         watch.close()
