@@ -3,8 +3,10 @@
 The agent as ``l9gpu serve`` builds it (collector, registry, incident watch, exposition:
 health reads and the incident watch on, as by default), on the fake NVML node of
 `fake_nvml_agent` (free calls, or ``--h200-costs``), without the HTTP listener: passes run
-back to back in this process, ``--interval`` apart in the agent's clock (a pass a second
-apart costs more than one right after the other: run with ``--sleep`` for that).
+in this process, back to back or ``--sleep`` seconds apart, on the real clock (what is read
+on a slow schedule, every 5-30 s, comes as often as that much time passes; a pass a second
+apart also costs more than one right after the other, its working set out of the caches:
+``--sleep 1`` is what ``serve`` at a 1 s interval pays).
 
 Per pass, the process's CPU time (``time.process_time``) of each stage:
 
