@@ -7,16 +7,33 @@ import inspect
 
 import pytest
 
-from exporter.core.model import UNKNOWN, ProcessRow, ProcessSample, WorkloadUsage
+from exporter.core.model import UNKNOWN, DeviceSample, ProcessRow, ProcessSample, WorkloadUsage
 
 
-@pytest.mark.parametrize("cls", [ProcessSample, ProcessRow, WorkloadUsage])
+def _default(f: dataclasses.Field) -> object:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return inspect.Parameter.empty
+
+
+@pytest.mark.parametrize("cls", [ProcessSample, ProcessRow, WorkloadUsage, DeviceSample])
 def test_a_one_step_init_takes_the_fields_in_order_with_their_defaults(cls: type) -> None:
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     fields = dataclasses.fields(cls)
     assert [p.name for p in params] == [f.name for f in fields]
-    assert [p.default for p in params] == [
-        inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default for f in fields]
+    assert [p.default for p in params] == [_default(f) for f in fields]
+
+
+def test_a_device_sample_made_in_one_step_is_the_frozen_dataclass_it_was() -> None:
+    device = DeviceSample(0, "GPU-a", utilization=0.5, processes=(ProcessSample(7),))
+    assert device == DeviceSample(index=0, uuid="GPU-a", utilization=0.5, processes=(ProcessSample(7),))
+    assert device.key == "GPU-a" and device.up and device.gpm == {} and device.capacity == 1.0
+    assert dataclasses.replace(device, up=False).up is False and device.up
+    assert vars(device)["processes"][0].pid == 7 and len(vars(device)) == len(dataclasses.fields(DeviceSample))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        device.up = False  # type: ignore[misc]
 
 
 def test_one_step_instances_are_frozen_dataclasses_like_any_other() -> None:

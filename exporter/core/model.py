@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
-from typing import Mapping, TypeVar
+from typing import Any, Mapping, TypeVar
 
 from exporter.health.signals import HealthSignals
 from exporter.health.verdict import Verdict
@@ -73,6 +73,7 @@ def updated(sample: _T, **changes: object) -> _T:
 
 
 _set = object.__setattr__
+_NONE: Mapping[str, Any] = _EMPTY  # a mapping field's default in a hand-written __init__
 
 
 @dataclass(frozen=True, init=False)
@@ -105,9 +106,12 @@ class ProcessSample:
                                 "memory_utilization": memory_utilization, "kind": kind})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class DeviceSample:
     """One GPU (or one MIG instance) read once.
+
+    Made once per GPU and pass by each backend: its ``__init__`` fills the instance in one
+    step, as `ProcessSample`'s does (tests/test_model.py holds it to the fields).
 
     Every optional value is None when the device or driver cannot give it; rendering
     omits such values rather than exporting 0. Units are base units: bytes, watts,
@@ -182,6 +186,32 @@ class DeviceSample:
     capacity: float = 1.0
     sm_share_from_device: bool = False
     health_signals: HealthSignals | None = None
+
+    def __init__(self, index: int, uuid: str, model: str = "", vendor: str = "", gpu_instance: str = "",
+                 up: bool = True, error: str = "", driver_version: str = "", pci_bus_id: str = "", serial: str = "",
+                 utilization: float | None = None, memory_utilization: float | None = None,
+                 memory_used_bytes: int | None = None, memory_total_bytes: int | None = None,
+                 temperature_celsius: float | None = None, memory_temperature_celsius: float | None = None,
+                 power_watts: float | None = None, power_limit_watts: float | None = None,
+                 energy_joules: float | None = None, sm_clock_hertz: float | None = None,
+                 memory_clock_hertz: float | None = None, fan_speed_ratio: float | None = None,
+                 pcie_tx_bytes_total: int | None = None, pcie_rx_bytes_total: int | None = None,
+                 gpm: Mapping[str, float] = _NONE, ecc_errors: Mapping[str, int] = _NONE,
+                 xid_errors: Mapping[str, int] = _NONE, throttle_reasons: Mapping[str, bool] = _NONE,
+                 processes: tuple[ProcessSample, ...] = (), capacity: float = 1.0, sm_share_from_device: bool = False,
+                 health_signals: HealthSignals | None = None):
+        _set(self, "__dict__", {"index": index, "uuid": uuid, "model": model, "vendor": vendor,
+            "gpu_instance": gpu_instance, "up": up, "error": error, "driver_version": driver_version,
+            "pci_bus_id": pci_bus_id, "serial": serial, "utilization": utilization,
+            "memory_utilization": memory_utilization, "memory_used_bytes": memory_used_bytes,
+            "memory_total_bytes": memory_total_bytes, "temperature_celsius": temperature_celsius,
+            "memory_temperature_celsius": memory_temperature_celsius, "power_watts": power_watts,
+            "power_limit_watts": power_limit_watts, "energy_joules": energy_joules, "sm_clock_hertz": sm_clock_hertz,
+            "memory_clock_hertz": memory_clock_hertz, "fan_speed_ratio": fan_speed_ratio,
+            "pcie_tx_bytes_total": pcie_tx_bytes_total, "pcie_rx_bytes_total": pcie_rx_bytes_total, "gpm": gpm,
+            "ecc_errors": ecc_errors, "xid_errors": xid_errors, "throttle_reasons": throttle_reasons,
+            "processes": processes, "capacity": capacity, "sm_share_from_device": sm_share_from_device,
+            "health_signals": health_signals})
 
     @property
     def key(self) -> str:
