@@ -254,19 +254,19 @@ class Collector:
             pids = [p.pid for p in procs]
             here_owners = [get_owner(pid, UNKNOWN) for pid in pids]
             before = last.get(key)
-            if before is not None and before.processes is procs and all(map(is_, here_owners, before.owners)):
-                if same_answers:
-                    names, starts = before.names, before.starts
-                else:
-                    names, starts = [comm(pid) for pid in pids], [start_of(pid) for pid in pids]
-                if names == before.names and starts == before.starts:
-                    kept[key] = before
-                    rows += before.rows
-                    if published:
-                        unchanged.append(key)
-                    continue
+            # the last rows, where the GPU's processes tuple and owner objects are theirs
+            same = before if before is not None and before.processes is procs and all(
+                map(is_, here_owners, before.owners)) else None
+            if same is not None and same_answers:
+                names, starts = same.names, same.starts
             else:
                 names, starts = [comm(pid) for pid in pids], [start_of(pid) for pid in pids]
+            if same is not None and names == same.names and starts == same.starts:
+                kept[key] = same
+                rows += same.rows
+                if published:
+                    unchanged.append(key)
+                continue
             last_here = before.by_pid if before is not None else {}
             here: list[ProcessRow] = []
             by_pid: dict[int, ProcessRow] = {}

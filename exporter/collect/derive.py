@@ -130,8 +130,8 @@ class _Holdings(NamedTuple):
 
     Attributes:
         processes, share_from_device, utilization: what it was worked out for.
-        energy: the processes' (SM share, memory) as `split_energy_by` splits energy by them.
-        holders_only: the device reports neither for any process.
+        energy: the processes' (SM share, memory) as `split_energy_by` splits energy by them
+            (``holders_only``: the device reports neither for any process).
         groups: per group of `DeviceLayout.groups` (memory, SM share summed at most 1,
             energy known, holds the GPU), as `_holding` says.
         plan: the `_SplitPlan` `split_device` worked out from these last (one or none).
@@ -141,7 +141,6 @@ class _Holdings(NamedTuple):
     share_from_device: bool
     utilization: float | None
     energy: EnergyWeights
-    holders_only: bool
     groups: list[tuple[int | None, float | None, bool, bool]]
     plan: list[_SplitPlan]
 
@@ -351,9 +350,8 @@ def _holdings(device: DeviceSample, layout: DeviceLayout) -> _Holdings:
         return last
     sms = _process_sm_shares(device)
     weights = energy_weights([(sm, p.used_memory_bytes) for sm, p in zip(sms, procs)])
-    holders_only = weights.holders_only
-    holdings = _Holdings(procs, device.sm_share_from_device, device.utilization, weights, holders_only,
-                         [_holding(group, procs, sms, holders_only) for group in layout.groups.groups], [])
+    holdings = _Holdings(procs, device.sm_share_from_device, device.utilization, weights,
+                         [_holding(group, procs, sms, weights.holders_only) for group in layout.groups.groups], [])
     layout.holdings[:] = [holdings]
     return holdings
 
@@ -397,8 +395,8 @@ def _split_plan(ctx: _Pass, groups: ProcessGroups, holdings: _Holdings, procs: S
     the containers allocated it that run nothing there, and each one's fraction of the
     GPU's time by `split_time`."""
     known_allocations = ctx.known_allocations
-    # per holder: (labels, replicas held, memory, takes part in the time split)
-    holders: list[tuple[tuple[str, ...], int, int | None, bool]] = []
+    # per holder: (replicas held, memory, takes part in the time split)
+    holders: list[tuple[int, int | None, bool]] = []
     allocated_to: list[bool | None] = []
     for group, (memory, _, _, held) in zip(groups.groups, holdings.groups):
         allocated: bool | None = None
@@ -410,13 +408,13 @@ def _split_plan(ctx: _Pass, groups: ProcessGroups, holdings: _Holdings, procs: S
                 allocated = group.labels in allocated_here
         allocated_to.append(allocated)
         replicas_held = len(allocated_here[group.labels][1]) if allocated else 0
-        holders.append((group.labels, replicas_held, memory, held or bool(replicas_held)))
+        holders.append((replicas_held, memory, held or bool(replicas_held)))
     running_labels = {group.labels for group in groups.groups} if allocated_here else set()
-    idle_here = [(labels, workload, len(device_ids)) for labels, (workload, device_ids) in allocated_here.items()
+    idle_here = [(labels, len(device_ids)) for labels, (_, device_ids) in allocated_here.items()
                  if labels not in running_labels]
-    holders += [(labels, held, 0, bool(held)) for labels, _, held in idle_here]
-    taking = [n for n, holder in enumerate(holders) if holder[3]]
-    fractions, free = split_time([(holders[n][1], holders[n][2]) for n in taking], replicas)
+    holders += [(held, 0, bool(held)) for _, held in idle_here]
+    taking = [n for n, (_, _, takes) in enumerate(holders) if takes]
+    fractions, free = split_time([holders[n][:2] for n in taking], replicas)
     fraction_of: list[float | None] = [None] * len(holders)
     for n, fraction in zip(taking, fractions):
         fraction_of[n] = fraction
@@ -424,7 +422,7 @@ def _split_plan(ctx: _Pass, groups: ProcessGroups, holdings: _Holdings, procs: S
                 held, group.members, fraction_of[n])
                for n, (group, (memory, utilization, energy_known, held)) in enumerate(zip(groups.groups,
                                                                                           holdings.groups))]
-    idle = [(labels, fraction_of[n]) for n, (labels, _, _) in enumerate(idle_here, len(running))]
+    idle = [(labels, fraction_of[n]) for n, (labels, _) in enumerate(idle_here, len(running))]
     rest_memory: int | None = 0
     if groups.rest:
         rest_memory = sum([procs[i].used_memory_bytes or 0 for i in groups.rest])
