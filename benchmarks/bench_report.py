@@ -47,7 +47,6 @@ D, H = 86400, 3600
 GPUS, CHURNING = 10, 3
 BACKFILL_NODES = 100  # nodes per backfill round: bounds the OpenMetrics text on disk
 H100 = "NVIDIA H100 80GB HBM3"
-RULES_FILE = "l9gpu-chargeback.rules.yaml"
 PRICES = "currency: USD\ngpu_hour: {NVIDIA H100 80GB HBM3: 2.9}\nkwh: 0.15\n"
 
 

@@ -43,7 +43,7 @@ then 3 (`rules_yaml`).
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from exporter.inference.engines import Engine, load_engines
@@ -114,8 +114,7 @@ BY_KEY = {rule.key: rule for rule in RULES}
 WORKLOAD_RULES = tuple(rule for rule in RULES if "namespace" in rule.by)
 DEVICE_RULES = tuple(rule for rule in RULES if "namespace" not in rule.by)
 # stage 1 of the served-model group: the workload counters per pod
-POD_RULES = tuple(Rule(rule.key, rule.family, POD, rule.help.replace("per namespace", "per pod"))
-                  for rule in WORKLOAD_RULES)
+POD_RULES = tuple(replace(rule, by=POD, help=rule.help.replace("per namespace", "per pod")) for rule in WORKLOAD_RULES)
 TOKENS = "namespace_pod_model_name:l9gpu_inference_{field}:increase1h"
 IDLE_POD = "namespace_pod:l9gpu_inference_idle_seconds:increase1h"
 SHARE = "namespace_pod_model_name:l9gpu_inference_token_share:ratio1h"
@@ -134,9 +133,9 @@ class SplitRule:
 
 
 SPLIT_RULES = (
-    *(SplitRule(rule.key, Rule(rule.key, rule.family, SPLIT, "").record, Rule(rule.key, rule.family, POD, "").record,
+    *(SplitRule(rule.key, replace(rule, by=SPLIT).record, pod.record,
                 rule.help.replace("per namespace and GPU model", "per namespace, served model and GPU model"))
-      for rule in WORKLOAD_RULES),
+      for rule, pod in zip(WORKLOAD_RULES, POD_RULES)),
     SplitRule("idle_gpu", "namespace_model_name_model:l9gpu_gpu_idle_serving_seconds:increase1h",
               f"({POD_RULES[0].record} * on (namespace, pod) group_left () ({IDLE_POD} / {INTERVAL_S}))",
               "GPU-seconds held in intervals in which the replica served no token, per namespace, served model "
