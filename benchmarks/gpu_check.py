@@ -36,6 +36,14 @@ cost of each ``nvmlGpmSampleGet`` and ``nvmlGpmMetricsGet`` call is recorded (fi
 median, p90). ``--gpm-only`` runs just this section, ``--no-gpm`` skips it; its report goes
 to ``$OUT/gpu_check_gpm.json``.
 
+A last section (``--samples-only`` runs it alone, ``--no-samples`` skips it) finds out what
+the one per-process sample the driver returns covers: a child alternates ``--duty-period``
+seconds of matmuls with as many idle while this process reads the child's sample every
+``--samples-tick`` s and, every ``--samples-window`` s, the sample newer than the timestamp
+seen a window before. A driver that averages since the timestamp asked for answers about
+the child's busy share of the window; one that keeps only its last sampling period answers
+0 or 100. Its report goes to ``$OUT/gpu_check_samples.json``.
+
 NVML reports host PIDs: run this on the host, or in a container that shares the host's
 PID namespace, and preferably on an otherwise idle GPU (other processes allocating memory
 during the run disturb the memory comparison). ``--device`` is the NVML index; the child
@@ -64,7 +72,8 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+# The GPM and health sections read through the agent's own code.
+sys.path[:0] = [str(REPO_ROOT / "benchmarks"), str(REPO_ROOT)]
 
 from processes import cpu_seconds, free_port  # noqa: E402
 
@@ -1056,6 +1065,150 @@ def report_gpm(result: dict[str, Any]) -> None:
         print(f"{'PASS' if check['passed'] else 'FAIL'}  {check['name']}: {check['detail']}")
 
 
+# ---- per-process samples: how many the driver keeps, and what the one it returns covers ----
+def run_duty_workload(period: float, seconds: float) -> int:
+    """The samples child: bf16 matmuls for ``period`` s, idle for ``period`` s, over and over."""
+    import torch  # type: ignore[import-not-found,unused-ignore]
+
+    device = torch.device("cuda:0")
+    n = 4096
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
+    torch.matmul(a, b, out=c)
+    torch.cuda.synchronize()
+    start = time.time()
+    _emit("busy", pid=os.getpid(), start=start)
+    while (now := time.time()) < start + seconds:
+        if int((now - start) / period) % 2 == 0:
+            for _ in range(8):
+                torch.matmul(a, b, out=c)
+            torch.cuda.synchronize()
+        else:
+            time.sleep(0.005)
+    _emit("done")
+    return 0
+
+
+def busy_fraction(start: float, period: float, t0: float, t1: float, step: float = 0.01) -> float:
+    """The share of [t0, t1] (epoch seconds) the duty child spends multiplying."""
+    ticks = max(1, int((t1 - t0) / step))
+    busy = sum(1 for i in range(ticks) if int((t0 + (i + 0.5) * step - start) / period) % 2 == 0)
+    return busy / ticks
+
+
+def sample_semantics(nvml: Any, device: int, python: str, period: float, seconds: float,
+                     window: float, tick: float, startup_timeout: float,
+                     child: list[str] | None = None) -> dict[str, Any]:
+    """While a child alternates ``period`` s of matmuls with ``period`` s idle: every ``tick``
+    s the per-process samples newer than 0 (all the driver keeps) and newer than the last one
+    seen (as the agent asks pass by pass); every ``window`` s those newer than the timestamp
+    seen a window before (as a read every few seconds asks). A sample that averages over the
+    time since the timestamp asked for gives about the child's busy share of the window; one
+    that covers only the driver's last sampling period gives about 0 or 100. ``child`` replaces
+    the PyTorch duty child (it must print the same ``busy`` event: pid and start)."""
+    command = child or [python, str(Path(__file__).resolve()), "--duty-workload-child",
+                        "--duty-period", str(period), "--duty-seconds", str(seconds)]
+    env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(device))
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+    events: queue.Queue[tuple[float, dict[str, Any]]] = queue.Queue()
+    threading.Thread(target=_read_events, args=(proc.stdout, events), daemon=True).start()
+    nvml.nvmlInit()
+    try:
+        try:
+            _, started = events.get(timeout=startup_timeout)
+        except queue.Empty:
+            return {"status": "failed", "reason": f"the duty child did not start within {startup_timeout:g} s"}
+        pid, start = int(started["pid"]), float(started["start"])
+        h = nvml.nvmlDeviceGetHandleByIndex(device)
+        read = getattr(nvml, "nvmlDeviceGetProcessesUtilizationInfo", None) or nvml.nvmlDeviceGetProcessUtilization
+
+        def mine(since: int) -> list[Any]:
+            try:
+                return [s for s in read(h, since) if int(s.pid) == pid]
+            except nvml.NVMLError:
+                return []
+
+        def latest() -> int:
+            return max((int(s.timeStamp) for s in mine(0)), default=0)
+
+        all_reads: list[dict[str, Any]] = []
+        pass_reads: list[dict[str, Any]] = []
+        windows: list[dict[str, Any]] = []
+        last_seen = mark_seen = latest()
+        mark_t = time.time()
+        end = start + seconds - 0.5
+        while time.time() < end and proc.poll() is None:
+            now = time.time()
+            kept = mine(0)
+            all_reads.append({"t": round(now - start, 3), "samples": len(kept),
+                              "stamps": [int(s.timeStamp) for s in kept], "sm": [int(s.smUtil) for s in kept]})
+            new = mine(last_seen)
+            if new:
+                last_seen = max(int(s.timeStamp) for s in new)
+            pass_reads.append({"t": round(now - start, 3), "samples": len(new), "sm": [int(s.smUtil) for s in new]})
+            if now - mark_t >= window:
+                got = mine(mark_seen)
+                windows.append({"t": round(now - start, 3), "span_s": round(now - mark_t, 3), "samples": len(got),
+                                "sm": [int(s.smUtil) for s in got],
+                                "busy_share": round(busy_fraction(start, period, mark_t, now), 3)})
+                mark_seen, mark_t = latest(), now
+            time.sleep(tick)
+        stamps = sorted({st for r in all_reads for st in r["stamps"]})
+        steps = [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:])]
+        distinct = {}
+        for r in all_reads:
+            for st, sm in zip(r["stamps"], r["sm"]):
+                distinct[st] = sm
+        between = sum(1 for sm in distinct.values() if 10 < sm < 90)
+        window_errors = [abs(w["sm"][-1] - 100 * w["busy_share"]) for w in windows if w["sm"]]
+        return {
+            "status": "measured", "pid": pid, "period_s": period, "window_s": window, "tick_s": tick,
+            "most_kept_per_process": max((r["samples"] for r in all_reads), default=0),
+            "distinct_samples": len(distinct),
+            "median_step_s": _round(statistics.median(steps)) if steps else None,
+            "samples_between_10_and_90": between,
+            "pass_reads_with_a_sample": sum(1 for r in pass_reads if r["samples"]),
+            "pass_reads": len(pass_reads),
+            "window_reads": windows,
+            "window_median_error_points": _round(statistics.median(window_errors), 1) if window_errors else None,
+            "all_reads": all_reads,
+        }
+    finally:
+        nvml.nvmlShutdown()
+        proc.wait(timeout=seconds + startup_timeout)
+
+
+def run_sample_semantics(args: argparse.Namespace) -> int:
+    """The per-process samples section: a measurement, not a check (0, or 2 when it cannot run)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("pynvml") is None:
+        print("gpu_check: the per-process samples section needs torch and nvidia-ml-py", file=sys.stderr)
+        return 2
+    import pynvml  # type: ignore[import-untyped,unused-ignore]
+
+    print(f"\nper-process samples: {args.duty_period:g} s of matmuls, {args.duty_period:g} s idle, for "
+          f"{args.duty_seconds:g} s; read every {args.samples_tick:g} s and every {args.samples_window:g} s")
+    result = sample_semantics(pynvml, args.device, args.python, args.duty_period, args.duty_seconds,
+                              args.samples_window, args.samples_tick, args.startup_timeout)
+    if result["status"] != "measured":
+        print(f"FAIL  samples: {result['reason']}")
+        return 1
+    print(f"  kept per process: at most {result['most_kept_per_process']}; {result['distinct_samples']} distinct "
+          f"samples, median step {result['median_step_s']} s; {result['samples_between_10_and_90']} of them "
+          f"between 10 and 90")
+    print(f"  pass-by-pass reads (newer than the last seen): {result['pass_reads_with_a_sample']} of "
+          f"{result['pass_reads']} returned a sample")
+    for w in result["window_reads"]:
+        print(f"  window read at t={w['t']:6.1f} s over {w['span_s']:.1f} s: sm {w['sm']} "
+              f"against a busy share of {100 * w['busy_share']:.0f}%")
+    print(f"  window reads' median distance from the busy share: {result['window_median_error_points']} points")
+    if os.environ.get("OUT"):
+        (Path(os.environ["OUT"]) / "gpu_check_samples.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
 # ---- health calls: what the driver answers to every NVML call the health reads make --------
 # (exporter/devices/nvml/health.py): supported or the NVML error name, the values, and the
 # median wall and CPU cost per call over --health-repeats calls.
@@ -1203,6 +1356,17 @@ def build_parser() -> argparse.ArgumentParser:
     gpm.add_argument("--gpm-idle-seconds", type=float, default=10.0, help="idle phase (default: 10)")
     gpm.add_argument("--gpm-tick", type=float, default=1.0, help="seconds between GPM samples (default: 1)")
     gpm.add_argument("--gpm-workload-child", action="store_true", help=argparse.SUPPRESS)
+    samples = parser.add_argument_group("per-process samples (what one nvmlDeviceGetProcessUtilization sample covers)")
+    samples.add_argument("--no-samples", action="store_true", help="skip the per-process samples section")
+    samples.add_argument("--samples-only", action="store_true", help="run only the per-process samples section")
+    samples.add_argument("--duty-period", type=float, default=1.0,
+                         help="seconds of matmuls, then as many idle, over and over (default: 1)")
+    samples.add_argument("--duty-seconds", type=float, default=30.0, help="how long the duty child runs (default: 30)")
+    samples.add_argument("--samples-window", type=float, default=5.0,
+                         help="seconds between the slow reads (default: 5)")
+    samples.add_argument("--samples-tick", type=float, default=0.2,
+                         help="seconds between the fast reads (default: 0.2)")
+    samples.add_argument("--duty-workload-child", action="store_true", help=argparse.SUPPRESS)
     health = parser.add_argument_group("health calls (what the driver answers to each NVML health read)")
     health.add_argument("--no-health-calls", action="store_true", help="skip the health-calls section")
     health.add_argument("--health-calls-only", action="store_true", help="run only the health-calls section")
@@ -1216,13 +1380,19 @@ def main(argv: list[str] | None = None) -> int:
         return run_workload(args.gib, args.busy_seconds, args.idle_seconds, args.device)
     if args.gpm_workload_child:
         return run_bf16_workload(args.gpm_busy_seconds, args.gpm_idle_seconds)
+    if args.duty_workload_child:
+        return run_duty_workload(args.duty_period, args.duty_seconds)
     if args.health_calls_only:
         return run_health_calls(args)
+    if args.samples_only:
+        return run_sample_semantics(args)
     status = 0 if args.gpm_only else run_check(args)
     if not args.no_gpm and status != 2:
         status = max(status, run_gpm_check(args))
     if not args.no_health_calls and not args.gpm_only and status != 2:
         status = max(status, run_health_calls(args))
+    if not args.no_samples and not args.gpm_only and status != 2:
+        status = max(status, run_sample_semantics(args))
     return status
 
 

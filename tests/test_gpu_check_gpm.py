@@ -3,13 +3,17 @@
 On a GPU machine a bf16 PyTorch child drives the tensor cores; here a workload object
 moves the fake GPU's GPM counters through the same phases (starting, busy, idle, done),
 and the section reads them through the agent's own GPM reader, checks and costs them.
+The per-process samples section is driven by a child that only says when it started and
+a driver answering as an averaging driver or a last-period one would.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fakes.pynvml_fake import (
@@ -129,3 +133,82 @@ def test_the_health_calls_section_records_the_fakes_answers(gpu_check, capsys):
     assert isinstance(by_call["nvmlDeviceGetMaxPcieLinkWidth"]["value"], int)
     gpu_check.report_health_calls(rows)
     assert "NVML health calls" in capsys.readouterr().out
+
+
+# ---- the per-process samples section ----------------------------------------------------
+
+class DutyDriver:
+    """Per-process samples of a child that computes for ``period`` s and idles as long,
+    answered the way a driver could: one sample per process averaging every moment newer
+    than the timestamp asked for (``averaging``, what an H200 did), or one covering only
+    its last sampling period."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, gpu_check, start: float, period: float, averaging: bool):
+        self.gpu_check, self.start, self.period, self.averaging = gpu_check, start, period, averaging
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetProcessUtilization(self, handle: int, since: int) -> list[object]:
+        now = time.time()
+        if self.averaging:
+            begin = since / 1e6 if since else self.start
+            share = self.gpu_check.busy_fraction(self.start, self.period, max(begin, self.start), now)
+        else:
+            share = 1.0 if int((now - self.start) / self.period) % 2 == 0 else 0.0
+        return [SimpleNamespace(pid=pid, timeStamp=int(now * 1e6), smUtil=round(100 * share), memUtil=0)
+                for pid in _duty_children()]
+
+
+def _duty_children() -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"duty-child-marker" in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _semantics(gpu_check, averaging: bool) -> dict:
+    start = time.time() + 0.3
+    child = [sys.executable, "-c",
+             "import json, os, sys, time; "
+             f"print(json.dumps({{'event': 'busy', 'pid': os.getpid(), 'start': {start!r}}}), flush=True); "
+             "time.sleep(6)", "duty-child-marker"]
+    driver = DutyDriver(gpu_check, start, period=0.2, averaging=averaging)
+    return gpu_check.sample_semantics(driver, 0, sys.executable, period=0.2, seconds=4.0, window=1.0,
+                                      tick=0.05, startup_timeout=60, child=child)
+
+
+def test_a_driver_that_averages_since_the_timestamp_asked_matches_the_busy_share(gpu_check):
+    result = _semantics(gpu_check, averaging=True)
+    assert result["status"] == "measured"
+    assert result["most_kept_per_process"] == 1
+    assert len(result["window_reads"]) >= 2
+    assert all(w["samples"] == 1 for w in result["window_reads"])
+    assert result["window_median_error_points"] < 10
+
+
+def test_a_driver_that_keeps_only_its_last_period_misses_the_busy_share(gpu_check):
+    result = _semantics(gpu_check, averaging=False)
+    assert result["status"] == "measured"
+    assert result["samples_between_10_and_90"] == 0
+    assert result["window_median_error_points"] > 25
+
+
+def test_the_busy_share_of_a_window_follows_the_duty_cycle(gpu_check):
+    assert gpu_check.busy_fraction(100.0, 1.0, 100.0, 101.0) == pytest.approx(1.0)
+    assert gpu_check.busy_fraction(100.0, 1.0, 101.0, 102.0) == pytest.approx(0.0)
+    assert gpu_check.busy_fraction(100.0, 1.0, 100.5, 102.5) == pytest.approx(0.5)
+    assert gpu_check.busy_fraction(100.0, 1.0, 100.0, 105.0) == pytest.approx(0.6)
