@@ -39,10 +39,10 @@ set once a call waits in it, ``block.waiting`` counts the calls waiting now.
 
 Call costs. A fake that answers for free hides the calls that make a pass slow on a real
 driver. ``FakeNvml(costs=H200_COSTS)`` charges every call what it cost on a real H200
-(driver 580.159.04, median per call): CPU time is burnt with the GIL released (hashing a
-buffer, as a ctypes call into the driver releases it) and the rest of the call's wall
-time is slept, so ``nvmlDeviceGetPcieThroughput`` blocks for 20.7 ms while using 0.65 ms
-of CPU, as the real one does. Field values cost by the fields asked for.
+(driver 580.159.04, 2026-12-04, median per call): CPU time is burnt with the GIL
+released (hashing a buffer, as a ctypes call into the driver releases it) and the rest of
+the call's wall time is slept, so ``nvmlDeviceGetPcieThroughput`` blocks for 20.7 ms
+while using 0.63 ms of CPU, as the real one does. Field values cost by the fields asked for.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ MiB = 2**20
 ProcessesUtilizationInfo_v1 = 0x01000018
 
 
-# ---- call costs (measured on an H200, driver 580.159.04) --------------------------------
+# ---- call costs (measured on an H200, driver 580.159.04, 2026-12-04) ----------------------
 
 
 @dataclass(frozen=True)
@@ -195,51 +195,69 @@ class CallCost:
 
 
 _MS = 1e-3
-# Median per pynvml call on a real H200; calls not listed cost DEFAULT_COST.
+# What each pynvml call cost on a real H200 (driver 580.159.04, nvidia-ml-py 13.610.43,
+# 2026-12-04, benchmarks/results/2026-12-04-gpu_check-h200.txt): the median of 30 calls
+# back to back while a PyTorch job computed (benchmarks/gpu_check.py), or, for the calls a
+# steady pass makes once each, what one cost inside the agent's pass (`l9gpu snapshot
+# --timings` on that GPU: colder than back to back). Calls not listed cost DEFAULT_COST.
 H200_COSTS: Mapping[str, CallCost] = {
-    "nvmlDeviceGetPcieThroughput": CallCost(20.7 * _MS, 0.65 * _MS),  # blocks while the driver samples
-    "nvmlDeviceGetTotalEnergyConsumption": CallCost(4.0 * _MS, 4.0 * _MS),  # 2.6-5.7 ms
-    "nvmlDeviceGetProcessUtilization": CallCost(1.9 * _MS, 1.9 * _MS),
-    "nvmlDeviceGetProcessesUtilizationInfo": CallCost(1.5 * _MS, 1.5 * _MS),
-    "nvmlDeviceGetMigMode": CallCost(0.2 * _MS, 0.2 * _MS),
-    "nvmlDeviceGetFanSpeed": CallCost(0.2 * _MS, 0.2 * _MS),  # NOT_SUPPORTED on H200, still costs
-    "nvmlDeviceGetComputeRunningProcesses_v3": CallCost(0.1 * _MS, 0.1 * _MS),
-    "nvmlDeviceGetComputeRunningProcesses_v2": CallCost(0.1 * _MS, 0.1 * _MS),
-    "nvmlDeviceGetComputeRunningProcesses": CallCost(0.1 * _MS, 0.1 * _MS),
-    "nvmlDeviceGetGraphicsRunningProcesses_v3": CallCost(0.1 * _MS, 0.1 * _MS),
-    "nvmlDeviceGetGraphicsRunningProcesses_v2": CallCost(0.1 * _MS, 0.1 * _MS),
-    "nvmlDeviceGetGraphicsRunningProcesses": CallCost(0.1 * _MS, 0.1 * _MS),
-    "nvmlGpmSampleGet": CallCost(0.1 * _MS, 0.1 * _MS),
-    "nvmlGpmMigSampleGet": CallCost(0.1 * _MS, 0.1 * _MS),
-    "nvmlGpmMetricsGet": CallCost(1.0 * _MS, 1.0 * _MS),  # 11 metrics
-    # Health reads: plain driver queries (estimates until a lent H200 records them,
-    # benchmarks/gpu_check.py --health).
-    "nvmlDeviceGetRemappedRows": CallCost(0.03 * _MS, 0.03 * _MS),
-    "nvmlDeviceGetRowRemapperHistogram": CallCost(0.03 * _MS, 0.03 * _MS),
-    "nvmlDeviceGetRetiredPages_v2": CallCost(0.05 * _MS, 0.05 * _MS),
-    "nvmlDeviceGetRetiredPagesPendingStatus": CallCost(0.02 * _MS, 0.02 * _MS),
-    "nvmlDeviceGetSramEccErrorStatus": CallCost(0.03 * _MS, 0.03 * _MS),
-    "nvmlDeviceGetCurrPcieLinkGeneration": CallCost(0.02 * _MS, 0.02 * _MS),
-    "nvmlDeviceGetCurrPcieLinkWidth": CallCost(0.02 * _MS, 0.02 * _MS),
-    "nvmlDeviceGetMaxPcieLinkGeneration": CallCost(0.02 * _MS, 0.02 * _MS),
-    "nvmlDeviceGetMaxPcieLinkWidth": CallCost(0.02 * _MS, 0.02 * _MS),
-    "nvmlDeviceGetPcieReplayCounter": CallCost(0.02 * _MS, 0.02 * _MS),
-    "nvmlDeviceGetNvLinkState": CallCost(0.02 * _MS, 0.02 * _MS),
-    "nvmlDeviceGetNvLinkErrorCounter": CallCost(0.02 * _MS, 0.02 * _MS),
-    "nvmlDeviceGetViolationStatus": CallCost(0.02 * _MS, 0.02 * _MS),
-    "nvmlDeviceGetPersistenceMode": CallCost(0.02 * _MS, 0.02 * _MS),
-    "nvmlDeviceGetGpuFabricInfoV": CallCost(0.07 * _MS, 0.07 * _MS),
-    "nvmlDeviceGetGpuFabricInfo": CallCost(0.07 * _MS, 0.07 * _MS),
+    "nvmlDeviceGetPcieThroughput": CallCost(20.7 * _MS, 0.63 * _MS),  # blocks while the driver samples
+    "nvmlDeviceGetTotalEnergyConsumption": CallCost(2.8 * _MS, 2.8 * _MS),
+    "nvmlDeviceGetProcessUtilization": CallCost(1.83 * _MS, 1.83 * _MS),
+    "nvmlDeviceGetProcessesUtilizationInfo": CallCost(1.86 * _MS, 1.86 * _MS),
+    "nvmlDeviceGetMigMode": CallCost(0.105 * _MS, 0.105 * _MS),
+    "nvmlDeviceGetFanSpeed": CallCost(0.1 * _MS, 0.1 * _MS),  # NOT_SUPPORTED on H200, still costs
+    # in the agent's pass (0.034 ms back to back)
+    "nvmlDeviceGetComputeRunningProcesses_v3": CallCost(0.14 * _MS, 0.14 * _MS),
+    "nvmlDeviceGetComputeRunningProcesses_v2": CallCost(0.14 * _MS, 0.14 * _MS),
+    "nvmlDeviceGetComputeRunningProcesses": CallCost(0.14 * _MS, 0.14 * _MS),
+    "nvmlDeviceGetGraphicsRunningProcesses_v3": CallCost(0.04 * _MS, 0.04 * _MS),
+    "nvmlDeviceGetGraphicsRunningProcesses_v2": CallCost(0.04 * _MS, 0.04 * _MS),
+    "nvmlDeviceGetGraphicsRunningProcesses": CallCost(0.04 * _MS, 0.04 * _MS),
+    "nvmlDeviceGetMemoryInfo": CallCost(0.08 * _MS, 0.08 * _MS),  # in the agent's pass (0.007 back to back)
+    "nvmlEventSetWait": CallCost(0.06 * _MS, 0.06 * _MS),  # the XID poll, timeout 0, in the agent's pass
+    # once each in the agent's pass (0.001-0.004 ms back to back)
+    "nvmlDeviceGetUtilizationRates": CallCost(0.011 * _MS, 0.011 * _MS),
+    "nvmlDeviceGetPowerUsage": CallCost(0.008 * _MS, 0.008 * _MS),
+    "nvmlDeviceGetTemperatureV": CallCost(0.016 * _MS, 0.016 * _MS),
+    "nvmlDeviceGetTemperature": CallCost(0.016 * _MS, 0.016 * _MS),
+    "nvmlDeviceGetClockInfo": CallCost(0.005 * _MS, 0.005 * _MS),
+    "nvmlDeviceGetCurrentClocksEventReasons": CallCost(0.012 * _MS, 0.012 * _MS),
+    "nvmlDeviceGetCurrentClocksThrottleReasons": CallCost(0.012 * _MS, 0.012 * _MS),
+    "nvmlDeviceGetTotalEccErrors": CallCost(0.012 * _MS, 0.012 * _MS),
+    "nvmlGpmSampleGet": CallCost(0.26 * _MS, 0.26 * _MS),
+    "nvmlGpmMigSampleGet": CallCost(0.26 * _MS, 0.26 * _MS),
+    "nvmlGpmMetricsGet": CallCost(1.35 * _MS, 1.35 * _MS),  # the agent's metrics; the first call 6.3 ms
+    # Health reads (benchmarks/gpu_check.py --health-calls-only, 50 calls each).
+    "nvmlDeviceGetRemappedRows": CallCost(0.003 * _MS, 0.003 * _MS),
+    "nvmlDeviceGetRowRemapperHistogram": CallCost(0.002 * _MS, 0.002 * _MS),
+    "nvmlDeviceGetRetiredPages_v2": CallCost(0.003 * _MS, 0.003 * _MS),  # NOT_SUPPORTED on H200
+    "nvmlDeviceGetRetiredPagesPendingStatus": CallCost(0.003 * _MS, 0.003 * _MS),  # NOT_SUPPORTED on H200
+    "nvmlDeviceGetSramEccErrorStatus": CallCost(0.017 * _MS, 0.017 * _MS),
+    "nvmlDeviceGetCurrPcieLinkGeneration": CallCost(0.002 * _MS, 0.002 * _MS),
+    "nvmlDeviceGetCurrPcieLinkWidth": CallCost(0.03 * _MS, 0.03 * _MS),
+    "nvmlDeviceGetMaxPcieLinkGeneration": CallCost(0.002 * _MS, 0.002 * _MS),
+    "nvmlDeviceGetMaxPcieLinkWidth": CallCost(0.002 * _MS, 0.002 * _MS),
+    "nvmlDeviceGetPcieReplayCounter": CallCost(0.086 * _MS, 0.085 * _MS),
+    "nvmlDeviceGetNvLinkState": CallCost(0.012 * _MS, 0.012 * _MS),  # NOT_SUPPORTED on a PCIe H200
+    "nvmlDeviceGetNvLinkErrorCounter": CallCost(0.013 * _MS, 0.013 * _MS),
+    "nvmlDeviceGetViolationStatus": CallCost(0.42 * _MS, 0.42 * _MS),  # per policy, 0.36-0.47 ms
+    "nvmlDeviceGetPersistenceMode": CallCost(0.005 * _MS, 0.005 * _MS),
+    "nvmlDeviceGetGpuFabricInfoV": CallCost(0.019 * _MS, 0.019 * _MS),
+    "nvmlDeviceGetGpuFabricInfo": CallCost(0.019 * _MS, 0.019 * _MS),
 }
-# Power, utilisation, memory, temperature, clocks, throttle reasons, ECC: 0.003-0.07 ms.
+# Calls not timed on the H200 (names, UUIDs, PCI info: once at start; the power limit).
 DEFAULT_COST = CallCost(0.02 * _MS, 0.02 * _MS)
 # nvmlDeviceGetFieldValues: the energy fields cost what the energy call costs; the two
-# PCIe byte counters 0.46 ms together; other fields (memory temperature) the default.
+# PCIe byte counters 0.21 ms together back to back; the memory temperature alone 0.09-0.12
+# ms in the agent's pass (nothing beside the PCIe counters back to back); other fields the
+# default.
 FIELD_COSTS: Mapping[int, float] = {
-    NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: 4.0 * _MS,
-    191: 4.0 * _MS,  # NVML_FI_DEV_ENERGY (newer drivers)
-    NVML_FI_DEV_PCIE_COUNT_TX_BYTES: 0.23 * _MS,
-    NVML_FI_DEV_PCIE_COUNT_RX_BYTES: 0.23 * _MS,
+    NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: 2.8 * _MS,
+    191: 2.8 * _MS,  # NVML_FI_DEV_ENERGY (newer drivers)
+    NVML_FI_DEV_PCIE_COUNT_TX_BYTES: 0.105 * _MS,
+    NVML_FI_DEV_PCIE_COUNT_RX_BYTES: 0.105 * _MS,
+    NVML_FI_DEV_MEMORY_TEMP: 0.1 * _MS,
 }
 FREE = CallCost(0.0, 0.0)
 
