@@ -1244,6 +1244,18 @@ def _health_calls(nvml: Any, handle: Any) -> list[tuple[str, Any]]:
     ids = [const(name, default) for name, default in fields]
     calls.append((f"nvmlDeviceGetFieldValues({', '.join(n for n, _ in fields)})",
                   lambda: [(v.nvmlReturn, v.value.ullVal) for v in nvml.nvmlDeviceGetFieldValues(handle, ids)]))
+    # The violation times again, as the field values' perf-policy counters: the same six
+    # policies in one call, alone and beside the memory temperature a pass already asks.
+    policies = [const(f"NVML_FI_DEV_PERF_POLICY_{name}", default) for name, default in (
+        ("POWER", 74), ("THERMAL", 75), ("SYNC_BOOST", 76), ("BOARD_LIMIT", 77), ("LOW_UTILIZATION", 78),
+        ("RELIABILITY", 79))]
+    memory_temp = const("NVML_FI_DEV_MEMORY_TEMP", 82)
+    for label, asked in (("NVML_FI_DEV_PERF_POLICY_POWER..RELIABILITY", policies),
+                         ("NVML_FI_DEV_MEMORY_TEMP", [memory_temp]),
+                         ("NVML_FI_DEV_MEMORY_TEMP, PERF_POLICY_POWER..RELIABILITY", [memory_temp, *policies])):
+        calls.append((f"nvmlDeviceGetFieldValues({label})",
+                      lambda ids=asked: [(v.nvmlReturn, v.valueType, v.value.ullVal)
+                                         for v in nvml.nvmlDeviceGetFieldValues(handle, ids)]))
     for name, struct_name, version_name in (
             ("nvmlDeviceGetSramEccErrorStatus", "c_nvmlEccSramErrorStatus_v1_t", "nvmlEccSramErrorStatus_v1"),
             ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t", "nvmlGpuFabricInfo_v2")):

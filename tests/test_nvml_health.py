@@ -12,6 +12,7 @@ from fakes.pynvml_fake import (
     NVML_ERROR_RESET_REQUIRED,
     NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
     NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+    NVML_PERF_POLICY_LOW_UTILIZATION,
     NVML_PERF_POLICY_POWER,
     NVML_PERF_POLICY_THERMAL,
     FakeFabric,
@@ -219,3 +220,30 @@ def test_health_interval_flag_parses_and_rejects_bad_values(monkeypatch, capsys)
     monkeypatch.setenv("L9GPU_HEALTH_INTERVAL", "-5s")
     with pytest.raises((SystemExit, UsageError)):
         parse()
+
+
+def test_violation_times_come_from_the_field_values_where_the_driver_has_them(boot_id):
+    """The six violation times ride in the pass's one field-values call (on an H200 a
+    sixth of the cost of six ViolationStatus calls); a driver without those fields is asked
+    ViolationStatus per policy, and the times come out the same either way."""
+    violations = {NVML_PERF_POLICY_POWER: 2_500_000_000, NVML_PERF_POLICY_THERMAL: 1_000_000,
+                  NVML_PERF_POLICY_LOW_UTILIZATION: 18_078_487_552}
+    with_fields = FakeNvml([FakeGpu(name=H200, violation_ns=dict(violations))])
+    without = FakeNvml([FakeGpu(name=H200, violation_ns=dict(violations), unsupported={"perf_policy_fields"})])
+    read = {}
+    for label, fake in (("fields", with_fields), ("calls", without)):
+        (h,) = health_of(opened(fake, boot_id))
+        read[label] = h.violations
+    assert read["fields"] == read["calls"]
+    assert read["fields"].power == pytest.approx(2.5) and read["fields"].thermal == pytest.approx(0.001)
+    assert read["fields"].low_utilization == pytest.approx(18.078487552) and read["fields"].reliability == 0.0
+    assert "nvmlDeviceGetViolationStatus" not in counts(with_fields)
+    assert counts(without)["nvmlDeviceGetViolationStatus"] == 6
+    asked = [set(args[1]) for name, args in with_fields.calls if name == "nvmlDeviceGetFieldValues"]
+    assert any(set(range(74, 80)) <= fields for fields in asked)
+
+
+def test_a_gpu_without_violation_counters_reports_none(boot_id):
+    fake = FakeNvml([FakeGpu(name=H200, unsupported={"nvmlDeviceGetViolationStatus"})])
+    (h,) = health_of(opened(fake, boot_id))
+    assert h.violations is None

@@ -9,7 +9,8 @@ gives (see :data:`VENDOR_COVERAGE`) and converts units here, not in the policy:
   ``nvmlDeviceGetTotalEccErrors`` / ``nvmlDeviceGetSramEccErrorStatus``,
   ``nvmlDeviceGetCurr/MaxPcieLinkGeneration/Width``, ``NVML_FI_DEV_PCIE_REPLAY_COUNTER``,
   ``nvmlDeviceGetNvLinkState`` / ``nvmlDeviceGetNvLinkErrorCounter``,
-  ``nvmlDeviceGetViolationStatus`` (nanoseconds, converted to seconds),
+  the ``NVML_FI_DEV_PERF_POLICY_*`` field values, else ``nvmlDeviceGetViolationStatus``
+  (nanoseconds, converted to seconds),
   ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, ``nvmlDeviceGetPersistenceMode``,
   ``nvmlDeviceGetGpuFabricInfoV``, and ``NVML_ERROR_GPU_IS_LOST`` / ``NVML_ERROR_RESET_REQUIRED``
   from any call.
@@ -146,7 +147,8 @@ class NvLink:
 
 @dataclass(frozen=True)
 class Violations:
-    """Seconds the clocks were held down, per policy (``nvmlDeviceGetViolationStatus``, ns -> s)."""
+    """Seconds the clocks were held down, per policy (NVML: the perf-policy field values or
+    ``nvmlDeviceGetViolationStatus``, ns -> s)."""
 
     power: float | None = None
     thermal: float | None = None

@@ -185,7 +185,7 @@ NOTES: dict[str, dict[str, str]] = {
         "amd": "— (XGMI: one status flag)",
     },
     "gpu_violation_seconds_total": {
-        "nvidia": "`nvmlDeviceGetViolationStatus` (ns, converted)",
+        "nvidia": "the `NVML_FI_DEV_PERF_POLICY_*` field values, else `nvmlDeviceGetViolationStatus` (ns, converted)",
         "amd": "where amdsmi reports it",
     },
 }

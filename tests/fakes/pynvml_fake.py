@@ -23,7 +23,8 @@ Everything is plain mutable data, so a test changes the world between two passes
 ``fake.add_util_samples(0, [FakeUtilSample(pid, timestamp, sm=80)])``,
 ``fake.queue_xid(1, 79)``. ``fake.calls`` records every call as ``(name, args)``.
 
-Knobs per GPU: ``unsupported`` (function names that raise NVMLError_NotSupported),
+Knobs per GPU: ``unsupported`` (function names that raise NVMLError_NotSupported;
+also ``pcie_counters`` and ``perf_policy_fields``: those field values answer NOT_SUPPORTED),
 ``errors`` (function name -> NVML error code to raise), ``lost`` (every call on the
 device raises NVMLError_GpuIsLost), ``mig_devices`` (MIG mode on), ``xid_supported``.
 Knobs per fake: ``missing`` (function names absent from the module, like an old
@@ -135,6 +136,12 @@ NVML_NVLINK_ERROR_DL_REPLAY = 0
 NVML_NVLINK_ERROR_DL_RECOVERY = 1
 NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
 NVML_NVLINK_ERROR_DL_CRC_DATA = 3
+NVML_FI_DEV_PERF_POLICY_POWER = 74  # .. NVML_FI_DEV_PERF_POLICY_RELIABILITY = 79: NVML_PERF_POLICY_* + 74
+NVML_FI_DEV_PERF_POLICY_THERMAL = 75
+NVML_FI_DEV_PERF_POLICY_SYNC_BOOST = 76
+NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT = 77
+NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION = 78
+NVML_FI_DEV_PERF_POLICY_RELIABILITY = 79
 NVML_PERF_POLICY_POWER = 0
 NVML_PERF_POLICY_THERMAL = 1
 NVML_PERF_POLICY_SYNC_BOOST = 2
@@ -241,7 +248,7 @@ H200_COSTS: Mapping[str, CallCost] = {
     "nvmlDeviceGetPcieReplayCounter": CallCost(0.086 * _MS, 0.085 * _MS),
     "nvmlDeviceGetNvLinkState": CallCost(0.012 * _MS, 0.012 * _MS),  # NOT_SUPPORTED on a PCIe H200
     "nvmlDeviceGetNvLinkErrorCounter": CallCost(0.013 * _MS, 0.013 * _MS),
-    "nvmlDeviceGetViolationStatus": CallCost(0.42 * _MS, 0.42 * _MS),  # per policy, 0.36-0.47 ms
+    "nvmlDeviceGetViolationStatus": CallCost(0.42 * _MS, 0.42 * _MS),  # per policy, 0.36-0.77 ms
     "nvmlDeviceGetPersistenceMode": CallCost(0.005 * _MS, 0.005 * _MS),
     "nvmlDeviceGetGpuFabricInfoV": CallCost(0.019 * _MS, 0.019 * _MS),
     "nvmlDeviceGetGpuFabricInfo": CallCost(0.019 * _MS, 0.019 * _MS),
@@ -258,6 +265,8 @@ FIELD_COSTS: Mapping[int, float] = {
     NVML_FI_DEV_PCIE_COUNT_TX_BYTES: 0.105 * _MS,
     NVML_FI_DEV_PCIE_COUNT_RX_BYTES: 0.105 * _MS,
     NVML_FI_DEV_MEMORY_TEMP: 0.1 * _MS,
+    # the six violation times: 0.60-0.63 ms together, one sixth of six ViolationStatus calls
+    **{field: 0.105 * _MS for field in range(NVML_FI_DEV_PERF_POLICY_POWER, NVML_FI_DEV_PERF_POLICY_RELIABILITY + 1)},
 }
 FREE = CallCost(0.0, 0.0)
 
@@ -620,7 +629,8 @@ class FakeGpu:
     processes: list[FakeProcess] = field(default_factory=list)
     util_samples: list[FakeUtilSample] = field(default_factory=list)
     # pid -> SM percent: every utilisation query answers one fresh sample per listed
-    # process, stamped now (as an H200 does: the latest sample per process).
+    # process, stamped now (as an H200 does: one sample per process, the average since the
+    # timestamp asked for; the level here is constant between changes).
     live_sm: dict[int, int] | None = None
     mig_devices: list[FakeMig] = field(default_factory=list)
     mig_capable: bool = False  # MIG mode query supported (disabled) even without MIG devices
@@ -1156,6 +1166,11 @@ class FakeNvml(_FakeGpmFunctions):
                 value.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
                 value.value.ullVal = (gpu.ecc_volatile_corrected if field_id == NVML_FI_DEV_ECC_SBE_VOL_TOTAL
                                       else gpu.ecc_volatile_uncorrected)
+                value.nvmlReturn = NVML_SUCCESS
+            elif NVML_FI_DEV_PERF_POLICY_POWER <= field_id <= NVML_FI_DEV_PERF_POLICY_RELIABILITY and not (
+                    {"nvmlDeviceGetViolationStatus", "perf_policy_fields"} & set(gpu.unsupported)):
+                value.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                value.value.ullVal = gpu.violation_ns.get(field_id - NVML_FI_DEV_PERF_POLICY_POWER, 0)
                 value.nvmlReturn = NVML_SUCCESS
             elif field_id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and gpu.recovery_action is not None:
                 value.value.uiVal = gpu.recovery_action

@@ -17,7 +17,9 @@ What is asked (nvidia-ml-py names) and how it lands in `HealthSignals`:
   (found on the first read, then only those links are asked; a GPU without NVLink asks
   nothing again): ``nvmlDeviceGetNvLinkState`` and ``nvmlDeviceGetNvLinkErrorCounter``
   (DL replay, recovery, CRC flit, CRC data) -> `NvLink`;
-* ``nvmlDeviceGetViolationStatus`` per policy, ``violationTime`` nanoseconds -> seconds;
+* the violation time per policy, nanoseconds -> seconds: the field values
+  ``NVML_FI_DEV_PERF_POLICY_*`` (in the pass's one field-values call), and
+  ``nvmlDeviceGetViolationStatus`` for a policy whose field does not answer;
 * ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (in the pass's one field-values call; a binding
   without the constant never asks it), ``nvmlDeviceGetPersistenceMode``,
   ``nvmlDeviceGetGpuFabricInfoV`` (or ``...FabricInfo``) -> `Fabric` on NVSwitch systems;
@@ -53,11 +55,15 @@ NVML_ERROR_INVALID_ARGUMENT = 2
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS in nvml.h (Blackwell)
 RECOVERY_ACTION_FIELD = "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"
 
-# (Violations member, NVML_PERF_POLICY_* name, nvml.h value)
-_POLICIES = (("power", "NVML_PERF_POLICY_POWER", 0), ("thermal", "NVML_PERF_POLICY_THERMAL", 1),
-             ("sync_boost", "NVML_PERF_POLICY_SYNC_BOOST", 2), ("board_limit", "NVML_PERF_POLICY_BOARD_LIMIT", 3),
-             ("low_utilization", "NVML_PERF_POLICY_LOW_UTILIZATION", 4),
-             ("reliability", "NVML_PERF_POLICY_RELIABILITY", 5))
+# (Violations member, NVML_PERF_POLICY_* name and nvml.h value, the field of the same
+# counter: NVML_FI_DEV_PERF_POLICY_* name and nvml.h value)
+_POLICIES = (("power", "NVML_PERF_POLICY_POWER", 0, "NVML_FI_DEV_PERF_POLICY_POWER", 74),
+             ("thermal", "NVML_PERF_POLICY_THERMAL", 1, "NVML_FI_DEV_PERF_POLICY_THERMAL", 75),
+             ("sync_boost", "NVML_PERF_POLICY_SYNC_BOOST", 2, "NVML_FI_DEV_PERF_POLICY_SYNC_BOOST", 76),
+             ("board_limit", "NVML_PERF_POLICY_BOARD_LIMIT", 3, "NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT", 77),
+             ("low_utilization", "NVML_PERF_POLICY_LOW_UTILIZATION", 4,
+              "NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION", 78),
+             ("reliability", "NVML_PERF_POLICY_RELIABILITY", 5, "NVML_FI_DEV_PERF_POLICY_RELIABILITY", 79))
 # (NvLink member, NVML_NVLINK_ERROR_* name, nvml.h value)
 _NVLINK_COUNTERS = (("replay", "NVML_NVLINK_ERROR_DL_REPLAY", 0), ("recovery", "NVML_NVLINK_ERROR_DL_RECOVERY", 1),
                     ("crc_flit", "NVML_NVLINK_ERROR_DL_CRC_FLIT", 2), ("crc_data", "NVML_NVLINK_ERROR_DL_CRC_DATA", 3))
@@ -106,7 +112,7 @@ class HealthMixin(NvmlState):
             ecc=self._health_ecc(nvml, handle, fields, aggregate_ecc),
             pcie=self._pcie(nvml, index, handle),
             nvlinks=self._nvlink_health(nvml, index, handle),
-            violations=self._violations(nvml, handle),
+            violations=self._violations(nvml, handle, fields),
             recovery_action=_count(fields.get(recovery_action_field(nvml) or -1)),
             persistence_mode=_flag(self._opt(nvml, "nvmlDeviceGetPersistenceMode", handle)),
             fabric=self._fabric(nvml, index, handle),
@@ -195,11 +201,16 @@ class HealthMixin(NvmlState):
             self._nvlinks[index] = len(links)
         return tuple(links)
 
-    def _violations(self, nvml: Nvml, handle: Any) -> Violations | None:
+    def _violations(self, nvml: Nvml, handle: Any, fields: dict[int, float]) -> Violations | None:
+        """Each policy's violation time from the pass's field values (one call for the six,
+        `health_fields`); ``nvmlDeviceGetViolationStatus`` only for a policy whose field
+        did not answer (a driver without the fields)."""
         seconds: dict[str, float | None] = {}
-        for member, name, default in _POLICIES:
-            status = self._opt(nvml, "nvmlDeviceGetViolationStatus", handle, nvml.const(name, default))
-            ns = _count(getattr(status, "violationTime", None)) if status is not NA else None
+        for member, name, default, field_name, field_default in _POLICIES:
+            ns = _count(fields.get(nvml.const(field_name, field_default)))
+            if ns is None:
+                status = self._opt(nvml, "nvmlDeviceGetViolationStatus", handle, nvml.const(name, default))
+                ns = _count(getattr(status, "violationTime", None)) if status is not NA else None
             seconds[member] = None if ns is None else ns / 1e9
         if all(v is None for v in seconds.values()):
             return None
@@ -253,9 +264,12 @@ class HealthMixin(NvmlState):
 
 def health_fields(nvml: Nvml) -> tuple[int, ...]:
     """The field values a health read adds to the pass's one field-values call: the
-    volatile ECC totals (single-bit = corrected, double-bit = uncorrected) and the
-    recovery action where the binding has it."""
-    fields = (nvml.const("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", 3), nvml.const("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", 4))
+    volatile ECC totals (single-bit = corrected, double-bit = uncorrected), the six
+    violation times (nanoseconds; on an H200 one call for the six cost a sixth of six
+    ``nvmlDeviceGetViolationStatus`` calls, docs/PERFORMANCE.md) and the recovery action
+    where the binding has it."""
+    fields = (nvml.const("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", 3), nvml.const("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", 4),
+              *(nvml.const(field_name, field_default) for *_, field_name, field_default in _POLICIES))
     recovery = recovery_action_field(nvml)
     return fields if recovery is None else (*fields, recovery)
 
