@@ -22,10 +22,11 @@ seconds), each GPU in its own phase so that the reads spread over the passes. In
 passes between, its processes' shares are carried from the last read (`carried_utilization`,
 by the backend in its part of the pass where it can, else `carry_shares` here):
 each process keeps its SM share of that read, scaled by how the GPU's utilisation (read
-every pass, cheaply) moved since. Whatever a driver buffers is not lost by it: the read
-averages every sample newer than the last one read. A driver that returns only the
-latest sample per process (an H200 does, docs/ATTRIBUTION.md) is sampled per process
-less often, and the carry keeps the total of the shares following the GPU's own load.
+every pass, cheaply) moved since. The cadence loses nothing: a read asks for the samples
+newer than the last one read, and an H200 answers one sample per process averaging that
+whole time (measured, docs/PERFORMANCE.md "On an H200"); a driver that answered only its
+latest instant would be sampled less often, the carry keeping the shares' total
+following the GPU's own load.
 A GPU whose processes changed since the last read, or whose utilisation rose from 0, is
 read at once.
 
@@ -43,7 +44,10 @@ from exporter.core.model import DeviceSample, ProcessSample, Workload, frozen_ma
 from exporter.core.process_groups import has_one_owner
 
 #: Seconds between reads of the per-process samples of a GPU that several owners share
-#: (without ``--process-metrics``); the shares are carried in between (module doc).
+#: (without ``--process-metrics``); the shares are carried in between (module doc). The
+#: driver's one sample per process averages the time since the last read (an H200, measured),
+#: so no period loses time; this one bounds how long a change in the split between owners
+#: waits to be seen, at a fifth of the per-pass read's cost at a 1 s interval.
 SHARED_READ_PERIOD = 5.0
 
 

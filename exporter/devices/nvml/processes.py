@@ -3,8 +3,9 @@ utilisation of each GPU.
 
 Per-process utilisation. ``nvmlDeviceGetProcessUtilization(handle, lastSeenTimeStamp)``
 returns the driver's samples newer than ``lastSeenTimeStamp`` (microseconds). The
-backend keeps the newest timestamp it has seen per device and, each pass, averages every
-sample of the interval per PID (``smUtil`` and ``memUtil``, percent -> 0-1). The rule
+backend keeps the newest timestamp it has seen per device and, each read, averages every
+sample of the interval per PID (``smUtil`` and ``memUtil``, percent -> 0-1); an H200
+answers one sample per process that already averages the time since that timestamp. The rule
 for processes without a sample (`processes_with_shares`):
 
 * the call answered ``NVML_ERROR_NOT_FOUND`` (no samples since the last pass), or it
