@@ -859,17 +859,23 @@ GPM_IDLE_MAX_TENSOR = 0.02  # no idle window above this
 GPM_HMMA_SHARE = 0.8  # bf16 tensor work shows on the HMMA pipe: median HMMA >= this x median any-tensor
 
 
-def run_bf16_workload(busy_seconds: float, idle_seconds: float) -> int:
-    """The GPM child: bf16 matmuls (tensor cores), then idle; events as JSON lines on stdout."""
+def bf16_operands(n: int) -> tuple[Any, Any, Any]:
+    """Two random n x n bf16 matrices and a product buffer on cuda:0, multiplied once (warm)."""
     import torch  # type: ignore[import-not-found,unused-ignore]
 
     device = torch.device("cuda:0")
-    n = 8192
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
     torch.matmul(a, b, out=c)
     torch.cuda.synchronize()
+    return a, b, c
+
+
+def run_bf16_workload(busy_seconds: float, idle_seconds: float) -> int:
+    """The GPM child: bf16 matmuls (tensor cores), then idle; events as JSON lines on stdout."""
+    n = 8192
+    a, b, c = bf16_operands(n)
     _emit("busy", pid=os.getpid())
     multiplies = multiply_for(busy_seconds, a, b, c)
     _emit("idle", multiplies=multiplies, tflops=round(2 * n**3 * multiplies / busy_seconds / 1e12, 1))
@@ -1070,13 +1076,7 @@ def run_duty_workload(period: float, seconds: float) -> int:
     """The samples child: bf16 matmuls for ``period`` s, idle for ``period`` s, over and over."""
     import torch  # type: ignore[import-not-found,unused-ignore]
 
-    device = torch.device("cuda:0")
-    n = 4096
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
-    torch.matmul(a, b, out=c)
-    torch.cuda.synchronize()
+    a, b, c = bf16_operands(4096)
     start = time.time()
     _emit("busy", pid=os.getpid(), start=start)
     while (now := time.time()) < start + seconds:

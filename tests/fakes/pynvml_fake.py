@@ -202,59 +202,66 @@ class CallCost:
 
 
 _MS = 1e-3
+
+
+def _ms(cpu: float, wall: float | None = None) -> CallCost:
+    """A call's cost in milliseconds of CPU (and of wall time, where the call also waits)."""
+    return CallCost((cpu if wall is None else wall) * _MS, cpu * _MS)
+
+
 # What each pynvml call cost on a real H200 (driver 580.159.04, nvidia-ml-py 13.610.43,
 # 2026-12-04, benchmarks/results/2026-12-04-gpu_check-h200.txt): the median of 30 calls
 # back to back while a PyTorch job computed (benchmarks/gpu_check.py), or, for the calls a
 # steady pass makes once each, what one cost inside the agent's pass (`l9gpu snapshot
 # --timings` on that GPU: colder than back to back). Calls not listed cost DEFAULT_COST.
 H200_COSTS: Mapping[str, CallCost] = {
-    "nvmlDeviceGetPcieThroughput": CallCost(20.7 * _MS, 0.63 * _MS),  # blocks while the driver samples
-    "nvmlDeviceGetTotalEnergyConsumption": CallCost(2.8 * _MS, 2.8 * _MS),
-    "nvmlDeviceGetProcessUtilization": CallCost(1.83 * _MS, 1.83 * _MS),
-    "nvmlDeviceGetProcessesUtilizationInfo": CallCost(1.86 * _MS, 1.86 * _MS),
-    "nvmlDeviceGetMigMode": CallCost(0.105 * _MS, 0.105 * _MS),
-    "nvmlDeviceGetFanSpeed": CallCost(0.1 * _MS, 0.1 * _MS),  # NOT_SUPPORTED on H200, still costs
+    "nvmlDeviceGetPcieThroughput": _ms(0.63, wall=20.7),  # blocks while the driver samples
+    "nvmlDeviceGetTotalEnergyConsumption": _ms(2.8),
+    "nvmlDeviceGetProcessUtilization": _ms(1.83),
+    "nvmlDeviceGetProcessesUtilizationInfo": _ms(1.86),
+    "nvmlDeviceGetMigMode": _ms(0.105),
+    "nvmlDeviceGetFanSpeed": _ms(0.1),  # NOT_SUPPORTED on H200, still costs
     # in the agent's pass (0.034 ms back to back)
-    "nvmlDeviceGetComputeRunningProcesses_v3": CallCost(0.14 * _MS, 0.14 * _MS),
-    "nvmlDeviceGetComputeRunningProcesses_v2": CallCost(0.14 * _MS, 0.14 * _MS),
-    "nvmlDeviceGetComputeRunningProcesses": CallCost(0.14 * _MS, 0.14 * _MS),
-    "nvmlDeviceGetGraphicsRunningProcesses_v3": CallCost(0.04 * _MS, 0.04 * _MS),
-    "nvmlDeviceGetGraphicsRunningProcesses_v2": CallCost(0.04 * _MS, 0.04 * _MS),
-    "nvmlDeviceGetGraphicsRunningProcesses": CallCost(0.04 * _MS, 0.04 * _MS),
-    "nvmlDeviceGetMemoryInfo": CallCost(0.08 * _MS, 0.08 * _MS),  # in the agent's pass (0.007 back to back)
-    "nvmlEventSetWait": CallCost(0.06 * _MS, 0.06 * _MS),  # the XID poll, timeout 0, in the agent's pass
+    "nvmlDeviceGetComputeRunningProcesses_v3": _ms(0.14),
+    "nvmlDeviceGetComputeRunningProcesses_v2": _ms(0.14),
+    "nvmlDeviceGetComputeRunningProcesses": _ms(0.14),
+    "nvmlDeviceGetGraphicsRunningProcesses_v3": _ms(0.04),
+    "nvmlDeviceGetGraphicsRunningProcesses_v2": _ms(0.04),
+    "nvmlDeviceGetGraphicsRunningProcesses": _ms(0.04),
+    "nvmlDeviceGetMemoryInfo": _ms(0.08),  # in the agent's pass (0.007 back to back)
+    "nvmlEventSetWait": _ms(0.06),  # the XID poll, timeout 0, in the agent's pass
     # once each in the agent's pass (0.001-0.004 ms back to back)
-    "nvmlDeviceGetUtilizationRates": CallCost(0.011 * _MS, 0.011 * _MS),
-    "nvmlDeviceGetPowerUsage": CallCost(0.008 * _MS, 0.008 * _MS),
-    "nvmlDeviceGetTemperatureV": CallCost(0.016 * _MS, 0.016 * _MS),
-    "nvmlDeviceGetTemperature": CallCost(0.016 * _MS, 0.016 * _MS),
-    "nvmlDeviceGetClockInfo": CallCost(0.005 * _MS, 0.005 * _MS),
-    "nvmlDeviceGetCurrentClocksEventReasons": CallCost(0.012 * _MS, 0.012 * _MS),
-    "nvmlDeviceGetCurrentClocksThrottleReasons": CallCost(0.012 * _MS, 0.012 * _MS),
-    "nvmlDeviceGetTotalEccErrors": CallCost(0.012 * _MS, 0.012 * _MS),
-    "nvmlGpmSampleGet": CallCost(0.26 * _MS, 0.26 * _MS),
-    "nvmlGpmMigSampleGet": CallCost(0.26 * _MS, 0.26 * _MS),
-    "nvmlGpmMetricsGet": CallCost(1.35 * _MS, 1.35 * _MS),  # the agent's metrics; the first call 6.3 ms
+    "nvmlDeviceGetUtilizationRates": _ms(0.011),
+    "nvmlDeviceGetPowerUsage": _ms(0.008),
+    "nvmlDeviceGetTemperatureV": _ms(0.016),
+    "nvmlDeviceGetTemperature": _ms(0.016),
+    "nvmlDeviceGetClockInfo": _ms(0.005),
+    "nvmlDeviceGetCurrentClocksEventReasons": _ms(0.012),
+    "nvmlDeviceGetCurrentClocksThrottleReasons": _ms(0.012),
+    "nvmlDeviceGetTotalEccErrors": _ms(0.012),
+    "nvmlGpmSampleGet": _ms(0.26),
+    "nvmlGpmMigSampleGet": _ms(0.26),
+    "nvmlGpmMetricsGet": _ms(1.35),  # the agent's metrics; the first call 6.3 ms
     # Health reads (benchmarks/gpu_check.py --health-calls-only, 50 calls each).
-    "nvmlDeviceGetRemappedRows": CallCost(0.003 * _MS, 0.003 * _MS),
-    "nvmlDeviceGetRowRemapperHistogram": CallCost(0.002 * _MS, 0.002 * _MS),
-    "nvmlDeviceGetRetiredPages_v2": CallCost(0.003 * _MS, 0.003 * _MS),  # NOT_SUPPORTED on H200
-    "nvmlDeviceGetRetiredPagesPendingStatus": CallCost(0.003 * _MS, 0.003 * _MS),  # NOT_SUPPORTED on H200
-    "nvmlDeviceGetSramEccErrorStatus": CallCost(0.017 * _MS, 0.017 * _MS),
-    "nvmlDeviceGetCurrPcieLinkGeneration": CallCost(0.002 * _MS, 0.002 * _MS),
-    "nvmlDeviceGetCurrPcieLinkWidth": CallCost(0.03 * _MS, 0.03 * _MS),
-    "nvmlDeviceGetMaxPcieLinkGeneration": CallCost(0.002 * _MS, 0.002 * _MS),
-    "nvmlDeviceGetMaxPcieLinkWidth": CallCost(0.002 * _MS, 0.002 * _MS),
-    "nvmlDeviceGetPcieReplayCounter": CallCost(0.086 * _MS, 0.085 * _MS),
-    "nvmlDeviceGetNvLinkState": CallCost(0.012 * _MS, 0.012 * _MS),  # NOT_SUPPORTED on a PCIe H200
-    "nvmlDeviceGetNvLinkErrorCounter": CallCost(0.013 * _MS, 0.013 * _MS),
-    "nvmlDeviceGetViolationStatus": CallCost(0.42 * _MS, 0.42 * _MS),  # per policy, 0.36-0.77 ms
-    "nvmlDeviceGetPersistenceMode": CallCost(0.005 * _MS, 0.005 * _MS),
-    "nvmlDeviceGetGpuFabricInfoV": CallCost(0.019 * _MS, 0.019 * _MS),
-    "nvmlDeviceGetGpuFabricInfo": CallCost(0.019 * _MS, 0.019 * _MS),
+    "nvmlDeviceGetRemappedRows": _ms(0.003),
+    "nvmlDeviceGetRowRemapperHistogram": _ms(0.002),
+    "nvmlDeviceGetRetiredPages_v2": _ms(0.003),  # NOT_SUPPORTED on H200
+    "nvmlDeviceGetRetiredPagesPendingStatus": _ms(0.003),  # NOT_SUPPORTED on H200
+    "nvmlDeviceGetSramEccErrorStatus": _ms(0.017),
+    "nvmlDeviceGetCurrPcieLinkGeneration": _ms(0.002),
+    "nvmlDeviceGetCurrPcieLinkWidth": _ms(0.03),
+    "nvmlDeviceGetMaxPcieLinkGeneration": _ms(0.002),
+    "nvmlDeviceGetMaxPcieLinkWidth": _ms(0.002),
+    "nvmlDeviceGetPcieReplayCounter": _ms(0.085, wall=0.086),
+    "nvmlDeviceGetNvLinkState": _ms(0.012),  # NOT_SUPPORTED on a PCIe H200
+    "nvmlDeviceGetNvLinkErrorCounter": _ms(0.013),
+    "nvmlDeviceGetViolationStatus": _ms(0.42),  # per policy, 0.36-0.77 ms
+    "nvmlDeviceGetPersistenceMode": _ms(0.005),
+    "nvmlDeviceGetGpuFabricInfoV": _ms(0.019),
+    "nvmlDeviceGetGpuFabricInfo": _ms(0.019),
 }
 # Calls not timed on the H200 (names, UUIDs, PCI info: once at start; the power limit).
-DEFAULT_COST = CallCost(0.02 * _MS, 0.02 * _MS)
+DEFAULT_COST = _ms(0.02)
 # nvmlDeviceGetFieldValues: the energy fields cost what the energy call costs; the two
 # PCIe byte counters 0.21 ms together back to back; the memory temperature alone 0.09-0.12
 # ms in the agent's pass (nothing beside the PCIe counters back to back); other fields the
