@@ -294,8 +294,9 @@ def process_sample_buffer(device: int, windows: tuple[float, ...] = (0.5, 1.0, 2
     samples ``nvmlDeviceGetProcessesUtilizationInfo`` (else ``GetProcessUtilization``)
     returns when asked for those newer than a timestamp taken that long before, while a
     process computes. The agent reads a shared GPU's samples every few seconds
-    (`exporter.core.shares.SHARED_READ_PERIOD`): a driver that keeps every sample of the window
-    loses nothing by it; one that returns only the latest per process is sampled less often.
+    (`exporter.core.shares.SHARED_READ_PERIOD`). An H200 returned one sample per process
+    in every window; what that one sample covers is the per-process samples section's
+    question (`sample_semantics`: on the H200, the average since the timestamp asked for).
 
     Per window: the samples, the distinct timestamps, the most samples of one process, the
     span of their timestamps and the median step between them (seconds). A last row
