@@ -1033,6 +1033,95 @@ def gpm_section(nvml_module: Any, device: int, workload: Any, deadline_seconds: 
             "checks": [asdict(c) for c in checks], "windows": windows, "costs": costs}
 
 
+def gpm_metric_costs(nvml: Any, device: int, repeats: int = 30) -> dict[str, Any]:
+    """What ``nvmlGpmMetricsGet`` costs by the metrics asked: the agent's whole list
+    (`exporter.devices.nvml.gpm.METRICS`), it without the NVLink rates, the activity
+    ratios alone, all but graphics activity, and each metric alone, over the same two samples 0.2 s apart; with
+    each metric's answer code in the whole list. Median CPU per call over ``repeats``."""
+    from exporter.devices.nvml.gpm import METRICS
+
+    nvml.nvmlInit()
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(device)
+        if not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+            return {"status": "skipped", "reason": "no GPM on this GPU"}
+        first, second = nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()
+        try:
+            nvml.nvmlGpmSampleGet(handle, first)
+            time.sleep(0.2)
+            nvml.nvmlGpmSampleGet(handle, second)
+            ids = {key: int(getattr(nvml, constant, default)) for key, constant, default, _ in METRICS}
+
+            def timed(keys: list[str]) -> tuple[float, list[int]]:
+                cpus: list[float] = []
+                codes: list[int] = []
+                for _ in range(repeats):
+                    cpu, codes = timed_once(keys)
+                    cpus.append(cpu)
+                return statistics.median(cpus), codes
+
+            def timed_once(keys: list[str]) -> tuple[float, list[int]]:
+                request = nvml.c_nvmlGpmMetricsGet_t()
+                request.version = getattr(nvml, "NVML_GPM_METRICS_GET_VERSION", 1)
+                request.numMetrics = len(keys)
+                request.sample1, request.sample2 = first, second
+                for i, key in enumerate(keys):
+                    request.metrics[i].metricId = ids[key]
+                start = time.thread_time()
+                result = nvml.nvmlGpmMetricsGet(request)
+                cpu = time.thread_time() - start
+                return cpu * 1e3, [int(result.metrics[i].nvmlReturn) for i in range(len(keys))]
+
+            every = list(ids)
+            sets = {"all": every, "without nvlink": [k for k in every if not k.startswith("nvlink")],
+                    "ratios": [k for k in every if not k.endswith("_per_second")],
+                    "without graphics_active": [k for k in every if k != "graphics_active"]}
+            rows = []
+            for label, keys in [*sets.items(), *((key, [key]) for key in every)]:
+                cpu_ms, codes = timed(keys)
+                rows.append({"metrics": label, "count": len(keys), "cpu_ms": _round(cpu_ms, 4),
+                             "failed": [k for k, c in zip(keys, codes) if c != 0]})
+            # When the cost falls: a fresh pair of samples, its metrics asked at once or
+            # after a wait, call by call (the agent asks once per pair, right after the second).
+            timeline = []
+            for label, keys, wait in (("all, at once", every, 0.0), ("all, 1 s later", every, 1.0),
+                                      ("sm_active, at once", ["sm_active"], 0.0),
+                                      ("without graphics, at once", [k for k in every if k != "graphics_active"], 0.0),
+                                      ("all, 0.2 s later", every, 0.2), ("all, at once again", every, 0.0)):
+                nvml.nvmlGpmSampleGet(handle, first)
+                time.sleep(0.2)
+                nvml.nvmlGpmSampleGet(handle, second)
+                time.sleep(wait)
+                calls = []
+                for _ in range(10):
+                    cpu_ms, _codes = timed_once(keys)
+                    calls.append(_round(cpu_ms, 4))
+                timeline.append({"what": label, "wait_s": wait, "cpu_ms_per_call": calls})
+            return {"status": "measured", "rows": rows, "timeline": timeline}
+        finally:
+            nvml.nvmlGpmSampleFree(first)
+            nvml.nvmlGpmSampleFree(second)
+    finally:
+        nvml.nvmlShutdown()
+
+
+def run_gpm_metric_costs(args: argparse.Namespace) -> int:
+    import pynvml  # type: ignore[import-untyped,unused-ignore]
+
+    result = gpm_metric_costs(pynvml, args.device)
+    print("\nnvmlGpmMetricsGet by the metrics asked (median CPU per call)")
+    for row in result.get("rows", []):
+        failed = f"  failed: {', '.join(row['failed'])}" if row["failed"] else ""
+        print(f"  {row['metrics']:<30}{row['count']:>3} metrics {row['cpu_ms']:>9.4f} ms{failed}")
+    for step in result.get("timeline", []):
+        print(f"  fresh samples, {step['what']:<22} ms per call: {step['cpu_ms_per_call']}")
+    if result["status"] != "measured":
+        print(f"SKIP  gpm metric costs: {result['reason']}")
+    if os.environ.get("OUT"):
+        (Path(os.environ["OUT"]) / "gpu_check_gpm_costs.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
 def run_gpm_check(args: argparse.Namespace) -> int:
     """The GPM section on a real GPU: 0 passed or skipped (no GPM here), 1 failed, 2 cannot run."""
     import importlib.util
@@ -1368,6 +1457,8 @@ def build_parser() -> argparse.ArgumentParser:
     gpm.add_argument("--gpm-busy-seconds", type=float, default=15.0, help="bf16 matmul phase (default: 15)")
     gpm.add_argument("--gpm-idle-seconds", type=float, default=10.0, help="idle phase (default: 10)")
     gpm.add_argument("--gpm-tick", type=float, default=1.0, help="seconds between GPM samples (default: 1)")
+    gpm.add_argument("--gpm-metric-costs-only", action="store_true",
+                     help="only time nvmlGpmMetricsGet by the metrics asked")
     gpm.add_argument("--gpm-workload-child", action="store_true", help=argparse.SUPPRESS)
     samples = parser.add_argument_group("per-process samples (what one nvmlDeviceGetProcessUtilization sample covers)")
     samples.add_argument("--no-samples", action="store_true", help="skip the per-process samples section")
@@ -1399,6 +1490,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_health_calls(args)
     if args.samples_only:
         return run_sample_semantics(args)
+    if args.gpm_metric_costs_only:
+        return run_gpm_metric_costs(args)
     status = 0 if args.gpm_only else run_check(args)
     if not args.no_gpm and status != 2:
         status = max(status, run_gpm_check(args))

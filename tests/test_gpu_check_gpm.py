@@ -212,3 +212,15 @@ def test_the_busy_share_of_a_window_follows_the_duty_cycle(gpu_check):
     assert gpu_check.busy_fraction(100.0, 1.0, 101.0, 102.0) == pytest.approx(0.0)
     assert gpu_check.busy_fraction(100.0, 1.0, 100.5, 102.5) == pytest.approx(0.5)
     assert gpu_check.busy_fraction(100.0, 1.0, 100.0, 105.0) == pytest.approx(0.6)
+
+
+def test_the_metrics_get_cost_is_timed_by_the_metrics_asked(gpu_check, capsys):
+    fake = FakeNvml(gpus=[FakeGpu()])
+    result = gpu_check.gpm_metric_costs(fake, 0, repeats=3)
+    assert result["status"] == "measured"
+    rows = {row["metrics"]: row for row in result["rows"]}
+    assert rows["all"]["count"] == 15 and rows["without nvlink"]["count"] == 13 and rows["ratios"]["count"] == 11
+    assert rows["sm_active"]["count"] == 1 and all(row["cpu_ms"] >= 0 for row in rows.values())
+    assert len(fake.called("nvmlGpmMetricsGet")) == 3 * (4 + 15) + 6 * 10
+    assert [len(step["cpu_ms_per_call"]) for step in result["timeline"]] == [10] * 6
+    assert all(s.freed for s in fake.gpm_samples) and fake.shutdown_calls == 1

@@ -26,7 +26,7 @@ from fakes.pynvml_fake import (
 from exporter.attribution import NullAttributor
 from exporter.collect.collector import Collector
 from exporter.collect.splits import advance_energy
-from exporter.core.model import Workload
+from exporter.core.model import GPM_RATE_KEYS, GPM_RATIO_KEYS, Workload
 from exporter.core.shares import passes_between_reads
 from exporter.devices import nvml as nvml_backend
 from exporter.devices.nvml import NvmlBackend
@@ -310,14 +310,15 @@ class _TwoPodsPerGpu:
         return None
 
 
-def _bill_per_gpu(attributor, process_metrics: bool = False, gpm: bool = False) -> tuple[float, float, FakeNvml]:
+def _bill_per_gpu(attributor, process_metrics: bool = False, gpm: bool = False,
+                  gpm_keys: frozenset[str] | None = None) -> tuple[float, float, FakeNvml]:
     """(wall, CPU) seconds per GPU per steady pass that the driver charges on 8 fake H200s
     with 16 processes each, at 1 s, through the collector (as `l9gpu serve` reads).
 
     GPM (on by default, a 1.6 ms read every 5 s per GPU) is off unless ``gpm``: its own
     schedule, billed on its own in docs/PERFORMANCE.md."""
     fake = _busy_node(8, 16, {"costs": H200_COSTS, "spend": False})
-    backend = NvmlBackend(nvml=fake, gpm=gpm)
+    backend = NvmlBackend(nvml=fake, gpm=gpm, gpm_keys=gpm_keys)
     backend.open()
     collector = Collector([backend], "n", attributor=attributor, clock=lambda: float(clock[0]),
                           process_metrics=process_metrics)
@@ -369,6 +370,19 @@ def test_a_gpu_held_by_one_owner_is_not_asked_for_per_process_samples():
     wall, cpu, fake = _bill_per_gpu(NullAttributor(), process_metrics=True)
     assert len(fake.called("nvmlDeviceGetProcessesUtilizationInfo")) == 121 * 8
     assert 2.0e-3 < cpu <= 2.45e-3
+
+
+def test_gpm_without_graphics_activity_costs_next_to_nothing():
+    """On an H200 graphics activity was 1.4 ms of a 1.7 ms GPM read, every other metric
+    together 0.0025 ms: with its families off (``--disable-metric``), GPM adds 0.05 ms per
+    GPU per pass instead of 0.32 at its default 5 s."""
+    _, without_gpm, _ = _bill_per_gpu(NullAttributor())
+    _, with_gpm, _ = _bill_per_gpu(NullAttributor(), gpm=True)
+    keys = frozenset(GPM_RATIO_KEYS + GPM_RATE_KEYS) - {"graphics_active"}
+    _, no_graphics, fake = _bill_per_gpu(NullAttributor(), gpm=True, gpm_keys=keys)
+    assert fake.called("nvmlGpmMetricsGet")
+    assert with_gpm - without_gpm >= 0.3e-3
+    assert no_graphics - without_gpm <= 0.06e-3, f"{(no_graphics - without_gpm) * 1e3:.3f} ms per GPU per pass"
 
 
 def test_snapshot_timings_show_what_each_call_costs(monkeypatch, capsys):

@@ -12,6 +12,7 @@ import pytest
 from fakes.pynvml_fake import (
     NVML_ERROR_UNKNOWN,
     NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+    NVML_GPM_METRIC_GRAPHICS_UTIL,
     NVML_GPM_METRIC_HMMA_TENSOR_UTIL,
     NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
     NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
@@ -283,6 +284,38 @@ def test_close_frees_every_buffer_and_gpm_can_be_turned_off():
     assert dict(one(backend.sample(clock())).gpm) == {}
     assert not [name for name, _ in off.calls if name.startswith("nvmlGpm")]
     assert backend.gpm_status() == {}
+
+
+def test_only_the_metrics_of_exported_families_are_asked():
+    """``gpm_keys``: the metrics of the enabled families; graphics activity, the dear one on
+    an H200 (1.4 ms of 1.7 per read), is not asked once its families are off, and the
+    other values are as before. No key at all: GPM is not read."""
+    clock = Clock()
+    fake = FakeNvml(gpus=[FakeGpu()])
+    fake.gpm_clock = clock
+    keys = frozenset(GPM_RATIO_KEYS + GPM_RATE_KEYS) - {"graphics_active"}
+    backend = NvmlBackend(nvml=fake, gpm_interval=0.0, gpm_keys=keys)
+    backend.open()
+    backend.sample(clock())
+    clock.t += 1.0
+    gpm = one(backend.sample(clock())).gpm
+    assert "graphics_active" not in gpm
+    assert gpm["sm_active"] == pytest.approx(0.546) and gpm["tensor_active"] == pytest.approx(0.53)
+    assert gpm["pcie_rx_bytes_per_second"] == pytest.approx(250 * MiB)
+    (request,) = [args[0] for name, args in fake.calls if name == "nvmlGpmMetricsGet"]
+    asked = [entry.metricId for entry in request.metrics[: request.numMetrics]]
+    assert len(asked) == 14 and NVML_GPM_METRIC_GRAPHICS_UTIL not in asked
+    backend.close()
+
+    none = FakeNvml(gpus=[FakeGpu()])
+    none.gpm_clock = clock
+    backend = NvmlBackend(nvml=none, gpm_interval=0.0, gpm_keys=frozenset())
+    backend.open()
+    backend.sample(clock())
+    clock.t += 1.0
+    assert dict(one(backend.sample(clock())).gpm) == {}
+    assert not [name for name, _ in none.calls if name.startswith("nvmlGpm")]
+    backend.close()
 
 
 def test_fake_gpm_shapes_match_the_installed_binding():

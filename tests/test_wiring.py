@@ -26,13 +26,14 @@ from exporter.app.wiring import (
     close_backends_within,
     connection_limits,
     enabled_families,
+    gpm_keys,
     gpm_status,
     open_sources,
     select_dcgm_fields,
     web_config_watcher,
 )
 from exporter.core.labels import label_schema
-from exporter.core.model import DeviceSample
+from exporter.core.model import GPM_RATE_KEYS, GPM_RATIO_KEYS, DeviceSample
 from exporter.devices import close_backends
 from exporter.devices.base import Backend
 from exporter.devices.capabilities import GpmStatus
@@ -263,3 +264,44 @@ def test_closing_a_backend_that_hangs_gives_up_after_the_timeout(caplog) -> None
         assert "closing the stuck backend did not finish within 0.2s (stuck in hang_in_shutdown)" in caplog.text
     finally:
         release.set()
+
+
+def test_gpm_asks_only_what_the_exported_families_need() -> None:
+    """Graphics activity, the dear GPM metric on an H200, is asked while either of its
+    families is exported; with both off the NVML backend asks the other fourteen, with
+    every GPM family off none; the DCGM schema keeps them all (its fields pick)."""
+    every = set(GPM_RATIO_KEYS) | set(GPM_RATE_KEYS)
+    assert gpm_keys(serve()) == every
+    assert gpm_keys(serve("--disable-metric", "gpu_graphics_active_ratio")) == every
+    off = ("--disable-metric", "gpu_graphics_active_ratio", "--disable-metric", "container_gpu_graphics_active_ratio")
+    assert gpm_keys(serve(*off)) == every - {"graphics_active"}
+    assert gpm_keys(serve(*off, "--metric-schema", "l9gpu,dcgm")) is None
+    all_off = [flag for _, suffix, *_ in cat.GPM_FAMILIES for name in (f"gpu_{suffix}", f"container_gpu_{suffix}")
+               for flag in ("--disable-metric", name)]
+    assert gpm_keys(serve(*all_off)) == frozenset()
+
+
+def test_the_nvml_backend_is_opened_with_the_gpm_metrics_of_the_families(monkeypatch) -> None:
+    from fakes.pynvml_fake import NVML_GPM_METRIC_GRAPHICS_UTIL, NVML_GPM_METRIC_SM_UTIL, install
+
+    fake = FakeNvml([FakeGpu()])
+    clock = [1000.0]
+    fake.gpm_clock = lambda: clock[0]
+    install(monkeypatch, fake)
+    args = build_parser().parse_args(["serve", "--backend", "nvml", "--kubernetes", "off", "--cri-socket", "off",
+                                      "--pod-resources-socket", "off", "--gpm-interval", "0",
+                                      "--disable-metric", "gpu_graphics_active_ratio",
+                                      "--disable-metric", "container_gpu_graphics_active_ratio"])
+    backends, attributor = open_sources(args)
+    try:
+        (backend,) = backends
+        backend.sample(clock[0])
+        clock[0] += 1.0
+        (device,) = backend.sample(clock[0])
+    finally:
+        close_backends(backends)
+        attributor.close()
+    (request,) = [call[0] for name, call in fake.calls if name == "nvmlGpmMetricsGet"]
+    asked = {entry.metricId for entry in request.metrics[: request.numMetrics]}
+    assert NVML_GPM_METRIC_SM_UTIL in asked and NVML_GPM_METRIC_GRAPHICS_UTIL not in asked
+    assert "sm_active" in device.gpm and "graphics_active" not in device.gpm

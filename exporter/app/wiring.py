@@ -54,8 +54,13 @@ def open_sources(args: argparse.Namespace, wait_for_pods: float = 0.0) -> tuple[
     if not os.path.isdir(os.path.join(args.proc_root, "self")):
         raise UsageError(f"l9gpu: --proc-root {args.proc_root} is not a proc filesystem (no {args.proc_root}/self); "
                          "mount the host's /proc there, or run with hostPID and the default /proc")
+    options = devices.options_from(args)
+    wanted = gpm_keys(args)
+    for backend_options in options.values():
+        if backend_options.get("gpm"):  # a backend that reads GPM asks only for what is exported
+            backend_options["gpm_keys"] = wanted
     try:
-        backends = devices.open_backends(args.backend, devices.options_from(args))
+        backends = devices.open_backends(args.backend, options)
     except devices.BackendUnavailable as exc:
         raise UsageError(f"l9gpu: {exc}") from None
     if not args.node_name:
@@ -139,6 +144,18 @@ def enabled_families(args: argparse.Namespace) -> frozenset[str]:
             log.warning("--process-metrics and --enable-metric name l9gpu families, which --metric-schema %s "
                         "does not export (use l9gpu,dcgm for both)", ",".join(args.metric_schema))
     return names
+
+
+def gpm_keys(args: argparse.Namespace) -> frozenset[str] | None:
+    """The GPM metrics (`DeviceSample.gpm` keys) the exported families need: those of the
+    enabled ``gpu_*`` and ``container_gpu_*`` GPM families; None (all of them) where the
+    DCGM schema is served (its profiling fields are chosen by ``--collectors``) or the
+    command exports no families (``l9gpu snapshot`` shows every GPM value)."""
+    if not hasattr(args, "disable_metric") or list(getattr(args, "metric_schema", ("l9gpu",))) != ["l9gpu"]:
+        return None
+    names = enabled_families(args)
+    return frozenset(key for key, suffix, *_ in cat.GPM_FAMILIES
+                     if f"gpu_{suffix}" in names or f"container_gpu_{suffix}" in names)
 
 
 def select_dcgm_fields(args: argparse.Namespace) -> Selection | None:

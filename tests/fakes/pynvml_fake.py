@@ -241,7 +241,9 @@ H200_COSTS: Mapping[str, CallCost] = {
     "nvmlDeviceGetTotalEccErrors": _ms(0.012),
     "nvmlGpmSampleGet": _ms(0.26),
     "nvmlGpmMigSampleGet": _ms(0.26),
-    "nvmlGpmMetricsGet": _ms(1.35),  # the agent's metrics; the first call 6.3 ms
+    # the agent's metrics; the first call 6.3 ms. Graphics activity is nearly all of it:
+    # every other metric together 0.0025 ms (GPM_WITHOUT_GRAPHICS)
+    "nvmlGpmMetricsGet": _ms(1.35),
     # Health reads (benchmarks/gpu_check.py --health-calls-only, 50 calls each).
     "nvmlDeviceGetRemappedRows": _ms(0.003),
     "nvmlDeviceGetRowRemapperHistogram": _ms(0.002),
@@ -260,6 +262,7 @@ H200_COSTS: Mapping[str, CallCost] = {
     "nvmlDeviceGetGpuFabricInfoV": _ms(0.019),
     "nvmlDeviceGetGpuFabricInfo": _ms(0.019),
 }
+GPM_WITHOUT_GRAPHICS = _ms(0.0025)  # nvmlGpmMetricsGet of any metrics but graphics activity
 # Calls not timed on the H200 (names, UUIDs, PCI info: once at start; the power limit).
 DEFAULT_COST = _ms(0.02)
 # nvmlDeviceGetFieldValues: the energy fields cost what the energy call costs; the two
@@ -1060,6 +1063,11 @@ class FakeNvml(_FakeGpmFunctions):
                 seconds += FIELD_COSTS.get(field_id, 0.0)
             seconds = max(seconds, self.default_cost.cpu)
             return CallCost(seconds, seconds)
+        if name == "nvmlGpmMetricsGet" and args and self.costs is H200_COSTS:
+            request = args[0]
+            asked = {entry.metricId for entry in request.metrics[: request.numMetrics]}
+            if NVML_GPM_METRIC_GRAPHICS_UTIL not in asked:
+                return GPM_WITHOUT_GRAPHICS
         return self.costs.get(name, self.default_cost)
 
     # ---- init -----------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -78,6 +78,8 @@ class NvmlBackend(
         gpm_interval: seconds between two GPM samples of a device (see `gpm`).
         health_interval: seconds between two health reads of a GPU (`health`); None: never.
         boot_id_path: where the node's boot id is read (once, at `open`).
+        gpm_keys: the GPM metrics to ask (`DeviceSample.gpm` keys; None: all; empty: GPM
+            is not read), from the families the agent exports (`exporter.app.wiring.gpm_keys`).
     """
 
     name = "nvml"
@@ -101,12 +103,14 @@ class NvmlBackend(
 
     def __init__(self, nvml: Any = None, energy_counter_period: float = ENERGY_COUNTER_PERIOD,
                  gpm: bool = True, gpm_interval: float = DEFAULT_INTERVAL_SECONDS,
-                 health_interval: float | None = DEFAULT_HEALTH_INTERVAL, boot_id_path: str = BOOT_ID_PATH):
+                 health_interval: float | None = DEFAULT_HEALTH_INTERVAL, boot_id_path: str = BOOT_ID_PATH,
+                 gpm_keys: Collection[str] | None = None):
         super().__init__(health_interval, boot_id_path)
         self._module = nvml
         self._energy_period = energy_counter_period
-        self._gpm_enabled = gpm
+        self._gpm_enabled = gpm and (gpm_keys is None or bool(gpm_keys))
         self._gpm_interval = gpm_interval
+        self._gpm_keys = gpm_keys
         self._gpm: GpmReader | None = None
         self._nvml: Nvml | None = None
         self._count = 0
@@ -167,7 +171,7 @@ class NvmlBackend(
         self._initialized = True
         self.open_health()
         if self._gpm_enabled:
-            self._gpm = GpmReader(nvml, self._gpm_interval, NA)
+            self._gpm = GpmReader(nvml, self._gpm_interval, NA, keys=self._gpm_keys)
         try:
             self._count = int(nvml.module.nvmlDeviceGetCount())
         except nvml.error as exc:
