@@ -1105,6 +1105,52 @@ def gpm_metric_costs(nvml: Any, device: int, repeats: int = 30) -> dict[str, Any
         nvml.nvmlShutdown()
 
 
+def steady_pass_costs(nvml: Any, passes: int = 30, interval: float = 1.0) -> dict[str, Any]:
+    """The agent's NVML backend in this process, a pass every ``interval`` s as ``l9gpu
+    serve`` makes them: per call, the median CPU of one call over the steady passes that
+    made it (the calls a pass makes once each run colder than back to back), and the
+    median CPU of a whole pass's calls. Health and GPM on, on their own schedules."""
+    from exporter.devices.nvml import NvmlBackend
+
+    backend = NvmlBackend(nvml=nvml)
+    backend.open()
+    try:
+        backend.enable_timings()
+        backend.sample(time.monotonic())
+        backend.timings(reset=True)
+        per_call: dict[str, list[float]] = {}
+        totals: list[float] = []
+        next_pass = time.monotonic() + interval
+        for _ in range(passes):
+            time.sleep(max(0.0, next_pass - time.monotonic()))
+            next_pass += interval
+            backend.sample(time.monotonic())
+            timings = backend.timings(reset=True)
+            totals.append(sum(t.cpu_seconds for t in timings.values()) * 1e3)
+            for name, t in timings.items():
+                per_call.setdefault(name, []).append(t.cpu_seconds / max(1, t.calls) * 1e3)
+        ordered = sorted(per_call.items(), key=lambda item: -statistics.median(item[1]) * len(item[1]))
+        rows = [{"call": name, "passes": len(values), "median_cpu_ms": _round(statistics.median(values), 4),
+                 "max_cpu_ms": _round(max(values), 4)} for name, values in ordered]
+        return {"passes": passes, "median_pass_cpu_ms": _round(statistics.median(totals), 3), "calls": rows}
+    finally:
+        backend.close()
+
+
+def run_pass_costs(args: argparse.Namespace) -> int:
+    import pynvml  # type: ignore[import-untyped,unused-ignore]
+
+    result = steady_pass_costs(pynvml, passes=args.passes)
+    print(f"\nthe agent's steady passes, 1 s apart: {result['passes']} passes, median "
+          f"{result['median_pass_cpu_ms']} ms of CPU in NVML calls a pass")
+    for row in result["calls"]:
+        print(f"  {row['call']:<46} in {row['passes']:>3} passes  median {row['median_cpu_ms']:>8.4f} ms  "
+              f"max {row['max_cpu_ms']:>8.4f} ms")
+    if os.environ.get("OUT"):
+        (Path(os.environ["OUT"]) / "gpu_check_pass_costs.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
 def run_gpm_metric_costs(args: argparse.Namespace) -> int:
     import pynvml  # type: ignore[import-untyped,unused-ignore]
 
@@ -1457,6 +1503,9 @@ def build_parser() -> argparse.ArgumentParser:
     gpm.add_argument("--gpm-busy-seconds", type=float, default=15.0, help="bf16 matmul phase (default: 15)")
     gpm.add_argument("--gpm-idle-seconds", type=float, default=10.0, help="idle phase (default: 10)")
     gpm.add_argument("--gpm-tick", type=float, default=1.0, help="seconds between GPM samples (default: 1)")
+    parser.add_argument("--pass-costs-only", action="store_true",
+                        help="only time the NVML calls of the agent's steady passes, 1 s apart")
+    parser.add_argument("--passes", type=int, default=30, help="steady passes timed (default: 30)")
     gpm.add_argument("--gpm-metric-costs-only", action="store_true",
                      help="only time nvmlGpmMetricsGet by the metrics asked")
     gpm.add_argument("--gpm-workload-child", action="store_true", help=argparse.SUPPRESS)
@@ -1492,6 +1541,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_sample_semantics(args)
     if args.gpm_metric_costs_only:
         return run_gpm_metric_costs(args)
+    if args.pass_costs_only:
+        return run_pass_costs(args)
     status = 0 if args.gpm_only else run_check(args)
     if not args.no_gpm and status != 2:
         status = max(status, run_gpm_check(args))

@@ -224,3 +224,13 @@ def test_the_metrics_get_cost_is_timed_by_the_metrics_asked(gpu_check, capsys):
     assert len(fake.called("nvmlGpmMetricsGet")) == 3 * (4 + 15) + 6 * 10
     assert [len(step["cpu_ms_per_call"]) for step in result["timeline"]] == [10] * 6
     assert all(s.freed for s in fake.gpm_samples) and fake.shutdown_calls == 1
+
+
+def test_the_steady_passes_are_timed_call_by_call(gpu_check):
+    fake = FakeNvml(gpus=[FakeGpu(), FakeGpu()])
+    result = gpu_check.steady_pass_costs(fake, passes=3, interval=0.01)
+    rows = {row["call"]: row for row in result["calls"]}
+    assert result["passes"] == 3 and result["median_pass_cpu_ms"] >= 0
+    assert rows["nvmlDeviceGetMemoryInfo"]["passes"] == 3
+    assert "nvmlDeviceGetUUID" not in rows  # asked in the first pass only
+    assert fake.shutdown_calls == 1
