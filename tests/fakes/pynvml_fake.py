@@ -210,40 +210,42 @@ def _ms(cpu: float, wall: float | None = None) -> CallCost:
 
 
 # What each pynvml call cost on a real H200 (driver 580.159.04, nvidia-ml-py 13.610.43,
-# 2026-12-04, benchmarks/results/2026-12-04-gpu_check-h200.txt): the median of 30 calls
-# back to back while a PyTorch job computed (benchmarks/gpu_check.py), or, for the calls a
-# steady pass makes once each, what one cost inside the agent's pass (`l9gpu snapshot
-# --timings` on that GPU: colder than back to back). Calls not listed cost DEFAULT_COST.
+# 2026-12-04): for the calls every steady pass makes, the median over 40 of the agent's
+# passes 1 s apart (benchmarks/results/2026-12-04-gpu_check-h200-pass-costs.txt; they run
+# colder than back to back); for the others, the median of 30 calls back to back while a
+# PyTorch job computed (benchmarks/results/2026-12-04-gpu_check-h200.txt). CPU time; the
+# wall time is the same except where given. Calls not listed cost DEFAULT_COST.
 H200_COSTS: Mapping[str, CallCost] = {
     "nvmlDeviceGetPcieThroughput": _ms(0.63, wall=20.7),  # blocks while the driver samples
-    "nvmlDeviceGetTotalEnergyConsumption": _ms(2.8),
+    "nvmlDeviceGetTotalEnergyConsumption": _ms(2.8),  # 6.3 ms once in a pass
     "nvmlDeviceGetProcessUtilization": _ms(1.83),
     "nvmlDeviceGetProcessesUtilizationInfo": _ms(1.86),
-    "nvmlDeviceGetMigMode": _ms(0.105),
+    "nvmlDeviceGetMigMode": _ms(0.105),  # 0.45 ms once in a pass
     "nvmlDeviceGetFanSpeed": _ms(0.1),  # NOT_SUPPORTED on H200, still costs
-    # in the agent's pass (0.034 ms back to back)
-    "nvmlDeviceGetComputeRunningProcesses_v3": _ms(0.14),
-    "nvmlDeviceGetComputeRunningProcesses_v2": _ms(0.14),
-    "nvmlDeviceGetComputeRunningProcesses": _ms(0.14),
-    "nvmlDeviceGetGraphicsRunningProcesses_v3": _ms(0.04),
-    "nvmlDeviceGetGraphicsRunningProcesses_v2": _ms(0.04),
-    "nvmlDeviceGetGraphicsRunningProcesses": _ms(0.04),
-    "nvmlDeviceGetMemoryInfo": _ms(0.08),  # in the agent's pass (0.007 back to back)
-    "nvmlEventSetWait": _ms(0.06),  # the XID poll, timeout 0, in the agent's pass
-    # once each in the agent's pass (0.001-0.004 ms back to back)
-    "nvmlDeviceGetUtilizationRates": _ms(0.011),
-    "nvmlDeviceGetPowerUsage": _ms(0.008),
-    "nvmlDeviceGetTemperatureV": _ms(0.016),
-    "nvmlDeviceGetTemperature": _ms(0.016),
+    # every pass (0.034 ms back to back)
+    "nvmlDeviceGetComputeRunningProcesses_v3": _ms(0.037),
+    "nvmlDeviceGetComputeRunningProcesses_v2": _ms(0.037),
+    "nvmlDeviceGetComputeRunningProcesses": _ms(0.037),
+    "nvmlDeviceGetGraphicsRunningProcesses_v3": _ms(0.015),
+    "nvmlDeviceGetGraphicsRunningProcesses_v2": _ms(0.015),
+    "nvmlDeviceGetGraphicsRunningProcesses": _ms(0.015),
+    "nvmlDeviceGetMemoryInfo": _ms(0.084),  # every pass (0.007 ms back to back)
+    "nvmlEventSetWait": _ms(0.059),  # the XID poll, timeout 0, once a pass
+    # every pass (0.001-0.004 ms back to back)
+    "nvmlDeviceGetUtilizationRates": _ms(0.012),
+    "nvmlDeviceGetPowerUsage": _ms(0.007),
+    "nvmlDeviceGetTemperatureV": _ms(0.014),
+    "nvmlDeviceGetTemperature": _ms(0.014),
     "nvmlDeviceGetClockInfo": _ms(0.005),
-    "nvmlDeviceGetCurrentClocksEventReasons": _ms(0.012),
-    "nvmlDeviceGetCurrentClocksThrottleReasons": _ms(0.012),
-    "nvmlDeviceGetTotalEccErrors": _ms(0.012),
+    "nvmlDeviceGetCurrentClocksEventReasons": _ms(0.01),
+    "nvmlDeviceGetCurrentClocksThrottleReasons": _ms(0.01),
+    "nvmlDeviceGetTotalEccErrors": _ms(0.0095),
     "nvmlGpmSampleGet": _ms(0.26),
     "nvmlGpmMigSampleGet": _ms(0.26),
-    # the agent's metrics; the first call 6.3 ms. Graphics activity is nearly all of it:
-    # every other metric together 0.0025 ms (GPM_WITHOUT_GRAPHICS)
-    "nvmlGpmMetricsGet": _ms(1.35),
+    # the agent's metrics, in its passes (1.35 ms under load, 1.5-1.7 ms back to back; the
+    # first call 6.3 ms). Graphics activity is nearly all of it: every other metric
+    # together 0.0025 ms (GPM_WITHOUT_GRAPHICS)
+    "nvmlGpmMetricsGet": _ms(1.87),
     # Health reads (benchmarks/gpu_check.py --health-calls-only, 50 calls each).
     "nvmlDeviceGetRemappedRows": _ms(0.003),
     "nvmlDeviceGetRowRemapperHistogram": _ms(0.002),
@@ -266,15 +268,15 @@ GPM_WITHOUT_GRAPHICS = _ms(0.0025)  # nvmlGpmMetricsGet of any metrics but graph
 # Calls not timed on the H200 (names, UUIDs, PCI info: once at start; the power limit).
 DEFAULT_COST = _ms(0.02)
 # nvmlDeviceGetFieldValues: the energy fields cost what the energy call costs; the two
-# PCIe byte counters 0.21 ms together back to back; the memory temperature alone 0.09-0.12
-# ms in the agent's pass (nothing beside the PCIe counters back to back); other fields the
-# default.
+# PCIe byte counters 0.21 ms together back to back; the memory temperature alone 0.029 ms
+# in the agent's passes; the six violation times 0.6 ms together back to back (1.4 ms for
+# a health read's whole call in a pass); other fields the default.
 FIELD_COSTS: Mapping[int, float] = {
     NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: 2.8 * _MS,
     191: 2.8 * _MS,  # NVML_FI_DEV_ENERGY (newer drivers)
     NVML_FI_DEV_PCIE_COUNT_TX_BYTES: 0.105 * _MS,
     NVML_FI_DEV_PCIE_COUNT_RX_BYTES: 0.105 * _MS,
-    NVML_FI_DEV_MEMORY_TEMP: 0.1 * _MS,
+    NVML_FI_DEV_MEMORY_TEMP: 0.029 * _MS,
     # the six violation times: 0.60-0.63 ms together, one sixth of six ViolationStatus calls
     **{field: 0.105 * _MS for field in range(NVML_FI_DEV_PERF_POLICY_POWER, NVML_FI_DEV_PERF_POLICY_RELIABILITY + 1)},
 }
