@@ -44,6 +44,12 @@ seen a window before. A driver that averages since the timestamp asked for answe
 the child's busy share of the window; one that keeps only its last sampling period answers
 0 or 100. Its report goes to ``$OUT/gpu_check_samples.json``.
 
+Two cost readings end the run, each also alone: ``--gpm-metric-costs-only`` times
+``nvmlGpmMetricsGet`` by the metrics asked (the agent's list, subsets, each metric alone;
+``$OUT/gpu_check_gpm_costs.json``), ``--pass-costs-only`` the NVML calls of ``--passes``
+of the agent's own steady passes 1 s apart, call by call (``$OUT/gpu_check_pass_costs.json``):
+the figures of the NVML fake's cost model.
+
 NVML reports host PIDs: run this on the host, or in a container that shares the host's
 PID namespace, and preferably on an otherwise idle GPU (other processes allocating memory
 during the run disturb the memory comparison). ``--device`` is the NVML index; the child
@@ -1138,9 +1144,16 @@ def steady_pass_costs(nvml: Any, passes: int = 30, interval: float = 1.0) -> dic
 
 
 def run_pass_costs(args: argparse.Namespace) -> int:
+    """The steady-pass cost reading: 0, or 1 when the NVML backend cannot open."""
     import pynvml  # type: ignore[import-untyped,unused-ignore]
 
-    result = steady_pass_costs(pynvml, passes=args.passes)
+    from exporter.devices.base import BackendUnavailable
+
+    try:
+        result = steady_pass_costs(pynvml, passes=args.passes)
+    except (pynvml.NVMLError, BackendUnavailable) as exc:
+        print(f"FAIL  pass costs: {exc}")
+        return 1
     print(f"\nthe agent's steady passes, 1 s apart: {result['passes']} passes, median "
           f"{result['median_pass_cpu_ms']} ms of CPU in NVML calls a pass")
     for row in result["calls"]:
@@ -1152,9 +1165,14 @@ def run_pass_costs(args: argparse.Namespace) -> int:
 
 
 def run_gpm_metric_costs(args: argparse.Namespace) -> int:
+    """The GPM metric-cost reading: 0, or 1 when NVML refuses it."""
     import pynvml  # type: ignore[import-untyped,unused-ignore]
 
-    result = gpm_metric_costs(pynvml, args.device)
+    try:
+        result = gpm_metric_costs(pynvml, args.device)
+    except pynvml.NVMLError as exc:
+        print(f"FAIL  gpm metric costs: {exc}")
+        return 1
     print("\nnvmlGpmMetricsGet by the metrics asked (median CPU per call)")
     for row in result.get("rows", []):
         failed = f"  failed: {', '.join(row['failed'])}" if row["failed"] else ""
@@ -1550,6 +1568,10 @@ def main(argv: list[str] | None = None) -> int:
         status = max(status, run_health_calls(args))
     if not args.no_samples and not args.gpm_only and status != 2:
         status = max(status, run_sample_semantics(args))
+    if not args.no_gpm and status != 2:
+        status = max(status, run_gpm_metric_costs(args))
+    if not args.gpm_only and status != 2:
+        status = max(status, run_pass_costs(args))
     return status
 
 
