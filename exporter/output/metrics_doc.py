@@ -49,8 +49,9 @@ GPM_DOC: tuple[str, ...] = (
     "- **MIG.** In MIG mode each MIG instance (`gpu_instance` label) has its own values; the parent "
     "GPU has none.",
     "- **A metric a device does not report** (NVLink on a card without it) is absent, never 0.",
-    "- **Cost.** Only the metrics of exported families are asked. On an H200 a GPM read cost "
-    "1.7 ms a GPU, 1.4 ms of it graphics activity; with `gpu_graphics_active_ratio` and "
+    "- **Cost.** Only the metrics of exported families are asked. On an H200 a GPM read (the "
+    "sample and the metrics) cost about 2.1 ms of CPU a GPU in the agent's passes, nearly all of "
+    "it graphics activity; with `gpu_graphics_active_ratio` and "
     "`container_gpu_graphics_active_ratio` disabled (`--disable-metric`), 0.26 ms (see "
     "docs/PERFORMANCE.md).",
     "- **Per workload.** `container_gpu_*` copies of these families exist only on a GPU or MIG "
