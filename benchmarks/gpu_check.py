@@ -344,6 +344,12 @@ def process_sample_buffer(device: int, windows: tuple[float, ...] = (0.5, 1.0, 2
         pynvml.nvmlShutdown()
 
 
+def write_report(name: str, data: Any) -> None:
+    """``data`` as JSON to ``$OUT/name``, where ``$OUT`` is set."""
+    if os.environ.get("OUT"):
+        (Path(os.environ["OUT"]) / name).write_text(json.dumps(data, indent=2))
+
+
 def print_call_costs(rows: list[dict[str, Any]]) -> None:
     print(f"{'NVML call (median)':<58}{'wall ms':>9}{'CPU ms':>9}  outcome")
     for row in rows:
@@ -1159,8 +1165,7 @@ def run_pass_costs(args: argparse.Namespace) -> int:
     for row in result["calls"]:
         print(f"  {row['call']:<46} in {row['passes']:>3} passes  median {row['median_cpu_ms']:>8.4f} ms  "
               f"max {row['max_cpu_ms']:>8.4f} ms")
-    if os.environ.get("OUT"):
-        (Path(os.environ["OUT"]) / "gpu_check_pass_costs.json").write_text(json.dumps(result, indent=2))
+    write_report("gpu_check_pass_costs.json", result)
     return 0
 
 
@@ -1181,8 +1186,7 @@ def run_gpm_metric_costs(args: argparse.Namespace) -> int:
         print(f"  fresh samples, {step['what']:<22} ms per call: {step['cpu_ms_per_call']}")
     if result["status"] != "measured":
         print(f"SKIP  gpm metric costs: {result['reason']}")
-    if os.environ.get("OUT"):
-        (Path(os.environ["OUT"]) / "gpu_check_gpm_costs.json").write_text(json.dumps(result, indent=2))
+    write_report("gpu_check_gpm_costs.json", result)
     return 0
 
 
@@ -1202,8 +1206,7 @@ def run_gpm_check(args: argparse.Namespace) -> int:
                          args.gpm_busy_seconds + args.gpm_idle_seconds + args.startup_timeout + 30, tick=args.gpm_tick)
     result["workload"] = workload.events
     report_gpm(result)
-    if os.environ.get("OUT"):
-        (Path(os.environ["OUT"]) / "gpu_check_gpm.json").write_text(json.dumps(result, indent=2))
+    write_report("gpu_check_gpm.json", result)
     return 1 if result["status"] == "failed" else 0
 
 
@@ -1358,8 +1361,7 @@ def run_sample_semantics(args: argparse.Namespace) -> int:
         print(f"  window read at t={w['t']:6.1f} s over {w['span_s']:.1f} s: sm {w['sm']} "
               f"against a busy share of {100 * w['busy_share']:.0f}%")
     print(f"  window reads' median distance from the busy share: {result['window_median_error_points']} points")
-    if os.environ.get("OUT"):
-        (Path(os.environ["OUT"]) / "gpu_check_samples.json").write_text(json.dumps(result, indent=2))
+    write_report("gpu_check_samples.json", result)
     return 0
 
 
@@ -1497,8 +1499,7 @@ def run_health_calls(args: argparse.Namespace) -> int:
 
     rows = health_calls_section(pynvml, args.device, args.health_repeats)
     report_health_calls(rows)
-    if os.environ.get("OUT"):
-        (Path(os.environ["OUT"]) / "gpu_check_health.json").write_text(json.dumps(rows, indent=2))
+    write_report("gpu_check_health.json", rows)
     return 0
 
 
