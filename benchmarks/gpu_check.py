@@ -75,7 +75,7 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The GPM and health sections read through the agent's own code.
@@ -294,6 +294,22 @@ def measure_call_costs(device: int, repeats: int = 30) -> list[dict[str, Any]]:
         pynvml.nvmlShutdown()
 
 
+def process_samples_reader(nvml: Any, handle: Any) -> Callable[[int], list[Any]]:
+    """The GPU's per-process samples newer than a timestamp (microseconds), asked as the
+    agent asks them: ``nvmlDeviceGetProcessesUtilizationInfo`` where the binding has it,
+    else ``nvmlDeviceGetProcessUtilization``; none where the driver answers an error
+    (NOT_FOUND: no sample that new)."""
+    read = getattr(nvml, "nvmlDeviceGetProcessesUtilizationInfo", None) or nvml.nvmlDeviceGetProcessUtilization
+
+    def samples(since: int) -> list[Any]:
+        try:
+            return list(read(handle, since))
+        except nvml.NVMLError:
+            return []
+
+    return samples
+
+
 def process_sample_buffer(device: int, windows: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0)
                           ) -> list[dict[str, Any]]:
     """How many per-process utilisation samples the driver keeps: for each window, the
@@ -312,15 +328,7 @@ def process_sample_buffer(device: int, windows: tuple[float, ...] = (0.5, 1.0, 2
 
     pynvml.nvmlInit()
     try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(device)
-        read = getattr(pynvml, "nvmlDeviceGetProcessesUtilizationInfo", None) or \
-            pynvml.nvmlDeviceGetProcessUtilization
-
-        def samples(since: int) -> list[Any]:
-            try:
-                return list(read(h, since))
-            except pynvml.NVMLError:
-                return []
+        samples = process_samples_reader(pynvml, pynvml.nvmlDeviceGetHandleByIndex(device))
 
         def row(window: float | str, got: list[Any]) -> dict[str, Any]:
             stamps = sorted({int(s.timeStamp) for s in got})
@@ -1277,14 +1285,10 @@ def sample_semantics(nvml: Any, device: int, python: str, period: float, seconds
         except queue.Empty:
             return {"status": "failed", "reason": f"the duty child did not start within {startup_timeout:g} s"}
         pid, start = int(started["pid"]), float(started["start"])
-        h = nvml.nvmlDeviceGetHandleByIndex(device)
-        read = getattr(nvml, "nvmlDeviceGetProcessesUtilizationInfo", None) or nvml.nvmlDeviceGetProcessUtilization
+        samples = process_samples_reader(nvml, nvml.nvmlDeviceGetHandleByIndex(device))
 
         def mine(since: int) -> list[Any]:
-            try:
-                return [s for s in read(h, since) if int(s.pid) == pid]
-            except nvml.NVMLError:
-                return []
+            return [s for s in samples(since) if int(s.pid) == pid]
 
         def latest() -> int:
             return max((int(s.timeStamp) for s in mine(0)), default=0)
