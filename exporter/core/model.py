@@ -252,6 +252,11 @@ class Workload:
     owner_kind: str = ""
     owner_name: str = ""
     labels: tuple[tuple[str, str], ...] = ()
+    # The distributed training job the workload is a rank of, as its scheduler names it
+    # (Kubeflow, JobSet, Volcano, LeaderWorkerSet, KubeRay, Slurm), and its rank or index
+    # within that job; "" for a workload of no job (docs/TRAINING.md).
+    training_job: str = ""
+    training_rank: str = ""
 
     @property
     def attributed(self) -> bool:
