@@ -256,6 +256,14 @@ def test_every_schedulers_job_reaches_the_series_the_snapshot_the_page_and_the_e
             labels = series[pod.name]
             assert (labels.get("training_job"), labels.get("training_rank")) == (pod.job or None, pod.rank or None)
         assert (series["4242"]["training_job"], series["4242"]["training_rank"]) == ("4242", "13")
+        try:  # the OTLP bridge's attributes (where the OpenTelemetry SDK is installed)
+            from bridge import convert
+        except ImportError:
+            convert = None
+        if convert is not None:
+            otlp = convert.attributes(series["bert-worker-2"])
+            assert (otlp["training.job.name"], otlp["training.job.rank"]) == ("bert", "worker-2")
+            assert not any(key.startswith("training.") for key in convert.attributes(series["chat-7d9f8-abcde"]))
         plain = [line for line in text.splitlines() if 'pod="chat-7d9f8-abcde"' in line]
         assert plain and not any("training_" in line for line in plain)  # absent, not empty
         ray = [line for line in text.splitlines() if 'pod="rl-raycluster' in line]
