@@ -80,7 +80,9 @@ def test_document_lists_every_workload_with_its_flags_and_the_parts_add_up():
     assert notebook["idle_seconds"] == 30.0 and notebook["allocated"] is True and notebook["pids"] == [61001]
     assert notebook["owner_kind"] == "StatefulSet" and notebook["pod_labels"] == {"team": "data-science"}
     slurm = next(w for w in gpus[6]["workloads"] if w["kind"] == "slurm")
-    assert slurm["owner"] == "slurm job 4242 step 0 (bob)" and slurm["allocated"] is None and not slurm["zombie"]
+    assert slurm["owner"] == "slurm job 4242 step 0 rank 0 (bob)" and slurm["allocated"] is None and not slurm["zombie"]
+    assert (slurm["training_job"], slurm["training_rank"]) == ("4242", "0")
+    assert notebook["training_job"] == "" and notebook["training_rank"] == ""  # a pod of no job
     assert gpus[1]["unattributed"] == {"memory_used_bytes": GIB // 4, "processes": 1}
     for gpu in doc["gpus"]:  # per GPU, workloads plus unattributed memory is every process's memory
         parts = sum(w["memory_used_bytes"] for w in gpu["workloads"]) + gpu["unattributed"]["memory_used_bytes"]
