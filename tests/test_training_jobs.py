@@ -107,6 +107,9 @@ def test_a_pytorchjob_master_and_a_job_without_indices() -> None:
     assert training.from_pod({"training.kubeflow.org/job-name": "bert", "training.kubeflow.org/replica-type": "Master",
                               "training.kubeflow.org/replica-index": "0"}) == ("bert", "master-0")
     assert training.from_pod({"training.kubeflow.org/job-name": "bert"}) == ("bert", "")
+    # kubeflow/mpi-operator v2: the role instead of a replica type
+    assert training.from_pod({"training.kubeflow.org/job-name": "nccl-tests", "training.kubeflow.org/job-role": "worker",
+                              "training.kubeflow.org/replica-index": "1"}) == ("nccl-tests", "worker-1")
 
 
 def test_an_annotation_of_any_length_is_cut_and_a_rank_never_stands_without_its_job() -> None:

@@ -29,6 +29,8 @@ NO_JOB: Identity = ("", "")
 KUBEFLOW_JOB = "training.kubeflow.org/job-name"
 KUBEFLOW_REPLICA_TYPE = "training.kubeflow.org/replica-type"
 KUBEFLOW_REPLICA_INDEX = "training.kubeflow.org/replica-index"
+# kubeflow/mpi-operator v2 names a pod's role here (launcher, worker) instead of a replica type.
+KUBEFLOW_JOB_ROLE = "training.kubeflow.org/job-role"
 # Kubeflow Trainer v2 (TrainJob): the pods are a JobSet's, labelled with the TrainJob too
 # (kubeflow/trainer constants.LabelTrainJobName, set through the runtime's pod labels).
 TRAINJOB_NAME = "trainer.kubeflow.org/trainjob-name"
@@ -87,7 +89,10 @@ def _trainer(get: Lookup) -> Identity | None:
 
 def _kubeflow(get: Lookup) -> Identity | None:
     job = get(KUBEFLOW_JOB)
-    return (job, _joined(get(KUBEFLOW_REPLICA_TYPE).lower(), get(KUBEFLOW_REPLICA_INDEX))) if job else None
+    if not job:
+        return None
+    role = get(KUBEFLOW_REPLICA_TYPE) or get(KUBEFLOW_JOB_ROLE)
+    return job, _joined(role.lower(), get(KUBEFLOW_REPLICA_INDEX))
 
 
 def _jobset(get: Lookup) -> Identity | None:
