@@ -41,7 +41,6 @@ import os
 import re
 import stat
 from dataclasses import dataclass
-from typing import Any
 
 from exporter.core.escape import for_terminal
 
