@@ -398,6 +398,14 @@ def test_the_readme_snapshot_sample_is_what_the_simulated_node_prints():
     assert pieces[-1][-1] == output[-1], "the sample ends as the output does"
 
 
+def test_the_snapshot_sample_asks_a_port_no_agent_listens_on(no_agent_url):
+    """Whatever listens on the agent's default port (a demo, another agent), the sample's
+    command asks a port held closed for the tests (tests/conftest.py), so it prints the same."""
+    from exporter.app.cli import DEFAULT_INCIDENTS_FROM, build_parser
+
+    assert build_parser().parse_args(["snapshot"]).incidents_from == no_agent_url != DEFAULT_INCIDENTS_FROM
+
+
 def test_the_normaliser_keeps_the_layout():
     assert normalise("6    NVIDIA H100  85%   79.0/80.0   606  5") == normalise("6  NVIDIA H100 87%  9.5/80.0 1621 15")
     assert normalise("6 NVIDIA H100 85% 79.0/80.0") != normalise("6 NVIDIA H100 85% 79.0 of 80.0")
