@@ -285,9 +285,15 @@ def test_a_gpu_fallen_off_the_bus_is_down_on_metrics_and_the_page(tmp_path):
         assert '<span class="state">down</span>' in section and "GPU is lost" in card
         assert result.stdout.count('<span class="state">down</span>') == 1
         assert "util" not in card and "%" not in card  # no utilisation, no pods' SM shares
-        assert any(item.startswith("GPU 3 is down: GPU is lost") for item in dom.attention), dom.attention
+        assert "GPU 3 is down: GPU is lost" in dom.attention, dom.attention  # said once, not "lost: GPU is lost"
         assert any(item.startswith("GPU 3 is unhealthy (gpu_lost") and "reboot node" in item for item in dom.attention)
-        assert dom.summary.startswith("3 of 4 GPUs up"), dom.summary
+        # who was on it when it fell off: on its card, in the workload count (7: the three on GPU 3 too)
+        holders = ["search/embedder-7c9f5-abcde/embedder", "search/reranker-5b8d4-fghij/reranker",
+                   "docs/ocr-worker-66f7d-klmno/ocr"]
+        assert "on it when it went down:" in card and all(who in card for who in holders), card
+        assert dom.summary.startswith("3 of 4 GPUs up · 7 workloads"), dom.summary
+        gpu_3 = next(g for g in json.loads(agent.get("/api/v1/snapshot")[2])["gpus"] if g["index"] == 3)
+        assert gpu_3["error"] == "GPU is lost" and sorted(w["owner"] for w in gpu_3["last_holders"]) == sorted(holders)
         # the Incidents panel: "GPU 3" never wraps between its two words
         wait_until(lambda: '<td>GPU&nbsp;3</td>' in dump_dom(agent.url + "/", tmp_path).stdout,
                    what="the Xid 79 incident on the page")

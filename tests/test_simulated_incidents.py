@@ -239,7 +239,7 @@ def test_after_xid_79_the_simulated_driver_answers_for_that_gpu_as_a_lost_one():
     after = {d.index: d for d in backend.sample(now[0])}
     lost = after[3]
     assert (lost.up, lost.error, lost.processes, lost.utilization, lost.memory_used_bytes) == (
-        False, "GPU is lost: GPU is lost", (), None, None)
+        False, "GPU is lost", (), None, None)
     assert lost.health_signals is not None and lost.health_signals.gpu_lost and dict(lost.xid_errors) == {"79": 1}
     assert (lost.uuid, lost.model, lost.pci_bus_id) == (before[3].uuid, before[3].model, before[3].pci_bus_id)
     assert all(after[i].up for i in (0, 1, 2)) and backend.errors() == {"gpu_lost": 1}

@@ -288,6 +288,8 @@ def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None,
         gpu = f"{d.index}" + (f"/{d.gpu_instance}" if d.gpu_instance else "")
         if not d.up:
             lines.append(f"{gpu:<4} {d.model[:28]:<28} DOWN: {d.error}")
+            lines += [f"       was on it when it went down: {describe_owner(u.workload)}"
+                      for u in snap.workloads if u.stranded and u.device_key == d.key]
             continue
         util = "-" if d.utilization is None else f"{d.utilization * 100:.0f}%"
         mem = f"{_gib(d.memory_used_bytes)}/{_gib(d.memory_total_bytes)}"

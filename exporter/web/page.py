@@ -180,8 +180,11 @@ def _gpu_card(gpu: Mapping[str, Any], interval: float) -> str:
             f'<span class="state">{"up" if gpu.get("up", True) else "down"}</span></h2>{why}')
     anchor = f'gpu-{_e(gpu.get("index", ""))}' + (f'-{_e(gpu["gpu_instance"])}' if gpu.get("gpu_instance") else "")
     if not gpu.get("up", True):
+        holders = gpu.get("last_holders") or ()
+        were = (f'<p class="none">on it when it went down:</p><ul class="holders">'
+                + "".join(f'<li class="who">{_who(w)}</li>' for w in holders) + "</ul>") if holders else ""
         return (f'<section class="gpu down" id="{anchor}" data-uuid="{_e(gpu.get("uuid", ""))}">{head}'
-                f'<p class="error">{_e(gpu.get("error") or "not readable")}</p></section>')
+                f'<p class="error">{_e(gpu.get("error") or "not readable")}</p>{were}</section>')
     used, total = gpu.get("memory_used_bytes"), gpu.get("memory_total_bytes")
     mem_ratio = used / total if used is not None and total else None
     mem_text = f"{_bytes(used)} / {_bytes(total)}" if total else _bytes(used)
@@ -259,7 +262,9 @@ def _workload_key(w: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def _summary(gpus: Sequence[Mapping[str, Any]]) -> str:
     up = [g for g in gpus if g.get("up", True)]
-    workloads = len({_workload_key(w) for g in up for w in g.get("workloads") or ()})
+    # a down GPU's last holders count too: nobody can read their processes there, they are still on the node
+    workloads = len({_workload_key(w) for g in up for w in g.get("workloads") or ()}
+                    | {_workload_key(w) for g in gpus if not g.get("up", True) for w in g.get("last_holders") or ()})
     used = sum(g.get("memory_used_bytes") or 0 for g in up)
     total = sum(g.get("memory_total_bytes") or 0 for g in up)
     power = [g["power_watts"] for g in up if g.get("power_watts") is not None]
