@@ -181,7 +181,7 @@ def _gpu_card(gpu: Mapping[str, Any], interval: float) -> str:
     anchor = f'gpu-{_e(gpu.get("index", ""))}' + (f'-{_e(gpu["gpu_instance"])}' if gpu.get("gpu_instance") else "")
     if not gpu.get("up", True):
         holders = gpu.get("last_holders") or ()
-        were = (f'<p class="none">on it when it went down:</p><ul class="holders">'
+        were = ('<p class="none">on it when it went down:</p><ul class="holders">'
                 + "".join(f'<li class="who">{_who(w)}</li>' for w in holders) + "</ul>") if holders else ""
         return (f'<section class="gpu down" id="{anchor}" data-uuid="{_e(gpu.get("uuid", ""))}">{head}'
                 f'<p class="error">{_e(gpu.get("error") or "not readable")}</p>{were}</section>')
