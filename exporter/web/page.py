@@ -83,7 +83,8 @@ def _who(w: Mapping[str, Any]) -> str:
         return text
     if w.get("pod"):
         parts = f'<span class="ns">{_e(w.get("namespace", ""))}/</span><span class="pod">{_e(w["pod"])}</span>'
-        return parts + (f'<span class="ns">/</span>{_e(w["container"])}' if w.get("container") else "")
+        return parts + (f'<span class="ns">/</span><span class="ctr">{_e(w["container"])}</span>'
+                        if w.get("container") else "")
     return _e(w.get("owner") or w.get("kind") or "unknown")
 
 
@@ -96,7 +97,8 @@ def _details(w: Mapping[str, Any], comms: Mapping[int, str]) -> str:
     if w.get("owner_kind") and w.get("owner_name"):
         bits.append(f"{w['owner_kind']} {w['owner_name']}")
     bits += [f"{k}={v}" for k, v in (w.get("pod_labels") or {}).items() if v]
-    return f'<div class="sub">{_e(" · ".join(bits))}</div>' if bits else ""
+    return (f'<div class="sub">{" · ".join(f"<span class=bit>{_e(bit)}</span>" for bit in bits)}</div>'
+            if bits else "")
 
 
 def _allocated(value: Any) -> str:
