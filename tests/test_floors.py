@@ -16,6 +16,7 @@ named module by module, so a lazy import that hides one shows where to cut.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -200,3 +201,22 @@ def test_no_circle_between_modules_of_a_package():
     circles = _circles(_package_graph())
     assert not circles, "modules of one package import each other in a circle (function-local imports count): " + \
         "; ".join(" -> ".join(circle) for circle in circles)
+
+
+def _claims() -> list[tuple[str, str]]:
+    """(folder, what docs/ARCHITECTURE.md's map says it imports: "nothing" or "only X/") for each
+    folder whose line in the map says it."""
+    rooms = (REPO / "docs" / "ARCHITECTURE.md").read_text().split("## The rooms", 1)[1].split("```", 2)[1]
+    text = re.sub(r"\s+", " ", rooms)
+    return [(folder, claim) for folder, claim in
+            re.findall(r"(?<![\w/])(\w+)/ [^/]*?imports (nothing of the agent|only \w+/)", text)]
+
+
+def test_what_the_map_says_a_folder_imports_is_what_it_imports():
+    claims = _claims()
+    assert "core" in dict(claims), f"the map's line about core/ is not read: {claims}"
+    for folder, claim in claims:
+        allowed = set() if claim.startswith("nothing") else {claim.removeprefix("only ").rstrip("/")}
+        imported = {target for source, target, _ in ARROWS if source == folder}
+        assert imported <= allowed, (f"docs/ARCHITECTURE.md says exporter/{folder}/ imports {claim}, but it "
+                                     f"imports from {sorted(imported)}: mend the sentence or the imports")
