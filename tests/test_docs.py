@@ -412,6 +412,23 @@ def test_the_normaliser_keeps_the_layout():
     assert normalise("pid 1 python 70.0 GiB sm 0%") != normalise("pid 1 python 70.0 GiB 0%")
 
 
+def test_performance_leads_with_the_current_figures_one_table_per_node_shape():
+    """docs/PERFORMANCE.md opens with the current figures, one table per node shape, every
+    row naming its command and its date; the history of each figure lives in a results file."""
+    text = (REPO / "docs" / "PERFORMANCE.md").read_text()
+    assert re.findall(r"^## (.+)$", text, re.M)[0] == "The current figures, per node shape"
+    lead = text.split("\n## ", 2)[1]
+    shapes = re.split(r"^### ", lead, flags=re.M)[1:]
+    assert len(shapes) >= 5, "one table per node shape"
+    for shape in shapes:
+        rows = [line for line in shape.splitlines() if line.startswith("| ") and not line.startswith("| what")
+                and not line.startswith("| report")]
+        assert rows, f"{shape.splitlines()[0]}: no table"
+        for row in rows:
+            assert re.search(r"`(python3? benchmarks/|pytest tests/|sh benchmarks/)", row) and \
+                re.search(r"\b20\d\d-\d\d-\d\d\b", row), f"a figure without its command and date: {row}"
+
+
 def test_every_benchmark_figure_cites_a_results_file_that_exists():
     cited: set[str] = set()
     for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
