@@ -90,7 +90,7 @@ gpu-wheels:
 		--platform manylinux_2_17_x86_64 -d .whl nvitop-exporter==1.7.2 nvitop==1.7.2
 
 docs: venv
-	$(PY) -m exporter.output.catalogue > docs/METRICS.md
+	$(PY) -m exporter.output.metrics_doc > docs/METRICS.md
 	$(PY) -m exporter inference-rules -o alerts/l9gpu-inference.rules.yaml
 	$(PY) -m exporter.report.rules > alerts/l9gpu-chargeback.rules.yaml
 	cp alerts/l9gpu.rules.yaml alerts/l9gpu-inference.rules.yaml alerts/l9gpu-chargeback.rules.yaml charts/l9gpu/files/

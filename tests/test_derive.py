@@ -110,6 +110,26 @@ def test_vanished_workload_keeps_counters_for_the_grace_period_then_goes():
     assert "a" not in by_pod(d)
 
 
+def test_a_gpu_that_goes_down_keeps_its_last_holders_for_the_grace_period():
+    """Who was on a GPU in its last pass up stays known while it is down (the page's card,
+    the workload count), for as long as their counters are kept; one that left before it
+    went down is not one of them."""
+    owners = {1: pod("a"), 2: pod("b"), 3: pod("left")}
+    both = [ProcessSample(1, GIB, 0.5), ProcessSample(2, GIB, 0.2)]
+    state, _ = step(DeriveState(), 0.0, "n", [gpu(procs=[*both, ProcessSample(3, GIB, 0.1)])], owners,
+                    grace_seconds=30)
+    state, _ = step(state, 5.0, "n", [gpu(procs=both)], owners, grace_seconds=30)  # "left" exits
+    state, d = step(state, 10.0, "n", [gpu(up=False)], owners, grace_seconds=30)  # the GPU falls off the bus
+    assert {u.workload.pod: (u.present, u.stranded) for u in d.workloads} == {
+        "a": (False, True), "b": (False, True), "left": (False, False)}
+    state, d = step(state, 35.0, "n", [gpu(up=False)], owners, grace_seconds=30)  # still down, 25 s later
+    assert sorted(u.workload.pod for u in d.workloads if u.stranded) == ["a", "b"]
+    state, d = step(state, 41.0, "n", [gpu(up=False)], owners, grace_seconds=30)  # the grace period is over
+    assert not d.workloads
+    state, d = step(state, 42.0, "n", [gpu(procs=both)], owners, grace_seconds=30)  # back, with them on it
+    assert [(u.present, u.stranded) for u in d.workloads] == [(True, False), (True, False)]
+
+
 def test_down_device_keeps_energy_but_reports_no_workloads():
     owners = {1: pod("a")}
     state, _ = step(DeriveState(), 0.0, "n", [gpu(energy=10.0, procs=[ProcessSample(1, GIB, 0.5)])], owners)

@@ -13,6 +13,7 @@ from exporter.core.escape import for_terminal
 from exporter.devices import joined_name
 from exporter.devices.capabilities import CallTiming, Timings
 from exporter.devices.nvml.gpm import WARMING_UP
+from exporter.devices.simulated.backend import SimulatedBackend
 from exporter.output.snapshot_json import describe_owner, document_json, duration, snapshot_document
 
 # `l9gpu snapshot` measures GPM activity over this long (two samples this far apart).
@@ -22,6 +23,8 @@ SNAPSHOT_GPM_WINDOW = 1.0
 SNAPSHOT_POD_LIST_WAIT = 10.0
 # `l9gpu snapshot` waits at most this long (seconds) for the agent's recent incidents.
 INCIDENTS_WAIT = 2.0
+# What the node line says of the simulated node: this command's pass is its scenario's start.
+REPLAYED = "simulated: its scenario replayed from the start, not where an agent running it is now"
 
 
 def snapshot(args: argparse.Namespace) -> int:
@@ -69,8 +72,9 @@ def snapshot(args: argparse.Namespace) -> int:
         source = getattr(args, "incidents_from", "off")
         agent = (ask_node_agent(source, snap.node, min(args.timeout, INCIDENTS_WAIT))
                  if source and source != "off" else None)
+        replayed = any(isinstance(b, SimulatedBackend) for b in backends)  # from its scenario's start
         verdicts = agent.health if agent is not None else None
-        print(format_table(snap, statuses, verdicts))
+        print(format_table(snap, statuses, verdicts, replayed=replayed))
         doc = snapshot_document(snap, extra_names, statuses)
         if verdicts is not None:  # "needs a look" lists what the agent's page lists
             for gpu in doc["gpus"]:
@@ -256,13 +260,15 @@ def _allocations_by_device(snap: Any) -> dict[str, list[Any]]:
 
 
 def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None,
-                 verdicts: Mapping[str, Any] | None = None) -> str:
+                 verdicts: Mapping[str, Any] | None = None, replayed: bool = False) -> str:
     """A plain-text table: one line per GPU, then its GPM activity (or why it has none) and
     one indented line per process and allocation.
 
     ``verdicts`` are the health verdicts of the agent serving the node, by GPU UUID (the
     ``health`` objects of its /api/v1/snapshot): the HEALTH column shows them. Without them
     it shows this pass's own verdicts, and its title says they are from one pass.
+    ``replayed``: the node is the simulated one, its scenario played from its start for this
+    command (the node line says so: an agent running the same scenario is further on).
 
     Process names, pod, namespace and container names and Slurm fields are chosen by the
     node's users, and device names and errors come from the driver: every line is passed
@@ -271,7 +277,7 @@ def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None,
     """
     title = "HEALTH" if verdicts is not None else "HEALTH (1 PASS)"
     width = max(10, len(title))
-    lines = [f"node {snap.node}",
+    lines = [f"node {snap.node}" + (f" ({REPLAYED})" if replayed else ""),
              f"{'GPU':<4} {'MODEL':<28} {'UTIL':>5} {'MEMORY GiB':>14} {'POWER W':>8}  {title:<{width}} PROCESSES",
              f"       {'PID':<12} {'COMMAND':<16} {'MEMORY':>10}  {'SM':>7}  OWNER"]
     by_device: dict[str, list[Any]] = {}
@@ -282,6 +288,8 @@ def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None,
         gpu = f"{d.index}" + (f"/{d.gpu_instance}" if d.gpu_instance else "")
         if not d.up:
             lines.append(f"{gpu:<4} {d.model[:28]:<28} DOWN: {d.error}")
+            lines += [f"       was on it when it went down: {describe_owner(u.workload)}"
+                      for u in snap.workloads if u.stranded and u.device_key == d.key]
             continue
         util = "-" if d.utilization is None else f"{d.utilization * 100:.0f}%"
         mem = f"{_gib(d.memory_used_bytes)}/{_gib(d.memory_total_bytes)}"

@@ -273,7 +273,8 @@ def build_incident_watch(args: argparse.Namespace, log_records: IncidentLogs | N
     `exporter.incidents.simulated`) comes before the machine's."""
     from exporter.core.labels import label_schema
     from exporter.incidents.engine import IncidentConfig, IncidentTracker
-    from exporter.incidents.kmsg import KernelLogUnavailable, open_kernel_log
+    from exporter.incidents.kernel_log import open_kernel_log
+    from exporter.incidents.kmsg import KernelLogUnavailable
     from exporter.incidents.simulated import scenario_kernel_log
     from exporter.incidents.watch import IncidentWatch
 
@@ -281,7 +282,7 @@ def build_incident_watch(args: argparse.Namespace, log_records: IncidentLogs | N
     node = simulated_node(backends) if args.kernel_log == "auto" else None
     own = scenario_kernel_log(node) if node is not None else None
     try:
-        kernel_log = own if own is not None else open_kernel_log(args.kernel_log)
+        kernel_log = open_kernel_log(args.kernel_log, node_log=own)
     except KernelLogUnavailable as exc:
         raise UsageError(f"l9gpu: --kernel-log {exc}") from None
     events = None

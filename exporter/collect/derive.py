@@ -80,6 +80,7 @@ class WorkloadCounters(NamedTuple):
     idle_since: float | None = None
     last_seen: float = 0.0
     workload: Workload = UNKNOWN
+    stranded: bool = False  # on the GPU in its last pass up, before it went down
 
 
 _NO_COUNTERS = WorkloadCounters()  # a workload's counters before its first pass
@@ -469,11 +470,14 @@ def advance_workload(old: WorkloadCounters, share: HolderShare, device_key: str,
 
 
 def expire_workloads(counters: dict[WorkloadKey, WorkloadCounters], seen: set[WorkloadKey], now: float,
-                     grace_seconds: float) -> list[WorkloadUsage]:
+                     grace_seconds: float, down: frozenset[str] = frozenset(),
+                     last_now: float | None = None) -> list[WorkloadUsage]:
     """Vanished workloads: their counters stay exported for the grace period, then go.
 
     Removes the expired ones from ``counters`` and clears the others' idle timers; returns
-    the usages (``present=False``) of those still kept.
+    the usages (``present=False``) of those still kept. On a GPU that is ``down``, those seen
+    in the pass before (``last_now``: the GPU's last pass up) are its last holders
+    (``stranded``), for as long as they are kept.
     """
     kept: list[WorkloadUsage] = []
     for wkey, old in list(counters.items()):
@@ -482,13 +486,15 @@ def expire_workloads(counters: dict[WorkloadKey, WorkloadCounters], seen: set[Wo
         if now - old.last_seen > grace_seconds:
             del counters[wkey]
             continue
+        on_down_gpu = wkey[0] in down
+        stranded = on_down_gpu and (old.stranded or old.last_seen == last_now)
         kept.append(WorkloadUsage(
             device_key=wkey[0], workload=old.workload, labels=wkey[1], memory_used_bytes=0, utilization=None,
             processes=0, idle_seconds=0.0, usage_seconds_total=old.usage_seconds,
             allocation_seconds_total=old.allocation_seconds, energy_joules_total=old.energy_joules,
-            present=False,
+            present=False, stranded=stranded,
         ))
-        counters[wkey] = old._replace(idle_since=None)
+        counters[wkey] = old._replace(idle_since=None, stranded=stranded)
     return kept
 
 
@@ -554,12 +560,14 @@ def step(
     unattributed: list[Unattributed] = []
     unattributed_count = 0
     seen: set[WorkloadKey] = set()
+    down: set[str] = set()
     for device in devices:
         key = device.key
         delta = ledger.advance_energy(device, dt)
         device_seconds = max(0.0, device.capacity) * dt
         if not device.up:
             # Nobody can be told to hold a GPU the agent cannot read: its time is unallocated.
+            down.add(key)
             ledger.add_time(key, device_seconds, device_seconds)
             unattributed.append(ledger.unattributed(key, None, 0, 0.0))
             continue
@@ -572,7 +580,7 @@ def step(
             seen.add(wkey)
             counters[wkey], usage = advance_workload(counters.get(wkey, _NO_COUNTERS), share, key, now, dt)
             usages.append(usage)
-    usages += expire_workloads(counters, seen, now, grace_seconds)
+    usages += expire_workloads(counters, seen, now, grace_seconds, frozenset(down), state.last_now)
     new_state = DeriveState(now, ledger.energy_raw, ledger.energy_total, ledger.unattributed_energy, counters,
                             ledger.capacity, ledger.unallocated, ctx.layouts)
     return new_state, Derived(dict(ledger.energy_total), tuple(usages), tuple(unattributed), unattributed_count,

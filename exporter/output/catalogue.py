@@ -4,8 +4,7 @@ Everything else derives from this table: each row carries what renders it (its e
 `exporter.output.extract`), so `render` builds the families from the rows alone; the OTLP
 bridge takes units and attribute names from it, the DCGM schema the fields it serves from a
 family's series, and ``docs/METRICS.md`` is generated from it (``python -m
-exporter.output.catalogue > docs/METRICS.md``, by `exporter.output.metrics_doc`; a test fails
-when the doc drifts). Adding a family is adding its row (a health family's row is in
+exporter.output.metrics_doc > docs/METRICS.md``; a test fails when the doc drifts). Adding a family is adding its row (a health family's row is in
 `exporter.output.catalogue_health`).
 
 Names follow the Prometheus conventions: base units in the name (``_bytes``, ``_watts``,
@@ -338,6 +337,5 @@ def enabled_names(enable: Iterable[str] = (), disable: Iterable[str] = ()) -> fr
 
 
 if __name__ == "__main__":
-    from exporter.output.metrics_doc import markdown
-
-    sys.stdout.write(markdown())
+    # the doc is rendered by the module that reads this table (which would import it again)
+    sys.exit("l9gpu: docs/METRICS.md is written by `python -m exporter.output.metrics_doc > docs/METRICS.md`")

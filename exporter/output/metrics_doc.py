@@ -1,6 +1,6 @@
 """docs/METRICS.md, generated from the metric table (`exporter.output.catalogue`).
 
-``python -m exporter.output.catalogue > docs/METRICS.md`` writes it; a test fails when the
+``python -m exporter.output.metrics_doc > docs/METRICS.md`` writes it; a test fails when the
 file and the table disagree. One section per scope (a family of a scope without one is
 refused, so none is left out), the DCGM schema's names (`exporter.output.dcgm.fields`), the
 agent process's own families, what the GPM families are, what each family means per vendor
@@ -8,6 +8,8 @@ agent process's own families, what the GPM families are, what each family means 
 """
 
 from __future__ import annotations
+
+import sys
 
 from exporter.core.labels import (
     DEVICE_LABELS,
@@ -159,7 +161,7 @@ def markdown() -> str:
     out = [
         "# Metrics",
         "",
-        "Generated from `exporter/output/catalogue.py` by `python -m exporter.output.catalogue > docs/METRICS.md`;",
+        "Generated from `exporter/output/catalogue.py` by `python -m exporter.output.metrics_doc > docs/METRICS.md`;",
         "do not edit by hand (a test fails when this file and the catalogue disagree).",
         "",
         "Every GPU series carries `" + "`, `".join(DEVICE_LABELS) + "`; workload series add `"
@@ -198,3 +200,7 @@ def markdown() -> str:
     out += [f"| `{k}` | `{v}` |" for k, v in LABEL_ATTRIBUTES.items()]
     out += ["| `label_<key>` | `k8s.pod.label.<key>` |", ""]
     return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())

@@ -132,9 +132,12 @@ def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = (),
     for alloc in snap.allocations:
         allocations.setdefault(alloc.device_key, []).append(alloc)
     workloads: dict[str, list[WorkloadUsage]] = {}
+    last_holders: dict[str, list[dict[str, Any]]] = {}  # a down GPU's, from its last pass up
     for usage in snap.workloads:
         if usage.present:  # gone workloads keep only their counters, for the grace period
             workloads.setdefault(usage.device_key, []).append(usage)
+        elif usage.stranded:
+            last_holders.setdefault(usage.device_key, []).append(workload_json(usage.workload))
     unattributed = {u.device_key: u for u in snap.unattributed}
     stuck_by_device = {key: call for call in snap.stuck for key in call.devices}
     index_of = {d.key: d.index for d in snap.devices}
@@ -174,6 +177,7 @@ def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = (),
                 "pod_uid": a.workload.pod_uid, "resource_name": a.resource_name, "device_id": a.device_id,
             } for a in allocations.get(d.key, [])],
             "workloads": entries,
+            "last_holders": last_holders.get(d.key, []) if not d.up else [],
             "unattributed": {
                 "memory_used_bytes": rest.memory_used_bytes if rest is not None else None,
                 "processes": rest.processes if rest is not None else 0,

@@ -86,7 +86,7 @@ def _who(w: Mapping[str, Any]) -> str:
         return text
     if w.get("pod"):
         parts = f'<span class="ns">{_e(w.get("namespace", ""))}/</span><span class="pod">{_e(w["pod"])}</span>'
-        parts += f'<span class="ns">/</span>{_e(w["container"])}' if w.get("container") else ""
+        parts += f'<span class="ns">/</span><span class="ctr">{_e(w["container"])}</span>' if w.get("container") else ""
         if w.get("training_job"):
             rank = f', rank <b>{_e(w["training_rank"])}</b>' if w.get("training_rank") else ""
             parts += f' <span class="job">(job <b>{_e(w["training_job"])}</b>{rank})</span>'
@@ -103,7 +103,8 @@ def _details(w: Mapping[str, Any], comms: Mapping[int, str]) -> str:
     if w.get("owner_kind") and w.get("owner_name"):
         bits.append(f"{w['owner_kind']} {w['owner_name']}")
     bits += [f"{k}={v}" for k, v in (w.get("pod_labels") or {}).items() if v]
-    return f'<div class="sub">{_e(" · ".join(bits))}</div>' if bits else ""
+    return (f'<div class="sub">{" · ".join(f"<span class=bit>{_e(bit)}</span>" for bit in bits)}</div>'
+            if bits else "")
 
 
 def _allocated(value: Any) -> str:
@@ -187,8 +188,11 @@ def _gpu_card(gpu: Mapping[str, Any], interval: float) -> str:
             f'<span class="state">{"up" if gpu.get("up", True) else "down"}</span></h2>{why}')
     anchor = f'gpu-{_e(gpu.get("index", ""))}' + (f'-{_e(gpu["gpu_instance"])}' if gpu.get("gpu_instance") else "")
     if not gpu.get("up", True):
+        holders = gpu.get("last_holders") or ()
+        were = ('<p class="none">on it when it went down:</p><ul class="holders">'
+                + "".join(f'<li class="who">{_who(w)}</li>' for w in holders) + "</ul>") if holders else ""
         return (f'<section class="gpu down" id="{anchor}" data-uuid="{_e(gpu.get("uuid", ""))}">{head}'
-                f'<p class="error">{_e(gpu.get("error") or "not readable")}</p></section>')
+                f'<p class="error">{_e(gpu.get("error") or "not readable")}</p>{were}</section>')
     used, total = gpu.get("memory_used_bytes"), gpu.get("memory_total_bytes")
     mem_ratio = used / total if used is not None and total else None
     mem_text = f"{_bytes(used)} / {_bytes(total)}" if total else _bytes(used)
@@ -266,7 +270,9 @@ def _workload_key(w: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def _summary(gpus: Sequence[Mapping[str, Any]]) -> str:
     up = [g for g in gpus if g.get("up", True)]
-    workloads = len({_workload_key(w) for g in up for w in g.get("workloads") or ()})
+    # a down GPU's last holders count too: nobody can read their processes there, they are still on the node
+    workloads = len({_workload_key(w) for g in up for w in g.get("workloads") or ()}
+                    | {_workload_key(w) for g in gpus if not g.get("up", True) for w in g.get("last_holders") or ()})
     used = sum(g.get("memory_used_bytes") or 0 for g in up)
     total = sum(g.get("memory_total_bytes") or 0 for g in up)
     power = [g["power_watts"] for g in up if g.get("power_watts") is not None]

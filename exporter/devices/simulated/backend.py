@@ -87,9 +87,9 @@ MIB = 2**20
 # The Xid of a GPU that has fallen off the bus: from then on the driver answers every call
 # about it with NVML_ERROR_GPU_IS_LOST, until the node reboots.
 XID_FALLEN_OFF_THE_BUS = 79
-# What the NVML backend reports for such a GPU (`exporter.devices.nvml.common`: the reason,
-# then NVML's text for the error).
-GPU_LOST_ERROR = "GPU is lost: GPU is lost"
+# What the NVML backend reports for such a GPU (`exporter.devices.nvml.common`: NVML's text
+# for the error, which says it).
+GPU_LOST_ERROR = "GPU is lost"
 DEFAULT_SCENARIO = Path(__file__).resolve().parent / "scenarios" / "default.yaml"
 
 
