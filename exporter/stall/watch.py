@@ -26,6 +26,7 @@ from exporter.core.model import DeviceSample, Snapshot, Workload, WorkloadUsage
 from exporter.output import catalogue as cat
 from exporter.stall.messages import event_messages, headline, holders_json, stall_id, stall_json
 from exporter.stall.policy import STALL_AFTER
+from exporter.stall.signature import Reading
 from exporter.stall.tracker import GpuState, Stall, StallTracker
 
 log = logging.getLogger("l9gpu.stall")
@@ -140,12 +141,22 @@ def gpu_entry(state: GpuState, now: float, stall_after: float) -> dict[str, Any]
         name = "clear" if reading.judged else "not_judged"
     stall = state.stall
     return {
-        "state": name, "since": state.since, "seconds": (now - state.since) if state.since is not None else 0.0,
-        "stall_after_seconds": stall_after, "signals": dict(reading.signals), "signals_absent": list(reading.absent),
-        "why_not": reading.why_not or None, "stalled_seconds_total": state.stalled_seconds_total,
+        **reading_entry(reading, name),
+        "since": state.since, "seconds": (now - state.since) if state.since is not None else 0.0,
+        "stall_after_seconds": stall_after, "stalled_seconds_total": state.stalled_seconds_total,
         "headline": headline(stall, now) if stall is not None else None,
         "holders": holders_json(stall.workloads) if stall is not None else [],
     }
+
+
+def reading_entry(reading: Reading, state: str | None = None) -> dict[str, Any]:
+    """The keys of a GPU's ``stall`` object one pass gives: its state (``signature`` where one
+    pass matches, for ``l9gpu snapshot``, which cannot tell how long it has lasted), the signals,
+    those absent, why it is not a stall."""
+    if state is None:
+        state = "signature" if reading.matched else "clear" if reading.judged else "not_judged"
+    return {"state": state, "signals": dict(reading.signals), "signals_absent": list(reading.absent),
+            "why_not": reading.why_not or None}
 
 
 class StallFamilies(PrometheusCollector):

@@ -461,7 +461,7 @@ class SimulatedBackend(Backend):
                     pci_bus_id=_pci_bus_id(gpu.index),
                     serial=_serial(gpu.index),
                     utilization=busy,
-                    memory_utilization=0.6 * busy,
+                    memory_utilization=0.6 * busy * max(traffic, 0.02),
                     memory_used_bytes=gpu.reserved_bytes + sum(memories),
                     memory_total_bytes=gpu.memory_bytes,
                     temperature_celsius=89.0 if hot else round(31 + 45 * busy, 1),

@@ -4,7 +4,7 @@ A process's memory and utilisation are curves of the seconds since it started
 (`memory_curve`, `utilization_curve`); a process may instead follow phases
 (`exporter.devices.simulated.training`: compute, checkpoint, evaluate, wedged), each
 with its utilisation, how much math its kernels do (``tensor``), how much of the dynamic
-power its busy time draws (``power``) and how much PCIe traffic it makes (``traffic``).
+power its busy time draws (``power``) and how much memory and PCIe traffic it makes (``traffic``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class Phase(NamedTuple):
     utilization: float
     tensor: float = 1.0  # how much math its kernels do (0: a spin-wait)
     power: float = 1.0  # how much of the GPU's dynamic power range its busy time draws
-    traffic: float = 1.0  # how much of a busy GPU's PCIe traffic it makes
+    traffic: float = 1.0  # how much of a busy GPU's memory-controller and PCIe traffic it makes
 
 
 @dataclass(frozen=True)
