@@ -31,6 +31,7 @@ class Stall:
 
     Attributes:
         node, gpu, uuid, gpu_instance: where (``gpu`` the index).
+        device_key: the GPU's `DeviceSample.key`.
         began: wall-clock time (Unix seconds) of the first pass with the signature.
         declared: when it had lasted ``--stall-after`` (the incident's and the Events' time).
         workloads: who held the GPU when it was declared.
@@ -44,6 +45,7 @@ class Stall:
     gpu: int
     uuid: str
     gpu_instance: str
+    device_key: str
     began: float
     declared: float
     workloads: tuple[Workload, ...]
@@ -123,7 +125,7 @@ class StallTracker:
             if state.since is None:
                 state.since = now
             if now - state.since >= self.stall_after:
-                stall = Stall(self.node, device.index, device.uuid, device.gpu_instance, state.since, now,
+                stall = Stall(self.node, device.index, device.uuid, device.gpu_instance, key, state.since, now,
                               tuple(holders.get(key, ())), dict(reading.signals), reading.absent)
                 state.stall, state.misses = stall, 0
                 state.stalled_seconds += now - state.since

@@ -88,7 +88,7 @@ class StallWatch:
                                           f"; {doc['detail']}")
         log.log(level, "GPU stall: %s", summary, extra={"incident": doc})
         if self.log_records is not None:
-            labels = {u.workload: u.labels for u in self._usages if u.device_key == _key(stall)}
+            labels = {u.workload: u.labels for u in self._usages if u.device_key == stall.device_key}
             self.log_records.emit(doc, summary, [("affected", workload_label_map(labels[w], self.extra_names))
                                                  for w in stall.workloads if w.attributed and w in labels])
         if self.events is not None:
@@ -118,16 +118,10 @@ class StallWatch:
                 out[(device.uuid, device.gpu_instance)] = gpu_entry(state, now, self.stall_after)
         return out
 
-    def close(self) -> None:
-        """Nothing of its own to close: the event sink and the log records are the incident watch's."""
-
     def series(self) -> tuple[tuple[DeviceSample, ...], tuple[WorkloadUsage, ...], dict[str, GpuState]]:
+        """The last pass's devices, present workloads and each device's state (for the families)."""
         with self._lock:
             return self._devices, self._usages, dict(self._states)
-
-
-def _key(stall: Stall) -> str:
-    return stall.uuid or f"index-{stall.gpu}-{stall.gpu_instance}"
 
 
 def gpu_entry(state: GpuState, now: float, stall_after: float) -> dict[str, Any]:

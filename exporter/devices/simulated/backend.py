@@ -34,6 +34,8 @@ Scenario format (see ``exporter/devices/simulated/scenarios/default.yaml``)::
     time_slicing:             # optional: GPUs the device plugin shares as replicas
       gpus: [6]
       replicas: 5             # each listed GPU is allocatable as <uuid>::0 .. <uuid>::4
+    training: {...}           # optional: a training job, one rank per GPU, that wedges
+                              # (`exporter.devices.simulated.training`, ``--scenario training``)
     xids:                     # optional: Xid errors, counted by NVML's XID events and logged
       - at: 30s               # by the simulated node's kernel (`kernel_lines`, read by
                               # `--kernel-log auto`: `exporter.incidents.simulated`); after
@@ -55,7 +57,8 @@ sample is down (no values, no processes; its Xid counts and the ``gpu_lost`` hea
 signal stay) and ``l9gpu_backend_errors_total{reason="gpu_lost"}`` counts each pass.
 
 ``exporter/devices/simulated/scenarios/incidents.yaml`` plays the incidents of docs/INCIDENTS.md on a small
-node: ``--scenario incidents`` names it (a built-in scenario by its name).
+node: ``--scenario incidents`` names it (a built-in scenario by its name); ``--scenario training``
+a training job that wedges (docs/TRAINING.md).
 """
 
 from __future__ import annotations
