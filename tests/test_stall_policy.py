@@ -87,3 +87,21 @@ def test_a_mig_instance_without_utilisation_uses_graphics_activity() -> None:
     reading = read(mig)
     assert reading.judged and reading.matched and reading.signals["utilization"] == 1.0
     assert any("MIG" in a for a in reading.absent)
+
+
+def test_the_banner_names_the_job_and_rank_and_escapes_what_users_chose() -> None:
+    from exporter.core.model import Workload
+    from exporter.stall.messages import headline
+    from exporter.stall.tracker import Stall
+    from exporter.web.page import render_main
+
+    rank = Workload(kind="kubernetes", namespace="batch", pod="trainer-3", container="pytorch",
+                    training_job="llama-pretrain", training_rank="13")
+    stall = Stall("n", 5, "GPU-5", "", "GPU-5", began=1000.0, declared=1300.0, workloads=(rank,), signals={})
+    assert headline(stall, 1420.0) == "GPU 5 busy with no work for 7m 0s: batch/trainer-3 (job llama-pretrain, rank 13)"
+    evil = Workload(kind="kubernetes", namespace="x", pod="<img src=x onerror=alert(1)>")
+    text = headline(Stall("n", 1, "GPU-1", "", "GPU-1", 0.0, 300.0, (evil,), {}), 300.0)
+    doc = {"seq": 1, "timestamp": 1.0, "gpus": [{"index": 1, "uuid": "GPU-1", "gpu_instance": "",
+                                                 "stall": {"state": "stalled", "headline": text}}]}
+    page = render_main(doc)
+    assert "<img" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page and "<b>stalled</b>" in page
