@@ -194,7 +194,7 @@ def test_a_stall_ends_at_once_when_its_workload_leaves(node) -> None:
     assert stalled(node)["0"] == 0.0
 
 
-def test_off_wedges_nothing_and_a_thermal_throttle_is_a_straggler_not_a_stall(node) -> None:
+def test_a_thermally_throttled_gpu_is_a_straggler_not_a_stall(node) -> None:
     node.fake.gpus[WEDGE].clock_reasons = 0x40  # hw_thermal_slowdown
     for _ in range(int(STALL_AFTER / STEP) + 2):
         node.step()
