@@ -181,11 +181,12 @@ def _comparable(doc: dict) -> dict:
 
 
 def _shape(value):
-    """The keys of every object, recursively (lists by their first element)."""
+    """The keys of every object, recursively (lists of objects by their first element; a list
+    of strings is a list, whether this pass has any)."""
     if isinstance(value, dict):
         return {k: _shape(v) for k, v in value.items() if k != "gpm"}
     if isinstance(value, list):
-        return [_shape(value[0])] if value else []
+        return [_shape(value[0])] if value and isinstance(value[0], (dict, list)) else []
     return None
 
 

@@ -150,9 +150,9 @@ def with_one_pass_stalls(doc: dict[str, Any], snap: Any) -> dict[str, Any]:
     ``signature`` where the pass matches, which the node's agent calls stalled only once it
     has lasted --stall-after."""
     from exporter.stall.signature import read
-    from exporter.stall.watch import reading_entry
+    from exporter.stall.watch import ACROSS_PASSES_UNKNOWN, reading_entry
 
-    readings = {(d.uuid, d.gpu_instance): reading_entry(read(d)) for d in snap.devices}
+    readings = {(d.uuid, d.gpu_instance): {**reading_entry(read(d)), **ACROSS_PASSES_UNKNOWN} for d in snap.devices}
     for gpu in doc["gpus"]:
         gpu["stall"] = readings.get((gpu.get("uuid"), gpu.get("gpu_instance", "")))
     return doc

@@ -25,7 +25,7 @@ from exporter.core.labels import device_label_values, workload_label_map
 from exporter.core.model import DeviceSample, Snapshot, Workload, WorkloadUsage
 from exporter.output import catalogue as cat
 from exporter.stall.messages import event_messages, headline, holders_json, stall_id, stall_json
-from exporter.stall.policy import STALL_AFTER
+from exporter.stall.policy import STALL_AFTER, THRESHOLDS, THROTTLE
 from exporter.stall.signature import Reading
 from exporter.stall.tracker import GpuState, Stall, StallTracker
 
@@ -149,8 +149,16 @@ def reading_entry(reading: Reading, state: str | None = None) -> dict[str, Any]:
     those absent, why it is not a stall."""
     if state is None:
         state = "signature" if reading.matched else "clear" if reading.judged else "not_judged"
-    return {"state": state, "signals": dict(reading.signals), "signals_absent": list(reading.absent),
+    signals = {t.name: reading.signals.get(t.name) for t in THRESHOLDS if t is not THROTTLE}  # None: not read
+    signals["throttled"] = list(reading.signals.get("throttled") or [])  # type: ignore[call-overload]
+    return {"state": state, "signals": signals, "signals_absent": list(reading.absent),
             "why_not": reading.why_not or None}
+
+
+# The keys of a ``stall`` object that only the agent, which follows a GPU across passes, can
+# fill: one pass (``l9gpu snapshot``) gives them as unknown, so both documents have one shape.
+ACROSS_PASSES_UNKNOWN: dict[str, Any] = {"since": None, "seconds": None, "stall_after_seconds": None,
+                                         "stalled_seconds_total": None, "headline": None, "holders": []}
 
 
 class StallFamilies(PrometheusCollector):
