@@ -273,6 +273,16 @@ class IncidentFamilies(PrometheusCollector):
                 for outcome, value in _counts(name, source):
                     counter.add_metric((outcome,), value)
                 yield counter
+        name = "l9gpu_kernel_log_reader_failures_total"
+        if name in self.enabled and watch.kernel_log is not None:
+            spec = cat.get(name)
+            counter = CounterMetricFamily(spec.name, spec.help, labels=())
+            try:
+                counter.add_metric((), float(min(max(int(watch.kernel_log.failures()), 0), 2**53)))
+            except Exception:  # noqa: BLE001 - a broken source costs its own family only
+                pass
+            else:
+                yield counter
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
