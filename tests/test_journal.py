@@ -64,15 +64,14 @@ def test_entries_of_another_machine_or_another_boot_name_no_one(tmp_path: Path) 
 
     other_machine, other_boot = "f" * 32, "e" * 32
     now_usec = int(time.time() * 1e6)
-    with JournalKernelLog(str(tmp_path)) as journal:
-        append_entries(tmp_path / other_machine / "system.journal", [
-            kernel_entry(XID_31, boot=other_boot, machine=other_machine, realtime_usec=now_usec),
-            kernel_entry(XID_13, machine=other_machine),  # this boot's id, forged or copied: still not ours
-        ])
-        append_entries(tmp_path / MACHINE / "system.journal", [
-            # this machine, another boot, stamped now (the reader follows by wall-clock order)
-            kernel_entry(XID_31, 50.0, boot=other_boot, realtime_usec=int(time.time() * 1e6)),
-        ])
+    append_entries(tmp_path / other_machine / "system.journal", [
+        kernel_entry(XID_31, boot=other_boot, machine=other_machine, realtime_usec=now_usec),
+        kernel_entry(XID_13, machine=other_machine),  # this boot's id, forged or copied: still not ours
+    ])
+    append_entries(tmp_path / MACHINE / "system.journal", [
+        kernel_entry(XID_31, 50.0, boot=other_boot, realtime_usec=now_usec),  # this machine, another boot
+    ])
+    with JournalKernelLog(str(tmp_path), from_start=True) as journal:
         assert read(journal) == []
         counts = journal.counts()
         assert (counts["other_machine"], counts["other_boot"], counts["xid"]) == (2, 1, 0)

@@ -59,11 +59,12 @@ class _Reader:
         self.reader = journal.Reader(flags=0, path=path)
         self.reader.add_match(_TRANSPORT="kernel")
         self.cursor = cursor
+        self.held = False  # the reader stands on an entry not read yet (`advance` returns it first)
         if cursor:
             self.reader.seek_cursor(cursor)
-            # the entry at the cursor was read by the process before: skip it where it is still there
-            if self.reader._next() and not self.reader.test_cursor(cursor):
-                self.reader._previous()
+            # the entry at the cursor was read by the process before: skip it where it is still there;
+            # where it is gone (the file replaced), the entry found after its place is new
+            self.held = bool(self.reader._next()) and not self.reader.test_cursor(cursor)
         elif from_start:
             self.reader.seek_head()
         else:
@@ -71,6 +72,13 @@ class _Reader:
             if self.reader._previous():  # the newest entry; the next read returns what follows it
                 self.cursor = self.reader._get_cursor()
         self.fd = self.reader.fileno()  # inotify on the directory: new and rotated files
+
+    def advance(self) -> bool:
+        """Step to the next entry (False at the end)."""
+        if self.held:
+            self.held = False
+            return True
+        return bool(self.reader._next())
 
     def usage(self) -> int:
         try:
@@ -103,7 +111,7 @@ class Child:
         budget = MAX_BATCH
         for entry in self.readers:
             entry.reader.process()  # new or rotated files; returns at once
-            advance, get = entry.reader._next, entry.reader._get
+            advance, get = entry.advance, entry.reader._get
             start = budget
             while budget > 0 and advance():
                 budget -= 1
