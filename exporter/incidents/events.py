@@ -99,7 +99,9 @@ class PodEvent:
 
 def default_api_factory(kubeconfig: str | None = None) -> Any:
     """A ``kubernetes.client.CoreV1Api`` configured as the pod watch is (in-cluster, then
-    ``kubeconfig`` or ``$KUBECONFIG``).
+    ``kubeconfig`` or ``$KUBECONFIG``), whose HTTP layer tries each request once: the
+    caller counts every refusal and decides when to try again (a ``Retry-After`` capped),
+    never the client library's own retries and sleeps.
 
     Raises:
         ImportError: the ``kubernetes`` package is not installed.
@@ -109,7 +111,7 @@ def default_api_factory(kubeconfig: str | None = None) -> Any:
 
     from exporter.attribution.kubernetes import load_client
 
-    return client.CoreV1Api(load_client(kubeconfig))
+    return client.CoreV1Api(load_client(kubeconfig, retries=False))
 
 
 def _timestamp(seconds: float) -> datetime.datetime:
