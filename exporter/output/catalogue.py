@@ -302,7 +302,8 @@ METRICS: tuple[MetricSpec, ...] = (
                (), SELF, registered_by=_WATCH),
     MetricSpec("l9gpu_kubernetes_events_total", COUNTER, "",
                "Kubernetes Events about GPU incidents (on pods) and GPU verdict changes (on the Node), by outcome: "
-               "posted, aggregated (a repeat patched into its Event), rate_limited, queue_full, forbidden (403), throttled (429 or 503: posting pauses for its "
+               "posted, aggregated (a repeat patched into its Event), amended (an incident's Event patched with the "
+               "cause a late kernel-log line told), rate_limited, queue_full, forbidden (403), throttled (429 or 503: posting pauses for its "
                "Retry-After), failed.",
                ("outcome",), SELF, registered_by=_WATCH),
     MetricSpec("l9gpu_kubernetes_node_updates_total", COUNTER, "",
