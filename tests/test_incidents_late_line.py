@@ -62,11 +62,11 @@ def test_a_line_read_behind_a_backlog_amends_the_incident_nvml_opened() -> None:
     assert node.tracker.recent() == (amended,)  # one fault, one incident
 
 
-def test_a_line_logged_before_the_amend_window_is_counted_late_and_opens_nothing() -> None:
+def test_a_line_read_after_the_amend_window_is_counted_late_and_opens_nothing() -> None:
     node = Passes(fault=3)
-    for _ in range(6):
+    for _ in range(int(AMEND_WINDOW) + 5):  # over ten minutes of passes
         node.pass_()
-    assert node.pass_((_line(node.now - AMEND_WINDOW - 5),)) == []
+    assert node.pass_((_line(1000.0 + 3 - 0.4),)) == []
     assert node.tracker.late_lines == 1 and len(node.tracker.recent()) == 1
 
 
@@ -108,10 +108,10 @@ def test_the_amendment_patches_the_pods_events_rather_than_posting_new_ones(apis
         xid_hold=2.0)), kernel_log=lines, events=sink, clock=lambda: clock[0])
     rows = tuple(ProcessRow("GPU-2", pid, "python3", w, 2**30, None, start_time=10.0) for pid, w in PIDS.items())
 
-    def observe(seq: int) -> None:
-        clock[0] += 1.0
+    def observe(seq: int, faults: tuple[int, ...] = (3,)) -> None:
+        clock[0] = 1000.0 + seq
         watch.observe(Snapshot(seq=seq, node="gpu-node-7", timestamp=1.7e9 + clock[0], devices=(_gpu(seq >= 3),),
-                               processes=rows, new_xids={"GPU-2": {"31": 1}} if seq == 3 else {}))
+                               processes=rows, new_xids={"GPU-2": {"31": 1}} if seq in faults else {}))
 
     try:
         for seq in range(1, 7):
@@ -131,5 +131,17 @@ def test_the_amendment_patches_the_pods_events_rather_than_posting_new_ones(apis
         assert [w["pod"] for w in incident["caused_by"]] == ["trainer"]
         caused = [(labels, n) for (labels, kind, role), n in watch.incident_counts().items() if role == "caused"]
         assert [("trainer" in labels, n) for labels, n in caused] == [(True, 1)]
+        # a second fault whose line is read over ten minutes later: counted late, nothing opened
+        second = 30
+        for seq in range(20, second + int(AMEND_WINDOW) + 5):
+            observe(seq, faults=(second,))
+        lines.due.append(_line(1000.0 + second - 0.4))
+        observe(second + int(AMEND_WINDOW) + 5)
+        from exporter.incidents.watch import IncidentFamilies
+
+        [records] = IncidentFamilies(watch, frozenset({"l9gpu_kernel_log_records_total"})).collect()
+        assert [(s.labels, s.value) for s in records.samples if s.name.endswith("_total")] == [
+            ({"outcome": "late"}, 1.0)]
+        assert len(watch.recent_json()) == 2  # the two faults, each once
     finally:
         sink.close(timeout=5.0)

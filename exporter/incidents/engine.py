@@ -65,6 +65,7 @@ from exporter.output.snapshot_json import describe_owner
 LIVES_PER_PID = 8
 _NO_LIVES: tuple[None] = (None,)
 _ATTRIBUTED = ("kubernetes", "slurm")  # `Workload.attributed`, read without a call
+_LATE: Any = object()  # `IncidentTracker._amend`: the line came after the amend window
 
 
 @dataclass
@@ -152,8 +153,9 @@ class IncidentTracker:
         # NVML Xids waiting for the kernel log: (since, key, code, wall, the sole holder then)
         self._held: list[tuple[float, str, int, float, Workload | None]] = []
         self._from_log: dict[tuple[str, int], float] = {}  # (device key, xid) -> when the log named it
-        # NVML Xids reported without their line, which a late line may amend: (since, key, code, incident)
-        self._amendable: deque[tuple[float, str, int, Incident]] = deque()
+        # NVML Xids reported without their line, which a late line may amend (within `AMEND_WINDOW`;
+        # the rest are kept to tell a line that comes later still): (since, key, code, incident)
+        self._amendable: deque[tuple[float, str, int, Incident]] = deque(maxlen=config.history)
         self.late_lines = 0  # kernel-log lines read after `AMEND_WINDOW`: counted, nothing opened
         self._passes = 0  # passes observed
 
@@ -204,12 +206,10 @@ class IncidentTracker:
             named = by_bus.get(_bus(record.pci_bus_id)) if record.pci_bus_id else None
             if named is None:
                 continue
-            at = getattr(record, "time", None)
-            if at is not None and at < now - AMEND_WINDOW:
-                self.late_lines += 1  # logged too long ago to tell its process: counted, nothing opened
-                continue
             amendment = self._amend(now, named, record)
-            if amendment is not None:
+            if amendment is _LATE:
+                self.late_lines += 1  # NVML's incident of this fault is past amending: counted, nothing opened
+            elif amendment is not None:
                 amended.append(amendment)
             else:
                 new.append(self._from_kernel_log(now, wall, named, record))
@@ -545,7 +545,8 @@ class IncidentTracker:
     def _amend(self, now: float, device: DeviceSample, record: Any) -> Incident | None:
         """The incident NVML's Xid opened without its kernel-log line (``_amendable``), told
         again with the line read late: the same time (and so the same id), the cause the line
-        names; None where no such incident waits for this line."""
+        names; `_LATE` where that incident was reported more than `AMEND_WINDOW` ago; None
+        where no such incident waits for this line (it opens one of its own)."""
         at = getattr(record, "time", None)
         for i, (since, key, code, incident) in enumerate(self._amendable):
             if key != device.key or code != record.xid:
@@ -553,6 +554,8 @@ class IncidentTracker:
             if at is not None and not since - AMEND_MATCH <= at <= since + self.config.clock_margin:
                 continue
             del self._amendable[i]
+            if now - since > AMEND_WINDOW:
+                return _LATE
             told = self._from_kernel_log(now, incident.time, device, record)
             involved = incident.caused_by + tuple(w for w in incident.affected if w not in incident.caused_by)
             amended = replace(told, affected=tuple(w for w in involved if w not in told.caused_by),
@@ -581,5 +584,4 @@ class IncidentTracker:
             del self._pids[pid]
         for key in [key for key, seen in self._from_log.items() if seen < now - 60.0]:
             del self._from_log[key]
-        while self._amendable and self._amendable[0][0] < now - AMEND_WINDOW:
-            self._amendable.popleft()
+

@@ -282,6 +282,9 @@ class IncidentFamilies(PrometheusCollector):
                 counter = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
                 for outcome, value in _counts(name, source):
                     counter.add_metric((outcome,), value)
+                if source is watch.kernel_log and watch.tracker is not None:
+                    # lines read after the amend window: the tracker's to tell, the kernel log's family
+                    counter.add_metric(("late",), float(min(watch.tracker.late_lines, 2**53)))
                 yield counter
         name = "l9gpu_kernel_log_reader_failures_total"
         if name in self.enabled and watch.kernel_log is not None:
