@@ -47,6 +47,9 @@ BATCH_PAUSE = 1.0
 # Seconds between two looks at the directories when inotify says nothing (a file replaced
 # on a file system that does not report it).
 IDLE_WAIT = 1.0
+# Seconds the reader lets journald go on writing once inotify says it wrote: one read then
+# takes what a burst appended, not a wake-up per entry (a sync is still answered at once).
+SETTLE = 0.2
 _PREFIX = b"NVRM: Xid"
 # The outcomes this reader adds to `kmsg.OUTCOMES`.
 JOURNAL_OUTCOMES = ("other_machine", "other_boot")
@@ -187,6 +190,8 @@ class Child:
         while True:
             more = self.read()
             ready, _, _ = select.select([stdin] if more else [stdin, *fds], [], [], BATCH_PAUSE if more else IDLE_WAIT)
+            if ready and stdin not in ready:
+                ready, _, _ = select.select([stdin], [], [], SETTLE)
             if stdin in ready:
                 chunk = os.read(stdin, 4096)
                 if not chunk:
