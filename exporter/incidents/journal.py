@@ -284,6 +284,7 @@ class JournalKernelLog:
             return []
         try:
             if self._proc is None and self._clock() >= self._restart_at:
+                self._restart_at = self._clock() + self._backoff  # a start that fails is tried on the backoff
                 self._start(wait=False)
             self._receive()
         except Exception as exc:  # noqa: BLE001 - a reader's failure is logged, never the pass's
