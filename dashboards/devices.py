@@ -239,9 +239,14 @@ def _agent_health(b: Board) -> None:
         draw=BARS), 24, 6)
     b.add(timeseries("Kernel log records", [
         target(f"sum by (node, outcome) (rate(l9gpu_kernel_log_records_total[$__rate_interval]) * {WITH_NODE})",
-               "{{node}} {{outcome}}")], "none",
+               "{{node}} {{outcome}}"),
+        target(f"sum by (node) (rate(l9gpu_kernel_log_reader_failures_total[$__rate_interval]) * {WITH_NODE})",
+               "{{node}} reader failed", ref="B")], "none",
         "Kernel log records read per second with --kernel-log, by outcome (xid: an NVIDIA Xid line; overwritten: "
-        "lost before they were read); present only where the kernel log is read.", draw=BARS), 12, 6)
+        "lost before they were read; other_machine, other_boot: journal entries that name no process; late: an "
+        "Xid line past its incident's amend window), and the reader's failures (its process ended, e.g. a journal "
+        "file truncated under it, and was started again); present only where the kernel log is read.",
+        draw=BARS), 12, 6)
     b.add(timeseries("Kubernetes Events about incidents", [
         target(f"sum by (node, outcome) (rate(l9gpu_kubernetes_events_total[$__rate_interval]) * {WITH_NODE})",
                "{{node}} {{outcome}}")], "none",

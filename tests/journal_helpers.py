@@ -39,15 +39,22 @@ def boot_id() -> str:
     return Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")
 
 
+def machine_id() -> str:
+    """This machine's id (``/etc/machine-id``), as journald stamps its entries."""
+    return Path("/etc/machine-id").read_text().strip()
+
+
 def kernel_entry(message: str | bytes, at: float | None = None, *, boot: str | None = None,
-                 source_usec: str | None = None, realtime_usec: int | None = None) -> dict[str, str | bytes]:
+                 source_usec: str | None = None, realtime_usec: int | None = None,
+                 machine: str | None = None) -> dict[str, str | bytes]:
     """A kernel record as journald stores it: ``_TRANSPORT=kernel``, logged ``at`` seconds
-    since boot (default: now, on ``time.monotonic()``) in this boot (or ``boot``)."""
+    since boot (default: now, on ``time.monotonic()``) in this boot (or ``boot``) on this
+    machine (or ``machine``)."""
     at = time.monotonic() if at is None else at
     usec = int(at * 1e6)
     realtime = realtime_usec if realtime_usec is not None else int((time.time() - time.monotonic() + at) * 1e6)
     return {"__REALTIME_TIMESTAMP": str(realtime), "__MONOTONIC_TIMESTAMP": str(max(usec, 0)),
-            "_BOOT_ID": boot or boot_id(), "_TRANSPORT": "kernel", "SYSLOG_IDENTIFIER": "kernel", "PRIORITY": "3",
+            "_BOOT_ID": boot or boot_id(), "_MACHINE_ID": machine or machine_id(), "_TRANSPORT": "kernel", "SYSLOG_IDENTIFIER": "kernel", "PRIORITY": "3",
             "SYSLOG_FACILITY": "0", "_SOURCE_MONOTONIC_TIMESTAMP": source_usec if source_usec is not None else
             str(max(usec, 0)), "MESSAGE": message}
 

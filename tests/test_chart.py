@@ -553,6 +553,9 @@ def test_by_default_the_kernel_log_is_read_from_the_hosts_journal_unprivileged(t
                                                     "readOnly": True}
     assert release.volumes()["journal-persistent"]["hostPath"] == {"path": "/var/log/journal", "type": "Directory"}
     assert release.volumes()["journal-volatile"]["hostPath"] == {"path": "/run/log/journal", "type": "Directory"}
+    # the host's machine id, so that another machine's journal entries name no local process
+    assert release.mounts()["machine-id"] == {"name": "machine-id", "mountPath": "/etc/machine-id", "readOnly": True}
+    assert release.volumes()["machine-id"]["hostPath"] == {"path": "/etc/machine-id", "type": "File"}
     context = release.container["securityContext"]
     assert context["privileged"] is False and context["allowPrivilegeEscalation"] is False
     assert context["capabilities"] == {"drop": ["ALL"]}
@@ -561,7 +564,7 @@ def test_by_default_the_kernel_log_is_read_from_the_hosts_journal_unprivileged(t
     assert "journal-persistent" not in volatile.volumes() and "journal-volatile" in volatile.mounts()
     off = render(_sets("kernelLog.enabled=false"))
     assert not any(a.startswith("--kernel-log") for a in off.container["args"])
-    assert not {"journal-persistent", "journal-volatile", "kmsg"} & set(off.volumes())
+    assert not {"journal-persistent", "journal-volatile", "kmsg", "machine-id"} & set(off.volumes())
 
 
 def test_kernel_log_mounts_the_hosts_kmsg_with_cap_syslog_in_a_privileged_container(tmp_path):

@@ -45,6 +45,7 @@ ALLOWED_EMPTY = {
     "l9gpu_backend_errors_total": "the simulated backend meets no errors, so the counter has no series",
     "l9gpu_otlp_exports_total": "OTLP push is off in this test; the family exists only while it is on",
     "l9gpu_kernel_log_records_total": "the kernel log is not read in this test (--kernel-log off)",
+    "l9gpu_kernel_log_reader_failures_total": "the kernel log is not read in this test (--kernel-log off)",
     "l9gpu_kubernetes_events_total": "no Kubernetes API on the simulated node: no Events are posted",
     "l9gpu_kubernetes_node_updates_total": "no Kubernetes API on the simulated node: no node condition is written",
     "gpu_up{node=~\".*\", gpu=~\".*\"} == 0": "every simulated GPU is up",

@@ -22,6 +22,12 @@ MACHINE = "0123456789abcdef0123456789abcdef"  # journald keeps a machine's files
 XID_13 = "NVRM: Xid (PCI:0000:38:00): 13, pid=52001, name=python3, Graphics SM Warp Exception"
 
 
+def read(journal) -> list:
+    """What the reader sent once it has read everything written so far."""
+    assert journal.sync(), "the journal reader did not answer"
+    return journal.poll()
+
+
 def test_xids_are_read_from_the_kernels_entries_starting_at_the_newest(tmp_path: Path) -> None:
     from exporter.incidents.journal import JournalKernelLog
 
@@ -31,15 +37,15 @@ def test_xids_are_read_from_the_kernels_entries_starting_at_the_newest(tmp_path:
     append_entries(path, [kernel_entry(XID_13, now - 60), kernel_entry("usb 1-1: new device", now - 59)])
     assert read_back(path) == [XID_13, "usb 1-1: new device"]
     with JournalKernelLog(str(tmp_path)) as journal:
-        assert journal.poll() == []  # what was there before opening is history
+        assert read(journal) == []  # what was there before opening is history
         not_kernel = {**kernel_entry(XID_31), "_TRANSPORT": "syslog"}  # a process writing the same words
         append_entries(path, [kernel_entry(XID_31, now), not_kernel])
-        [record] = journal.poll()
+        [record] = read(journal)
         assert (record.xid, record.pid, record.comm, record.pci_bus_id) == (31, 52001, "python3", "00000000:38:00.0")
         assert record.time == pytest.approx(now, abs=1e-6)
-        assert journal.poll() == []
+        assert read(journal) == []
         append_entries(tmp_path / MACHINE / "system@rotated.journal", [kernel_entry(XID_13, now + 1)])
-        assert [r.xid for r in journal.poll()] == [13]  # a new file (rotation) is picked up
+        assert [r.xid for r in read(journal)] == [13]  # a new file (rotation) is picked up
         assert journal.counts()["xid"] == 2
 
 
@@ -48,17 +54,30 @@ def test_from_the_start_a_replay_reads_every_entry(tmp_path: Path) -> None:
 
     append_entries(tmp_path / "k.journal", [kernel_entry(XID_13, 100.0), kernel_entry(XID_31, 200.0)])
     with JournalKernelLog(str(tmp_path), from_start=True) as journal:
-        assert [(r.xid, r.time) for r in journal.poll()] == [(13, 100.0), (31, 200.0)]
+        assert [(r.xid, r.time) for r in read(journal)] == [(13, 100.0), (31, 200.0)]
 
 
-def test_an_entry_of_another_boot_is_placed_by_its_wall_clock_stamp(tmp_path: Path) -> None:
+def test_entries_of_another_machine_or_another_boot_name_no_one(tmp_path: Path) -> None:
+    """A directory copied from another node (another _MACHINE_ID and _BOOT_ID), stamped with
+    the current wall-clock time and naming a local pid, and an entry of an earlier boot of
+    this machine: neither gives a record (so neither can blame a local pod); both are counted."""
     from exporter.incidents.journal import JournalKernelLog
 
-    earlier = int((time.time() - time.monotonic() - 3600) * 1e6)  # an hour before this boot
-    append_entries(tmp_path / "k.journal", [kernel_entry(XID_31, 50.0, boot="0" * 32, realtime_usec=earlier)])
+    other_machine, other_boot = "f" * 32, "e" * 32
+    now_usec = int(time.time() * 1e6)
+    append_entries(tmp_path / other_machine / "system.journal", [
+        kernel_entry(XID_31, boot=other_boot, machine=other_machine, realtime_usec=now_usec),
+        kernel_entry(XID_13, machine=other_machine),  # this boot's id, forged or copied: still not ours
+    ])
+    append_entries(tmp_path / MACHINE / "system.journal", [
+        kernel_entry(XID_31, 50.0, boot=other_boot, realtime_usec=now_usec),  # this machine, another boot
+    ])
     with JournalKernelLog(str(tmp_path), from_start=True) as journal:
-        [record] = journal.poll()
-        assert record.time is None  # before this boot: it can name no process of it
+        assert read(journal) == []
+        counts = journal.counts()
+        assert (counts["other_machine"], counts["other_boot"], counts["xid"]) == (2, 1, 0)
+        append_entries(tmp_path / MACHINE / "system.journal", [kernel_entry(XID_13)])  # this machine and boot
+        assert [(r.xid, r.pid) for r in read(journal)] == [(13, 52001)]
 
 
 @pytest.mark.parametrize("entry", [
@@ -73,7 +92,7 @@ def test_a_hostile_entry_is_counted_and_costs_only_itself(tmp_path: Path, entry:
     now = time.monotonic()
     append_entries(tmp_path / "k.journal", [kernel_entry(XID_13, now), entry, kernel_entry(XID_31, now)])
     with JournalKernelLog(str(tmp_path), from_start=True) as journal, caplog.at_level(logging.WARNING):
-        assert [r.xid for r in journal.poll()] == [13, 31]
+        assert [r.xid for r in read(journal)] == [13, 31]
         assert journal.counts()["malformed"] == 1
     assert "Traceback" not in caplog.text
 
@@ -84,7 +103,7 @@ def test_binary_and_multiline_messages_are_data(tmp_path: Path) -> None:
     forged = (XID_31.replace("python3", "evil\x1b[2J") + "\nNVRM: Xid (PCI:0000:38:00): 31, pid=1, name=x").encode()
     append_entries(tmp_path / "k.journal", [kernel_entry(forged + b"\xff\xfe"), kernel_entry(XID_13)])
     with JournalKernelLog(str(tmp_path), from_start=True) as journal:
-        records = journal.poll()
+        records = read(journal)
         assert [r.xid for r in records] == [31, 13]
         assert "\x1b" not in (records[0].comm or "") and "\n" not in records[0].text
 
@@ -123,11 +142,11 @@ def test_an_empty_journal_directory_is_followed_as_files_appear(tmp_path: Path, 
         journal = JournalKernelLog(str(tmp_path))
     assert f"the journal at {tmp_path} holds no file the agent can read yet" in caplog.text
     with journal:
-        assert journal.poll() == []
+        assert read(journal) == []
         append_entries(machine / "system.journal", [kernel_entry(XID_31)])  # journald starts writing
-        assert [r.xid for r in journal.poll()] == [31]
+        assert [r.xid for r in read(journal)] == [31]
         append_entries(machine / "system.journal", [kernel_entry(XID_13)])
-        assert [r.xid for r in journal.poll()] == [13]
+        assert [r.xid for r in read(journal)] == [13]
 
 
 @pytest.mark.parametrize("value, message", [

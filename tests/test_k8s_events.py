@@ -64,7 +64,7 @@ def test_a_posted_event_validates_against_the_kubernetes_schema(apiserver, tmp_p
     assert (event["reportingComponent"], event["reportingInstance"]) == ("l9gpu", NODE)
     assert event["count"] == 1 and event["firstTimestamp"] == event["lastTimestamp"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(Z|\+00:00)", event["firstTimestamp"])  # RFC 3339, UTC
-    assert sink.counts() == {"posted": 1, "aggregated": 0, "rate_limited": 0, "queue_full": 0, "forbidden": 0,
+    assert sink.counts() == {"posted": 1, "aggregated": 0, "amended": 0, "rate_limited": 0, "queue_full": 0, "forbidden": 0,
                              "throttled": 0, "failed": 0}
 
 

@@ -231,11 +231,85 @@ def test_a_server_that_does_not_answer_counts_timeout_and_observe_never_waits(ap
     apiserver.add_node(NODE)
     apiserver.stall(streams=False)
     try:
-        # the client tries a request 4 times: the first answer (a timeout) is 2 s away at least
+        # the agent decides retries: the first timeout is counted, not hidden behind the client's own
         writer = _writer(writers, apiserver, tmp_path, request_timeout=(0.5, 0.5))
         for seq in range(1, 200):
             writer.observe(_snap(seq, {4: (p.RESET_GPU, "row_remap_pending")} if seq % 2 else {}))
         assert sum(writer.counts().values()) == 0, "observe() waited on the API server"
         wait_until(lambda: writer.counts()["timeout"] >= 1, what="the timeout counted")
+        assert apiserver.held == 1, "the client retried the GET itself before the agent saw the first timeout"
     finally:
         apiserver.resume()
+
+
+OURS = {"key": "l9gpu.io/gpu-unhealthy", "effect": "NoSchedule"}
+
+
+def _taints(apiserver: Any) -> list[dict[str, Any]]:
+    return list(apiserver.node(NODE)["spec"].get("taints") or [])
+
+
+def _condition(apiserver: Any) -> str | None:
+    try:
+        conditions = apiserver.node(NODE)["status"]["conditions"]
+    except KeyError:
+        return None
+    return next((c["status"] for c in conditions if c["type"] == "GPUUnhealthy"), None)
+
+
+def test_a_recreated_node_is_tainted_again(apiserver, tmp_path, writers) -> None:
+    apiserver.add_node(NODE)
+    writer = _writer(writers, apiserver, tmp_path, taint=Taint(), heartbeat=1.0)
+    sick = {4: (p.REBOOT_NODE, "xid_79")}
+    writer.observe(_snap(1, sick))
+    wait_until(lambda: _taints(apiserver) == [OURS], what="the taint")
+    apiserver.delete_node(NODE)  # deleted and registered again bare, the GPU still unhealthy
+    apiserver.add_node(NODE)
+    writer.observe(_snap(2, sick))
+    wait_until(lambda: _taints(apiserver) == [OURS] and _condition(apiserver) == "True",
+               what="the taint and the condition back on the recreated Node")
+
+
+def test_a_taint_with_the_agents_key_but_not_its_own_is_left_alone(apiserver, tmp_path, writers) -> None:
+    manual = {"key": "l9gpu.io/gpu-unhealthy", "value": "manual", "effect": "NoExecute"}
+    apiserver.add_node(NODE, taints=[manual])
+    writer = _writer(writers, apiserver, tmp_path, taint=Taint(), heartbeat=1.0)
+    writer.observe(_snap(1, {}))  # healthy at start-up: nothing of the agent's to remove
+    wait_until(lambda: writer.counts()["updated"] >= 3, what="the condition and two heartbeats")
+    assert _taints(apiserver) == [manual]
+    writer.observe(_snap(2, {4: (p.REBOOT_NODE, "xid_79")}))
+    wait_until(lambda: _taints(apiserver) == [manual, OURS], what="the agent's taint beside the administrator's")
+    writer.observe(_snap(3, {}))
+    wait_until(lambda: _taints(apiserver) == [manual], what="only the agent's taint removed")
+
+
+# A change that failed is tried again on the backoff (2 s, then 4, 8, ...), not at the next
+# heartbeat (a minute): well within this bound, however busy the machine.
+WITHIN_BACKOFF = 20.0
+
+
+@pytest.mark.parametrize(("code", "what"), [(500, "patch_status"), (409, "patch")])
+def test_a_change_that_failed_once_lands_on_the_backoff_not_the_heartbeat(apiserver, tmp_path, writers, code,
+                                                                          what) -> None:
+    apiserver.add_node(NODE)
+    writer = _writer(writers, apiserver, tmp_path, taint=Taint(), heartbeat=60.0)
+    writer.observe(_snap(1, {}))
+    wait_until(lambda: _condition(apiserver) == "False", what="the condition written False")
+    apiserver.refuse_nodes(code, what, times=1)
+    writer.observe(_snap(2, {4: (p.REBOOT_NODE, "xid_79")}))
+    outcome = {500: "server_error", 409: "conflict"}[code]
+    wait_until(lambda: writer.counts()[outcome] == 1, what=f"the {code} counted")
+    wait_until(lambda: _condition(apiserver) == "True" and _taints(apiserver) == [OURS], timeout=WITHIN_BACKOFF,
+               what="the condition and the taint after one failure")
+
+
+def test_a_long_retry_after_is_capped_and_counted_throttled(apiserver, tmp_path, writers) -> None:
+    apiserver.add_node(NODE)
+    apiserver.refuse_nodes(429, "get", times=1, retry_after="600")
+    writer = _writer(writers, apiserver, tmp_path, taint=Taint(), heartbeat=5.0)
+    writer.observe(_snap(1, {4: (p.REBOOT_NODE, "xid_79")}))
+    wait_until(lambda: writer.counts()["throttled"] == 1, timeout=WITHIN_BACKOFF, what="the 429 counted throttled")
+    # the pause is capped at the heartbeat (5 s here), not the 600 s asked
+    wait_until(lambda: _condition(apiserver) == "True" and _taints(apiserver) == [OURS], timeout=WITHIN_BACKOFF,
+               what="the condition and the taint after the capped pause")
+    assert [r for r in apiserver.node_requests if r[0] == "GET"][:2] == [("GET", f"/api/v1/nodes/{NODE}", "", None)] * 2

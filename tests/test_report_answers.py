@@ -397,6 +397,24 @@ def test_an_endless_answer_stops_at_the_cap_with_bounded_memory():
     assert peak_mib < baseline_mib + 4 * cap / 2**20 + 64, (peak_mib, baseline_mib)
 
 
+def test_endless_answers_at_the_default_cap_hold_one_answer_not_one_per_query():
+    """Every query answered without end, no flag: the report stops with one line, having held
+    at most one answer at the cap (256 MiB) and the others at the size read side by side
+    (16 MiB each), not four answers of 256 MiB (a gigabyte)."""
+    from exporter.report.prom import DEFAULT_MAX_RESPONSE_BYTES, SIDE_BY_SIDE_BYTES
+
+    with LoopbackServer(empty_answer()) as quick:
+        status, err, _, baseline_mib = run_report_measured(["--prometheus", quick.base, *PERIOD])
+    assert status == 0, err
+    with LoopbackServer(endless_answer()) as server:
+        status, err, _, peak_mib = run_report_measured(["--prometheus", server.base, *PERIOD, "--timeout", "10m"])
+    assert (status, err) == (1, f"l9gpu report: Prometheus at {server.base} sent an answer over --max-response-bytes "
+                                f"{DEFAULT_MAX_RESPONSE_BYTES} and was cut off; narrow the period or the --selector, "
+                                "or raise the cap\n")
+    bound_mib = (DEFAULT_MAX_RESPONSE_BYTES + 3 * SIDE_BY_SIDE_BYTES) / 2**20 + 64  # + the reads' own buffers
+    assert peak_mib < baseline_mib + bound_mib, (peak_mib, baseline_mib)
+
+
 def test_an_announced_size_over_the_cap_is_refused_before_reading(capsys):
     async def answer(request: web.Request) -> web.StreamResponse:
         await request.read()

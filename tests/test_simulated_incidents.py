@@ -44,6 +44,7 @@ class JournalNode:
         self.next += len(due)
         if due:
             self._append(self.path, due)
+            self.reader.sync()
         return self.reader.poll()
 
     def counts(self) -> dict:

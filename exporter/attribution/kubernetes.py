@@ -293,8 +293,12 @@ class StaticPodSource:
         return None
 
 
-def load_client(kubeconfig: str | None) -> Any:
+def load_client(kubeconfig: str | None, retries: Any = None) -> Any:
     """A configured ``kubernetes.client.ApiClient`` (in-cluster, then kubeconfig).
+
+    ``retries`` is handed to its HTTP layer (urllib3's ``retries``): None keeps urllib3's
+    default (3 tries more, sleeping whatever a ``Retry-After`` asks); False makes one try, so
+    that the caller sees every failure and decides (the Events and the node writer do).
 
     Raises:
         ImportError: the ``kubernetes`` package is not installed.
@@ -304,10 +308,12 @@ def load_client(kubeconfig: str | None) -> Any:
 
     if kubeconfig:
         cfg = client.Configuration()
+        cfg.retries = retries
         config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
         return client.ApiClient(cfg)
     try:
         cfg = client.Configuration()
+        cfg.retries = retries
         config.load_incluster_config(client_configuration=cfg)
         return client.ApiClient(cfg)
     except config.ConfigException:
@@ -315,6 +321,7 @@ def load_client(kubeconfig: str | None) -> Any:
     path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
     if path:
         cfg = client.Configuration()
+        cfg.retries = retries
         config.load_kube_config(config_file=path, client_configuration=cfg)
         return client.ApiClient(cfg)
     raise RuntimeError("not in a cluster (no service account token) and neither --kubeconfig nor $KUBECONFIG is set")

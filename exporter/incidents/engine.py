@@ -37,81 +37,35 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import is_
 from typing import Any, Collection, Mapping, Sequence
 
 from exporter.core.escape import for_terminal
 from exporter.core.model import UNKNOWN, DeviceSample, Workload
-from exporter.health.policy import RULES, XIDS
+from exporter.health.policy import RULES
+from exporter.incidents.incident import (  # noqa: F401 - the engine's names, kept where they were read
+    AMEND_MATCH,
+    AMEND_WINDOW,
+    APPLICATION_XIDS,
+    CALLER_XIDS,
+    CAUSE_BASES,
+    EVENT_REASONS,
+    GIB,
+    HOST_TOOLS,
+    KINDS,
+    REASON_KINDS,
+    Incident,
+    IncidentConfig,
+    xid_action,
+)
 from exporter.incidents.kmsg import normalise_pci_bus_id
 from exporter.output.snapshot_json import describe_owner
 
-KINDS = ("memory_exhausted", "xid", "gpu_lost", "row_remap_failure", "nvlink_errors", "stuck_in_driver_call")
-REASON_KINDS = ("gpu_lost", "row_remap_failure", "nvlink_errors", "stuck_in_driver_call")
-# Xids whose kernel-log line names the process at fault (NVIDIA's XID catalog).
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 69, 94, 109})
-# Xids whose named process is the caller that noticed (nvidia-smi, the agent): not a cause.
-CALLER_XIDS = frozenset({119})
-# Host tools that open a GPU briefly to read it: never a workload that shares it.
-HOST_TOOLS = frozenset({"nvidia-smi", "nvidia-persistenced", "nv-hostengine", "dcgmi", "nvtop", "nvitop"})
-# How the cause of an incident is known (`Incident.cause_basis`).
-CAUSE_BASES = ("kernel_log", "sole_holder", "memory_growth")
 LIVES_PER_PID = 8
 _NO_LIVES: tuple[None] = (None,)
 _ATTRIBUTED = ("kubernetes", "slurm")  # `Workload.attributed`, read without a call
-GIB = 2**30
-# The reasons of the Kubernetes Events an incident posts on its pods.
-EVENT_REASONS = frozenset({"GPUMemoryExhausted", "GPUFaultCaused", "GPUFaultAffected"})
-
-
-@dataclass(frozen=True)
-class IncidentConfig:
-    """Thresholds (docs/INCIDENTS.md).
-
-    Attributes:
-        free_ratio, free_bytes: a GPU is full while its free memory is under the larger.
-        window: seconds after the GPU filled within which an exit or drop counts.
-        growth_window: seconds before the GPU filled over which growth is measured.
-        drop_ratio: a workload's memory falling by this share or more counts as a drop.
-        pid_memory: seconds a PID's owner is remembered after its process is gone.
-        history: incidents kept in memory (``--incident-history``).
-        xid_hold: seconds an NVML Xid waits for the kernel log's line (which names the
-            process) before it is reported without it; 0 without a kernel log.
-        clock_margin: seconds by which the kernel log's clock and the passes' may differ: a
-            record that close to the moment a PID changed hands names no one.
-        agent_pid: the agent's own PID, which holds a GPU only to read it (not a workload).
-    """
-
-    free_ratio: float = 0.02
-    free_bytes: int = GIB
-    window: float = 10.0
-    growth_window: float = 60.0
-    drop_ratio: float = 0.5
-    pid_memory: float = 600.0
-    history: int = 256
-    xid_hold: float = 0.0
-    clock_margin: float = 1.0
-    agent_pid: int | None = None
-
-
-@dataclass(frozen=True)
-class Incident:
-    """One incident (the ``/api/v1/incidents`` entries are `messages.incident_json` of these)."""
-
-    kind: str
-    time: float  # wall clock, Unix seconds
-    node: str
-    gpu: int
-    uuid: str
-    gpu_instance: str
-    xid: int | None
-    action: str
-    caused_by: tuple[Workload, ...]
-    affected: tuple[Workload, ...]
-    detail: str
-    cause_known: bool
-    cause_basis: str = ""  # one of CAUSE_BASES where the cause is known, else ""
+_LATE: Any = object()  # `IncidentTracker._amend`: the line came after the amend window
 
 
 @dataclass
@@ -170,12 +124,6 @@ class _Seen:
     work: dict[Workload, int] | None = None
 
 
-def xid_action(code: int) -> tuple[str, str]:
-    """(action, description) of an Xid code: NVIDIA's catalog, or a hardware check for one not in it."""
-    rule = XIDS.get(code)
-    return (rule.action, rule.description) if rule is not None else ("inspect_hardware", "not in NVIDIA's catalog")
-
-
 def _bus(text: str) -> str:
     """A PCI bus id as NVML prints it (``00000000:3B:00.0``), for matching a device to the
     kernel log's lines (`kmsg.normalise_pci_bus_id`, which the log's side already went
@@ -205,6 +153,10 @@ class IncidentTracker:
         # NVML Xids waiting for the kernel log: (since, key, code, wall, the sole holder then)
         self._held: list[tuple[float, str, int, float, Workload | None]] = []
         self._from_log: dict[tuple[str, int], float] = {}  # (device key, xid) -> when the log named it
+        # NVML Xids reported without their line, which a late line may amend (within `AMEND_WINDOW`;
+        # the rest are kept to tell a line that comes later still): (since, key, code, incident)
+        self._amendable: deque[tuple[float, str, int, Incident]] = deque(maxlen=config.history)
+        self.late_lines = 0  # kernel-log lines read after `AMEND_WINDOW`: counted, nothing opened
         self._passes = 0  # passes observed
 
     def recent(self) -> tuple[Incident, ...]:
@@ -249,9 +201,17 @@ class IncidentTracker:
                 union += [w for w in self._gpus[child.key].holders if w not in union]
             state.holders = tuple(union)
         by_bus = {_bus(d.pci_bus_id): d for d in devices if d.pci_bus_id and not d.gpu_instance} if xid_records else {}
+        amended: list[Incident] = []
         for record in xid_records:
             named = by_bus.get(_bus(record.pci_bus_id)) if record.pci_bus_id else None
-            if named is not None:
+            if named is None:
+                continue
+            amendment = self._amend(now, named, record)
+            if amendment is _LATE:
+                self.late_lines += 1  # NVML's incident of this fault is past amending: counted, nothing opened
+            elif amendment is not None:
+                amended.append(amendment)
+            else:
                 new.append(self._from_kernel_log(now, wall, named, record))
         for device in devices:
             state = self._gpus[device.key]
@@ -260,7 +220,7 @@ class IncidentTracker:
         new += self._release_held(now, {d.key: d for d in devices})
         self._forget(now)
         self._recent.extend(new)
-        return new
+        return new + amended
 
     # -- memory -------------------------------------------------------------------------
 
@@ -576,9 +536,35 @@ class IncidentTracker:
             if now - since < self.config.xid_hold:
                 keep.append((since, key, code, wall, sole))
             elif key in devices:
-                out.append(self._nvml_incident(wall, devices[key], self._gpus[key], code, sole))
+                incident = self._nvml_incident(wall, devices[key], self._gpus[key], code, sole)
+                self._amendable.append((since, key, code, incident))  # its line may still come, late
+                out.append(incident)
         self._held = keep
         return out
+
+    def _amend(self, now: float, device: DeviceSample, record: Any) -> Incident | None:
+        """The incident NVML's Xid opened without its kernel-log line (``_amendable``), told
+        again with the line read late: the same time (and so the same id), the cause the line
+        names; `_LATE` where that incident was reported more than `AMEND_WINDOW` ago; None
+        where no such incident waits for this line (it opens one of its own)."""
+        at = getattr(record, "time", None)
+        for i, (since, key, code, incident) in enumerate(self._amendable):
+            if key != device.key or code != record.xid:
+                continue
+            if at is not None and not since - AMEND_MATCH <= at <= since + self.config.clock_margin:
+                continue
+            del self._amendable[i]
+            if now - since > AMEND_WINDOW:
+                return _LATE
+            told = self._from_kernel_log(now, incident.time, device, record)
+            involved = incident.caused_by + tuple(w for w in incident.affected if w not in incident.caused_by)
+            amended = replace(told, affected=tuple(w for w in involved if w not in told.caused_by),
+                              detail=for_terminal(f"{told.detail} (read {now - since:.0f}s after NVML's Xid)"[:460]),
+                              previous=incident)
+            self._recent = deque((amended if old is incident else old for old in self._recent),
+                                 maxlen=self._recent.maxlen)
+            return amended
+        return None
 
     def _reasons(self, wall: float, device: DeviceSample, state: _Gpu, active: set[str]) -> list[Incident]:
         new = [r for r in REASON_KINDS if r in active and r not in state.reasons]
@@ -598,3 +584,4 @@ class IncidentTracker:
             del self._pids[pid]
         for key in [key for key, seen in self._from_log.items() if seen < now - 60.0]:
             del self._from_log[key]
+

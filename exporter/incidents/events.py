@@ -8,6 +8,8 @@ It behaves towards the API server as the kubelet's event recorder does:
 
 - a repeat (the same pod UID, reason and message) within ten minutes patches the Event
   already posted (``count`` + 1, ``lastTimestamp``) instead of creating another;
+- an incident amended (a late kernel-log line told its cause) patches the reason and message
+  of the Event each pod already has for it (``amended``), never a second Event;
 - each pod has a token bucket (``burst`` events, then ``per_minute``), so a GPU that
   faults every second cannot flood the API server; what it refuses is dropped;
 - `EventSink.submit` only puts the event on a bounded queue and returns: a pass never
@@ -62,7 +64,7 @@ DEFAULT_PAUSE = 1.0
 MAX_NAME = 253
 
 # Outcomes `EventSink.counts` reports.
-OUTCOMES = ("posted", "aggregated", "rate_limited", "queue_full", "forbidden", "throttled", "failed")
+OUTCOMES = ("posted", "aggregated", "amended", "rate_limited", "queue_full", "forbidden", "throttled", "failed")
 _WHY = {
     "rate_limited": "more events for one pod than its rate limit allows",
     "queue_full": "the queue of events to post is full (the API server is slow or unreachable)",
@@ -86,6 +88,9 @@ class PodEvent:
         kind: the object the Event is about: ``Pod``, or ``Node`` (then ``pod`` and
             ``pod_uid`` are the node's name, as the kubelet names a Node in its Events, and
             ``namespace`` is ``default``, where Events on a Node live).
+        incident: the id of the incident it tells (`messages.incident_id`), or "": a later
+            event of the same incident and pod (an incident amended by a late kernel-log line)
+            patches the Event already posted (its reason and message) instead of posting another.
     """
 
     namespace: str
@@ -95,11 +100,14 @@ class PodEvent:
     message: str
     type: str = "Warning"
     kind: str = "Pod"
+    incident: str = ""
 
 
 def default_api_factory(kubeconfig: str | None = None) -> Any:
     """A ``kubernetes.client.CoreV1Api`` configured as the pod watch is (in-cluster, then
-    ``kubeconfig`` or ``$KUBECONFIG``).
+    ``kubeconfig`` or ``$KUBECONFIG``), whose HTTP layer tries each request once: the
+    caller counts every refusal and decides when to try again (a ``Retry-After`` capped),
+    never the client library's own retries and sleeps.
 
     Raises:
         ImportError: the ``kubernetes`` package is not installed.
@@ -109,7 +117,7 @@ def default_api_factory(kubeconfig: str | None = None) -> Any:
 
     from exporter.attribution.kubernetes import load_client
 
-    return client.CoreV1Api(load_client(kubeconfig))
+    return client.CoreV1Api(load_client(kubeconfig, retries=False))
 
 
 def _timestamp(seconds: float) -> datetime.datetime:
@@ -186,6 +194,7 @@ class EventSink:
         self._logged: dict[str, float] = {}
         # Owned by the thread:
         self._posted: OrderedDict[tuple[str, str, str], _Posted] = OrderedDict()
+        self._by_incident: OrderedDict[tuple[str, str], _Posted] = OrderedDict()  # (incident id, pod uid)
         self._buckets: OrderedDict[str, _TokenBucket] = OrderedDict()
         self._last_nanos = 0
         self._api: Any = None
@@ -273,6 +282,8 @@ class EventSink:
 
     def _handle(self, event: PodEvent) -> None:
         now = self._clock()
+        if event.incident and self._amend(event, now):
+            return
         if not self._allowed(event.pod_uid, now):
             self._outcome("rate_limited")
             return
@@ -302,7 +313,33 @@ class EventSink:
         self._posted.move_to_end(key)
         if len(self._posted) > CACHE_SIZE:
             self._posted.popitem(last=False)
+        if event.incident:
+            self._by_incident[(event.incident, event.pod_uid)] = self._posted[key]
+            if len(self._by_incident) > CACHE_SIZE:
+                self._by_incident.popitem(last=False)
         self._outcome("posted")
+
+    def _amend(self, event: PodEvent, now: float) -> bool:
+        """Patch the Event this pod already has for ``event.incident`` with the new reason and
+        message (the count stays: it is the same fault); False where it has none (or it is
+        gone from the server), and ``event`` is posted as any other."""
+        known = self._by_incident.get((event.incident, event.pod_uid))
+        if known is None:
+            return False
+        try:
+            self._client().patch_namespaced_event(
+                known.name, known.namespace, {"reason": event.reason, "message": event.message[:MAX_MESSAGE],
+                                              "lastTimestamp": _timestamp(self._wall())},
+                _request_timeout=self.request_timeout)
+        except Exception as exc:  # noqa: BLE001 - sorted out below
+            if _refusal(exc)[0] != 404:
+                raise
+            del self._by_incident[(event.incident, event.pod_uid)]
+            return False
+        known.last_seen = now
+        self._posted[(event.pod_uid, event.reason, event.message)] = known  # its repeats aggregate into it
+        self._outcome("amended")
+        return True
 
     def _name(self, pod: str) -> str:
         """``<pod>.<hex nanoseconds>``, as the kubelet names its Events (unique here even

@@ -224,6 +224,7 @@ class KernelLog:
         self._edge = b""  # a file's bytes just before the offset, to notice a rewrite in place
         self._last_seq: int | None = None
         self._counts = dict.fromkeys(OUTCOMES, 0)
+        self._failures = 0
         self._error_logged = False
         self._bad_logged = False
 
@@ -406,7 +407,12 @@ class KernelLog:
         self._pending = lines.pop()  # "" after a final newline, else a line still being written
         return lines
 
+    def failures(self) -> int:
+        """Reads of the kernel log that failed (each logged at most once)."""
+        return self._failures
+
     def _read_failed(self, exc: BaseException) -> None:
+        self._failures += 1
         if not self._error_logged:
             self._error_logged = True
             why = os.strerror(exc.errno or 0) if isinstance(exc, OSError) and exc.errno else repr(exc)

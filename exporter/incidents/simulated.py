@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 class ScenarioKernelLog:
     """The scenario's Xid lines, each once its time has come, as `kmsg.KernelLog` hands
-    out the machine's: `poll`, `counts`, `close`."""
+    out the machine's: `poll`, `counts`, `failures`, `close`."""
 
     def __init__(self, node: SimulatedBackend):
         self._node = node
@@ -43,6 +43,10 @@ class ScenarioKernelLog:
     def counts(self) -> dict[str, int]:
         """Lines read and Xids found, by outcome (as `kmsg.KernelLog.counts`)."""
         return dict(self._counts)
+
+    def failures(self) -> int:
+        """A scenario's lines are never unreadable."""
+        return 0
 
     def close(self) -> None:
         """Nothing to release: the lines are the scenario's."""

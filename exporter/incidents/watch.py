@@ -136,31 +136,41 @@ class IncidentWatch:
             return ()
 
     def _record(self, incident: Any) -> None:
-        from exporter.incidents.messages import event_messages, incident_json
+        """Count, log and tell a new incident, or one a late kernel-log line amended
+        (``incident.previous``: the same id; only what changed is counted and told)."""
+        from exporter.incidents.messages import event_messages, incident_id, incident_json
 
+        previous = incident.previous
         device = next((d for d in self._devices.values()
                        if d.uuid == incident.uuid and d.gpu_instance == incident.gpu_instance), None)
         rows: list[tuple[str, tuple[str, ...]]] = []
+        counted: list[tuple[str, tuple[str, ...]]] = []
         for role, workloads in (("caused", incident.caused_by), ("affected", incident.affected)):
             for workload in workloads:
                 if device is not None and workload.attributed:
                     rows.append((role, device_label_values(self.node, device) + self._labeller(workload)))
+                    # counters only go up: an amendment counts its new causes, the rest was counted
+                    if previous is None or (role == "caused" and workload not in previous.caused_by):
+                        counted.append(rows[-1])
         with self._lock:
-            for role, labels in rows:
+            for role, labels in counted:
                 key = (labels, incident.kind, role)
                 self._counts[key] = self._counts.get(key, 0) + 1
         doc = incident_json(incident, self.extra_names)
         summary = _summary(doc)
-        log.warning("GPU incident: %s", summary, extra={"incident": doc})
+        log.warning("GPU incident amended by its kernel log line: %s" if previous is not None else "GPU incident: %s",
+                    summary, extra={"incident": doc})
         if self.log_records is not None:
             self.log_records.emit(doc, summary, [(role, workload_label_map(labels, self.extra_names))
                                                  for role, labels in rows])
         if self.events is not None:
             from exporter.incidents.events import PodEvent
 
+            told = set(event_messages(previous)) if previous is not None else set()
             for workload, reason, message in event_messages(incident):
-                if workload.pod and workload.namespace:
-                    self.events.submit(PodEvent(workload.namespace, workload.pod, workload.pod_uid, reason, message))
+                if workload.pod and workload.namespace and (workload, reason, message) not in told:
+                    self.events.submit(PodEvent(workload.namespace, workload.pod, workload.pod_uid, reason, message,
+                                                incident=incident_id(incident)))
 
     def recent_json(self) -> list[dict[str, Any]]:
         """The incidents the agent remembers, newest first (``/api/v1/incidents``)."""
@@ -273,6 +283,19 @@ class IncidentFamilies(PrometheusCollector):
                 counter = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
                 for outcome, value in _counts(name, source):
                     counter.add_metric((outcome,), value)
+                if source is watch.kernel_log and watch.tracker is not None:
+                    # lines read after the amend window: the tracker's to tell, the kernel log's family
+                    counter.add_metric(("late",), float(min(watch.tracker.late_lines, 2**53)))
+                yield counter
+        name = "l9gpu_kernel_log_reader_failures_total"
+        if name in self.enabled and watch.kernel_log is not None:
+            spec = cat.get(name)
+            counter = CounterMetricFamily(spec.name, spec.help, labels=())
+            try:
+                counter.add_metric((), float(min(max(int(watch.kernel_log.failures()), 0), 2**53)))
+            except Exception:  # noqa: BLE001 - a broken source costs its own family only
+                pass
+            else:
                 yield counter
 
     def describe(self) -> Iterator[Metric]:

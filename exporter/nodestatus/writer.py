@@ -69,7 +69,7 @@ DEFAULT_TAINT_KEY = "l9gpu.io/gpu-unhealthy"
 TAINT_EFFECT = "NoSchedule"
 LOG_EVERY_SECONDS = 300.0
 REQUEST_TIMEOUT = (5.0, 10.0)
-FIRST_RETRY = 1.0  # seconds after a failed request; doubles up to the heartbeat
+FIRST_RETRY = 1.0  # doubled before each retry: a failed change is tried again after 2 s, 4, 8, ... up to the heartbeat
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,19 @@ class Taint:
 
     def body(self) -> dict[str, str]:
         return {"key": self.key, "effect": self.effect}
+
+    def is_ours(self, taint: Any) -> bool:
+        """Whether ``taint`` (one of a Node's) is the one the agent writes: its key and effect,
+        no value. An administrator's taint with the same key and another effect or a value
+        (``l9gpu.io/gpu-unhealthy=manual:NoExecute``) is not, and is never removed."""
+        return (isinstance(taint, dict) and taint.get("key") == self.key and taint.get("effect") == self.effect
+                and not taint.get("value"))
+
+    def holds(self, taints: Any) -> bool:
+        """Whether the Node's ``taints`` already keep pods off as this taint would: its key and
+        effect, whatever the value (the API takes one taint per key and effect)."""
+        return any(isinstance(t, dict) and t.get("key") == self.key and t.get("effect") == self.effect
+                   for t in taints or ())
 
 
 def default_api_factory(kubeconfig: str | None = None) -> Any:
@@ -157,12 +170,12 @@ class NodeStatusWriter:
         self._prior: dict[str, Any] | None = None  # the condition a previous agent left, as read
         self._written: dict[str, Any] | None = None  # the condition on the node, as last written
         self._heartbeat_at = 0.0
-        self._tainted: bool | None = None  # whether the node carries the taint (None: not known)
         self._holding = False  # a previous agent's True condition stands (the settle time)
         self._seen_problem = False  # this agent's own verdict has been True
         self._last_up: dict[str, Snapshot] = {}  # per GPU, the last snapshot that saw it up (its holders)
         self._doing = "GPU condition"  # what the request under way writes, for the note
         self._retry_at = 0.0
+        self._failed = False  # the last try failed: the next is due at _retry_at, not at the heartbeat
         self._backoff = FIRST_RETRY
         self._thread = threading.Thread(target=self._run, name="l9gpu-node-status", daemon=True)
         self._thread.start()
@@ -227,7 +240,7 @@ class NodeStatusWriter:
         if self._written is None and self._latest is None:
             return None
         now = self._clock()
-        due = self._heartbeat_at + self.heartbeat if self._written is not None else now
+        due = self._heartbeat_at + self.heartbeat if self._written is not None and not self._failed else now
         if self._holding and self._started_at is not None:  # the settle time ends: the verdict is written then
             due = min(due, self._started_at + self.settle)
         return max(0.05, max(due, self._retry_at) - now)
@@ -238,9 +251,12 @@ class NodeStatusWriter:
         except Exception as exc:  # noqa: BLE001 - sorted out, counted and logged once
             outcome, detail, pause = _classify(exc)
             self._backoff = min(self.heartbeat, self._backoff * 2)
-            self._retry_at = self._clock() + max(self._backoff, pause or 0.0)
+            # a Retry-After is honoured up to the heartbeat: the agent decides, never the server alone
+            self._retry_at = self._clock() + max(self._backoff, min(pause or 0.0, self.heartbeat))
+            self._failed = True
             self._outcome(outcome, detail)
         else:
+            self._failed = False
             self._backoff = FIRST_RETRY
             with self._lock:
                 self._note = ""
@@ -254,33 +270,48 @@ class NodeStatusWriter:
         response = self._client().read_node(self.node, _preload_content=False, _request_timeout=self.request_timeout)
         return json.loads(_body(response))
 
-    def _read_once(self) -> None:
-        """The condition a previous agent left and the taint, read once at start-up."""
-        if self._read:
-            return
-        self._read = True  # a refused read is counted once and not retried: the writes go on without it
-        node = self._get_node()
-        for condition in (node.get("status") or {}).get("conditions") or ():
-            if condition.get("type") == self.condition_type:
-                self._prior = condition
-        self._tainted = any(t.get("key") == self.taint.key for t in (node.get("spec") or {}).get("taints") or ()) \
-            if self.taint is not None else None
+    def _read_node(self) -> tuple[dict[str, Any] | None, Exception | None]:
+        """The Node as it is now, read when the condition a previous agent left is not known
+        yet (at start-up) and, with a taint, at every write: the taint follows the Node, not a
+        memory of what was written (a Node deleted and registered again comes back bare)."""
+        if self._read and self.taint is None:
+            return None, None
+        try:
+            node = self._get_node()
+        except Exception as exc:  # noqa: BLE001 - counted by the caller
+            return None, exc
+        if not self._read:
+            self._read = True
+            for condition in (node.get("status") or {}).get("conditions") or ():
+                if condition.get("type") == self.condition_type:
+                    self._prior = condition
+        return node, None
 
     def _sync(self, verdict: NodeVerdict, force: bool = False) -> None:
-        try:
-            self._read_once()
-        except Exception as exc:  # noqa: BLE001 - counted; the writes below go on without it
-            outcome, detail, _ = _classify(exc)
+        node, failure = self._read_node()
+        if failure is not None and self.taint is None:
+            # the start-up read only: counted once, not retried; the writes go on without it
+            self._read = True
+            outcome, detail, _ = _classify(failure)
             self._outcome(outcome, f"reading node {self.node}: {detail}")
         wanted = self._held(verdict)
         now = self._clock()
         current = self._written or self._prior
         same = current is not None and (current.get("status"), current.get("reason"), current.get("message")) == (
             wanted.status, wanted.reason, wanted.message)
+        if node is not None and self._written is not None and not _carries(node, self._written, self.condition_type):
+            same = False  # the Node lost it (recreated, or another writer's change): write it now
         if force or not same or self._written is None or now - self._heartbeat_at >= self.heartbeat:
-            self._write_condition(wanted, current)
-        if self.taint is not None and self._tainted != wanted.problem:
-            self._write_taint(wanted.problem)
+            answer = self._write_condition(wanted, current)
+            if node is not None and isinstance(answer, dict):
+                node = answer  # the Node after the write: its resourceVersion is the one to patch against
+        if self.taint is not None:
+            if failure is not None:
+                self._doing = "taint"
+                raise failure  # counted by `_attempt`; tried again on the backoff
+            assert node is not None
+            if self.taint.holds((node.get("spec") or {}).get("taints")) != wanted.problem:
+                self._write_taint(wanted.problem, node)
 
     def _held(self, verdict: NodeVerdict) -> NodeVerdict:
         """During the settle time, a True condition left by a previous agent stands against a
@@ -295,7 +326,8 @@ class NodeStatusWriter:
             return NodeVerdict("True", str(prior.get("reason") or ""), str(prior.get("message") or ""))
         return verdict
 
-    def _write_condition(self, verdict: NodeVerdict, current: dict[str, Any] | None) -> None:
+    def _write_condition(self, verdict: NodeVerdict, current: dict[str, Any] | None) -> Any:
+        """PATCH the condition; the Node as the server answered (None where it is no JSON)."""
         self._doing = "GPU condition"
         stamp = rfc3339_seconds(self._wall())
         transition = stamp
@@ -303,17 +335,23 @@ class NodeStatusWriter:
             transition = current["lastTransitionTime"]
         condition = {"type": self.condition_type, "status": verdict.status, "reason": verdict.reason,
                      "message": verdict.message, "lastHeartbeatTime": stamp, "lastTransitionTime": transition}
-        _body(self._client().patch_node_status(self.node, {"status": {"conditions": [condition]}},
-                                               _preload_content=False, _request_timeout=self.request_timeout))
+        answer = _body(self._client().patch_node_status(self.node, {"status": {"conditions": [condition]}},
+                                                        _preload_content=False,
+                                                        _request_timeout=self.request_timeout))
         self._written = condition
         self._heartbeat_at = self._clock()
         self._outcome("updated")
+        try:
+            return json.loads(answer)
+        except ValueError:
+            return None
 
-    def _write_taint(self, on: bool) -> None:
+    def _write_taint(self, on: bool, node: dict[str, Any]) -> None:
+        """Add the taint to (or remove it from) the Node as just read, with its resourceVersion:
+        a change made meanwhile is answered 409 and tried again on the backoff."""
         assert self.taint is not None
         self._doing = "taint"
-        node = self._get_node()
-        taints = [t for t in (node.get("spec") or {}).get("taints") or () if t.get("key") != self.taint.key]
+        taints = [t for t in (node.get("spec") or {}).get("taints") or () if not self.taint.is_ours(t)]
         if on:
             taints.append(self.taint.body())
         version = (node.get("metadata") or {}).get("resourceVersion")
@@ -322,7 +360,6 @@ class NodeStatusWriter:
             body["metadata"] = {"resourceVersion": version}
         _body(self._client().patch_node(self.node, body, _preload_content=False,
                                         _request_timeout=self.request_timeout))
-        self._tainted = on
         self._outcome("updated")
 
     def _outcome(self, outcome: str, detail: str = "") -> None:
@@ -338,6 +375,14 @@ class NodeStatusWriter:
             self._logged[outcome] = now
         log.warning("updating node %s failed: %s%s (logged once per %d minutes; the agent goes on without it)",
                     self.node, _WHY[outcome], f": {detail}" if detail else "", LOG_EVERY_SECONDS // 60)
+
+
+def _carries(node: dict[str, Any], written: dict[str, Any], condition_type: str) -> bool:
+    """Whether ``node`` carries the condition as last ``written`` (status, reason, message)."""
+    for condition in (node.get("status") or {}).get("conditions") or ():
+        if isinstance(condition, dict) and condition.get("type") == condition_type:
+            return all(condition.get(k) == written.get(k) for k in ("status", "reason", "message"))
+    return False
 
 
 def _body(response: Any) -> bytes:

@@ -307,11 +307,18 @@ METRICS: tuple[MetricSpec, ...] = (
                W, WORKLOAD, registered_by=_STALL),
     MetricSpec("l9gpu_kernel_log_records_total", COUNTER, "",
                "Kernel log records read with --kernel-log, by outcome: read, xid (an NVIDIA Xid line), "
-               "overwritten (lost before they were read), malformed, truncated.",
+               "overwritten (lost before they were read), malformed, truncated, other_machine and other_boot "
+               "(journal entries of another machine or boot: skipped, they name no process), late (an Xid line "
+               "read after the amend window of the incident NVML's Xid already opened).",
                ("outcome",), SELF, registered_by=_WATCH),
+    MetricSpec("l9gpu_kernel_log_reader_failures_total", COUNTER, "",
+               "Times reading the kernel log failed: the journal reader's process ended (a journal file truncated "
+               "under it raises SIGBUS) and was started again, or a read of /dev/kmsg or a file failed.",
+               (), SELF, registered_by=_WATCH),
     MetricSpec("l9gpu_kubernetes_events_total", COUNTER, "",
                "Kubernetes Events about GPU incidents (on pods) and GPU verdict changes (on the Node), by outcome: "
-               "posted, aggregated (a repeat patched into its Event), rate_limited, queue_full, forbidden (403), throttled (429 or 503: posting pauses for its "
+               "posted, aggregated (a repeat patched into its Event), amended (an incident's Event patched with the "
+               "cause a late kernel-log line told), rate_limited, queue_full, forbidden (403), throttled (429 or 503: posting pauses for its "
                "Retry-After), failed.",
                ("outcome",), SELF, registered_by=_WATCH),
     MetricSpec("l9gpu_kubernetes_node_updates_total", COUNTER, "",

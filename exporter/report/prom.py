@@ -36,6 +36,10 @@ from exporter.report.progress import Progress
 
 #: Default cap on one answer's size (decompressed), in bytes: ``--max-response-bytes``.
 DEFAULT_MAX_RESPONSE_BYTES = 256 * 2**20
+#: Answers are read side by side up to this size each; one that grows past it is read (and
+#: parsed) alone while the others wait at it, so the answers held at once stay under
+#: ``--max-response-bytes`` plus ``concurrency - 1`` times this, whatever the server sends.
+SIDE_BY_SIDE_BYTES = 16 * 2**20
 # Secrets shorter than this are not searched for in messages (they would garble them).
 _SHORTEST_REDACTED = 4
 _READ_CHUNK = 64 * 1024
@@ -218,6 +222,7 @@ class Prometheus:
         self._progress = progress or Progress()  # counts the queries asked and answered
         self._session: Any = None
         self._limit = asyncio.Semaphore(config.concurrency)
+        self._large = asyncio.Semaphore(1)  # held by the one answer read past SIDE_BY_SIDE_BYTES
         self.queries = 0
         self.splits = 0  # range queries refused as too large and asked again as two halves
         self._failure: PrometheusError | None = None
@@ -259,19 +264,32 @@ class Prometheus:
     async def __aexit__(self, *exc: Any) -> None:
         await self._session.close()
 
-    async def _read(self, resp: Any) -> bytearray:
-        """The answer's body, decompressed, or an error once it passes the size cap."""
+    async def _read(self, resp: Any) -> tuple[bytearray, bool]:
+        """The answer's body, decompressed, or an error once it passes the size cap; and
+        whether it holds ``_large`` (grown past `SIDE_BY_SIDE_BYTES`: the caller releases it
+        once the body is parsed)."""
         cap = self.config.max_response_bytes
         if resp.content_length is not None and resp.content_length > cap:
             raise self.error(f"Prometheus at {self.config.url} answered {resp.content_length} bytes, more than "
                              f"--max-response-bytes {cap}; narrow the period or the --selector, or raise the cap")
         body = bytearray()
-        async for chunk in resp.content.iter_chunked(_READ_CHUNK):
-            if len(body) + len(chunk) > cap:
-                raise self.error(f"Prometheus at {self.config.url} sent an answer over --max-response-bytes {cap} "
-                                 "and was cut off; narrow the period or the --selector, or raise the cap")
-            body += chunk
-        return body
+        large = False
+        try:
+            async for chunk in resp.content.iter_chunked(_READ_CHUNK):
+                if len(body) + len(chunk) > cap:
+                    raise self.error(f"Prometheus at {self.config.url} sent an answer over --max-response-bytes "
+                                     f"{cap} and was cut off; narrow the period or the --selector, or raise the cap")
+                if not large and len(body) + len(chunk) > SIDE_BY_SIDE_BYTES:
+                    await self._large.acquire()  # the server waits meanwhile (TCP's flow control)
+                    large = True
+                    if self._failure is not None:  # an answer read before this one failed the report
+                        raise PrometheusError(str(self._failure))
+                body += chunk
+        except BaseException:
+            if large:
+                self._large.release()
+            raise
+        return body, large
 
     async def _call(self, path: str, form: dict[str, str], splittable: bool = False) -> Any:
         """POST one query; the answer's ``data``. The first failure fails every later call
@@ -307,7 +325,7 @@ class Prometheus:
         try:
             async with self._session.post(url, data=form) as resp:
                 status = resp.status
-                body = await self._read(resp)
+                body, large = await self._read(resp)
         except aiohttp.ClientSSLError as exc:
             raise self.error(f"TLS with {self.config.url} failed: {_reason(exc)} "
                              "(--ca-file, --cert-file/--key-file, --insecure-skip-verify)") from None
@@ -316,13 +334,17 @@ class Prometheus:
         except asyncio.TimeoutError:
             raise self.error(f"Prometheus at {self.config.url} did not answer within "
                              f"{self.config.timeout:g}s (--timeout)") from None
-        if status in (401, 403):
-            raise self.error(f"Prometheus at {self.config.url} refused the credentials (HTTP {status}); "
-                             "check --bearer-token, --username/--password or --header")
         try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
-            doc = None
+            if status in (401, 403):
+                raise self.error(f"Prometheus at {self.config.url} refused the credentials (HTTP {status}); "
+                                 "check --bearer-token, --username/--password or --header")
+            try:
+                doc = json.loads(body)
+            except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
+                doc = None
+        finally:
+            if large:
+                self._large.release()
         if not isinstance(doc, dict):
             raise self.error(f"{url}: HTTP {status}, not a Prometheus API answer "
                              f"({body[:80].decode(errors='replace')!r}); is --prometheus the server's "

@@ -27,7 +27,8 @@ And Nodes (``add_node``): ``GET /api/v1/nodes[/{name}]``, a strategic-merge ``PA
 ``/api/v1/nodes/{name}/status`` (conditions merge by ``type``, as the real server merges
 them) and a ``PATCH`` of ``/api/v1/nodes/{name}`` (a ``metadata.resourceVersion`` in the
 patch that is not the node's is answered 409 Conflict); each logged in ``node_requests``;
-``refuse_nodes(code, what)`` answers one kind of them with that status. With the discovery
+``refuse_nodes(code, what, times, retry_after)`` answers one kind of them with that status
+(the next ``times`` of them, or until told), ``delete_node`` deletes one. With the discovery
 documents and the events list it serves, ``kubectl describe node`` works against it.
 """
 
@@ -188,6 +189,8 @@ class FakeApiServer:
         self.node_name = ""
         self.node_requests: list[tuple[str, str, str, Any]] = []  # (method, path, Content-Type, JSON body)
         self._refuse_nodes: dict[str, int] = {}  # "get" | "patch" | "patch_status" -> status
+        self._refuse_nodes_left: dict[str, int | None] = {}  # how many more to refuse (None: until told)
+        self._nodes_retry_after = "1"
         self.port = 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -277,13 +280,34 @@ class FakeApiServer:
         with self._cond:
             return copy.deepcopy(self.nodes[name])
 
-    def refuse_nodes(self, code: int | None, what: str = "patch_status") -> None:
-        """Answer node requests of kind ``what`` (get, patch, patch_status) with ``code``; None: take them."""
+    def refuse_nodes(self, code: int | None, what: str = "patch_status", times: int | None = None,
+                     retry_after: str = "1") -> None:
+        """Answer node requests of kind ``what`` (get, patch, patch_status) with ``code`` (the next
+        ``times`` of them, or until told; a 429 or 503 with ``retry_after``); None: take them."""
         with self._cond:
             if code is None:
                 self._refuse_nodes.pop(what, None)
             else:
                 self._refuse_nodes[what] = code
+                self._refuse_nodes_left[what] = times
+                self._nodes_retry_after = retry_after
+
+    def _node_refused(self, what: str) -> int | None:
+        """The status to answer a node request of kind ``what`` with (None: take it)."""
+        with self._cond:
+            code = self._refuse_nodes.get(what)
+            left = self._refuse_nodes_left.get(what)
+            if code is not None and left is not None:
+                if left <= 1:
+                    self._refuse_nodes.pop(what, None)
+                self._refuse_nodes_left[what] = left - 1
+            return code
+
+    def delete_node(self, name: str) -> None:
+        """The Node is deleted (as ``kubectl delete node``): requests for it are answered 404."""
+        with self._cond:
+            self._rv += 1
+            self.nodes.pop(name, None)
 
     def hold_events(self, gate: threading.Event | None) -> None:
         """Hold every events request until ``gate`` is set (None: answer at once)."""
@@ -405,7 +429,7 @@ class FakeApiServer:
                 elif path.startswith("/api/v1/nodes/"):
                     name = path.removeprefix("/api/v1/nodes/")
                     api.node_requests.append(("GET", path, "", None))
-                    refusal = api._refuse_nodes.get("get")
+                    refusal = api._node_refused("get")
                     if refusal is not None:
                         self._node_refusal(refusal, "get", "nodes")
                         return
@@ -440,7 +464,7 @@ class FakeApiServer:
                     self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
                     return
                 what = "patch_status" if len(parts) == 5 else "patch"
-                refusal = api._refuse_nodes.get(what)
+                refusal = api._node_refused(what)
                 if refusal is not None:
                     self._node_refusal(refusal, "patch", "nodes/status" if what == "patch_status" else "nodes")
                     return
@@ -489,7 +513,7 @@ class FakeApiServer:
                                  "cluster scope")
                 elif code in (429, 503):
                     self._status(code, "TooManyRequests" if code == 429 else "ServiceUnavailable", "try again later",
-                                 headers={"Retry-After": "1"})
+                                 headers={"Retry-After": api._nodes_retry_after})
                 else:
                     self._status(code, "InternalError", "an error on the server has prevented the request")
 
