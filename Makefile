@@ -1,5 +1,6 @@
 # l9gpu: two commands set everything up on a fresh machine.
 #   make demo   run the agent on the built-in simulated node (8 x H100, pods, a zombie)
+#   make demo-report   a week of that node's chargeback as HTML, CSV and JSON (docs/CHARGEBACK.md)
 #   make test   install what the tests need (Debian's prometheus included) and run them
 #   make test-stress   the same suite while CPU hogs keep the machine busy
 PYTHON ?= python3
@@ -9,7 +10,7 @@ PY := $(VENV)/bin/python
 LISTEN ?= 127.0.0.1:9835
 PORT := $(lastword $(subst :, ,$(LISTEN)))
 
-.PHONY: demo demo-incidents test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart dist clean
+.PHONY: demo demo-incidents demo-report image image-lock image-test test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart dist clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,15 @@ demo: venv
 demo-incidents: venv
 	@echo "l9gpu demo: incidents within 2 minutes on the page's Incidents panel, http://localhost:$(PORT)/ and /api/v1/incidents (Ctrl-C to stop)"
 	$(VENV)/bin/l9gpu serve --backend simulated --scenario incidents --kernel-log auto --listen $(LISTEN) --pod-label team
+
+# The chargeback of docs/CHARGEBACK.md on a week of the demo node: the agent's passes played
+# on a simulated clock, backfilled with promtool into Debian's Prometheus (installed here when
+# missing), the recording rules evaluated, `l9gpu report` written as HTML, CSV and JSON into
+# DEMO_REPORT_DIR. A few minutes on 2 cores.
+DEMO_REPORT_DIR ?= demo-report
+demo-report: venv
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || $(MAKE) system-deps
+	$(PY) -m exporter.report.demo --output $(DEMO_REPORT_DIR)
 
 # promtool and prometheus for the end-to-end tests, chromium (headless) for the page's
 # browser tests and the HTML chargeback report, containerd, runc and busybox-static for the
