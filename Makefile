@@ -3,6 +3,7 @@
 #   make demo-report   a week of that node's chargeback as HTML, CSV and JSON (docs/CHARGEBACK.md)
 #   make test   install what the tests need (Debian's prometheus included) and run them
 #   make test-stress   the same suite while CPU hogs keep the machine busy
+#   make image-test    build the Dockerfile with buildah and run the agent in the image
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +11,7 @@ PY := $(VENV)/bin/python
 LISTEN ?= 127.0.0.1:9835
 PORT := $(lastword $(subst :, ,$(LISTEN)))
 
-.PHONY: demo demo-incidents demo-report image image-lock image-test test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart dist clean
+.PHONY: demo demo-incidents demo-report image-lock image-test test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart dist clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -117,6 +118,28 @@ dist: $(PY)
 	rm -rf build  # setuptools would pack files left there by an older build
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 	@ls dist/l9gpu_agent-*.whl
+
+# The image's dependencies, pinned with their hashes for the Dockerfile: requirements/image.txt
+# (the [all,journal] extras of setup.cfg) and requirements/image-build.txt (what builds the
+# wheels), resolved from PyPI for the image's Python 3.11 on x86_64 by uv. Run after changing
+# setup.cfg's requirements, or to take newer releases; commit both files.
+image-lock: $(PY)
+	$(PY) -m pip install --quiet 'uv>=0.9,<1'
+	UV_NO_CONFIG=1 $(VENV)/bin/uv pip compile setup.cfg --extra all --extra journal $(UV_LOCK_FLAGS) -o requirements/image.txt
+	UV_NO_CONFIG=1 $(VENV)/bin/uv pip compile requirements/image-build.in $(UV_LOCK_FLAGS) -o requirements/image-build.txt
+UV_LOCK_FLAGS := --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	--index-url https://pypi.org/simple --custom-compile-command "make image-lock"
+
+# tests/test_image.py: the Dockerfile built with Debian's buildah on a bootstrapped Debian
+# standing in for the base image (no registry needed), then l9gpu --version, the simulated
+# node and a journal read run in it, and its pip freeze compared with the lock. Needs root;
+# installs buildah and debootstrap. The base and buildah's layers are cached in
+# L9GPU_IMAGE_CACHE (default /var/tmp/l9gpu-image-test): a few minutes the first time.
+image-test: deps-test
+	@command -v buildah >/dev/null && command -v debootstrap >/dev/null || { \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq buildah debootstrap >/dev/null; }
+	L9GPU_IMAGE_TEST=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_image.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

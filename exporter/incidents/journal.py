@@ -22,8 +22,11 @@ names none).
 
 from __future__ import annotations
 
+import glob
+import grp
 import logging
 import os
+import stat
 import time
 from typing import Any, Callable
 
@@ -74,6 +77,35 @@ def _usage(reader: Any) -> int:
         return 0
 
 
+def unreadable_files(dirs: list[str]) -> list[str]:
+    """The journal files in ``dirs`` (or in their ``<machine-id>/`` folders) that this
+    process may not read: libsystemd skips them without a word."""
+    found = []
+    for directory in dirs:
+        for pattern in ("*.journal", "*.journal~", "*/*.journal", "*/*.journal~"):
+            found += [path for path in glob.glob(os.path.join(glob.escape(directory), pattern))
+                      if not os.access(path, os.R_OK)]
+    return sorted(found)
+
+
+def unreadable_message(where: str, paths: list[str]) -> str:
+    """What to do about journal files the agent may not read: run it in the group that owns
+    them (systemd-journal on most distributions), or as root."""
+    try:
+        st = os.stat(paths[0])
+    except OSError:
+        owner = ""
+    else:
+        try:
+            group = f"{grp.getgrgid(st.st_gid).gr_name} (GID {st.st_gid})"
+        except KeyError:
+            group = f"GID {st.st_gid}"
+        owner = f", mode {stat.filemode(st.st_mode)}, group {group}"
+    return (f"the journal at {where} has {len(paths)} file(s) the agent may not read (UID {os.getuid()}; "
+            f"{paths[0]}{owner}): Xid lines are not read from it until the agent runs in the group that owns "
+            "them (Helm: podSecurityContext.supplementalGroups, see the chart's README) or as root")
+
+
 class JournalKernelLog:
     """Xid records from the kernel's entries in journal files.
 
@@ -119,8 +151,12 @@ class JournalKernelLog:
                 raise KernelLogUnavailable(f"cannot read the kernel log from the journal {path}: {why}") from None
             self._readers.append(reader)
         if not any(_usage(r) for r in self._readers):
-            log.info("the journal at %s holds no file the agent can read yet; it is followed as files appear",
-                     self.path)
+            unreadable = unreadable_files(dirs)
+            if unreadable:
+                log.warning("%s", unreadable_message(self.path, unreadable))
+            else:
+                log.info("the journal at %s holds no file the agent can read yet; it is followed as files appear",
+                         self.path)
         self._boot = _boot_id()
         self._clock, self._wall = clock, wall
         self._counts = dict.fromkeys(OUTCOMES, 0)

@@ -34,7 +34,7 @@ __all__ = ["DemoFailed", "History", "main", "play_week", "run_demo"]
 
 D, H = 86400, 3600
 PRICES = """\
-# The demo's prices (docs/CHARGEBACK.md#prices): what an H100 hour and a kWh cost.
+# The demo's prices (docs/CHARGEBACK.md#the-prices-file): what an H100 hour and a kWh cost.
 currency: USD
 gpu_hour:
   NVIDIA H100 80GB HBM3: 2.90
