@@ -100,13 +100,15 @@ def _revision() -> str:
 
 @pytest.fixture(scope="module")
 def image() -> dict:
-    """The image built from the Dockerfile on the stand-in base; its inspection."""
+    """The image built from the Dockerfile on the stand-in base; its inspection, and the
+    revision it was built from (``revision``)."""
     CACHE.mkdir(parents=True, exist_ok=True)
     _standin_base()
+    revision = _revision()
     buildah("build", "--isolation", "chroot", "--layers", "--pull=never", "--build-arg", f"BASE={STANDIN}",
-            "--build-arg", f"VERSION={__version__}", "--build-arg", f"REVISION={_revision()}", "-t", IMAGE,
+            "--build-arg", f"VERSION={__version__}", "--build-arg", f"REVISION={revision}", "-t", IMAGE,
             str(REPO))
-    return json.loads(buildah("inspect", "--type", "image", IMAGE).stdout)
+    return {**json.loads(buildah("inspect", "--type", "image", IMAGE).stdout), "revision": revision}
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +131,7 @@ def test_labels_workdir_and_entrypoint(image):
     config = image["OCIv1"]["config"]
     labels = config["Labels"]
     assert labels["org.opencontainers.image.version"] == __version__
-    assert labels["org.opencontainers.image.revision"] == _revision()
+    assert labels["org.opencontainers.image.revision"] == image["revision"]
     assert labels["org.opencontainers.image.title"] == "l9gpu"
     assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
     assert labels["org.opencontainers.image.base.name"] == STANDIN

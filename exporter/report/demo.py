@@ -88,9 +88,12 @@ def play_week(out: IO[str], scratch: Path, start: int, end: int, step: int) -> H
     now = [float(start)]
     backend = SimulatedBackend(clock=lambda: now[0])
     backend.open()
-    attributor = build_attributor(argparse.Namespace(), backend.scenario.node, scenario=backend.scenario)
+    scenario = backend.scenario
+    if scenario is None:  # open() sets it or raises
+        raise DemoFailed("the simulated node has no scenario")
+    attributor = build_attributor(argparse.Namespace(), scenario.node, scenario=scenario)
     extra, labeller = label_schema(["team"])
-    collector = Collector([backend], backend.scenario.node, interval=step, attributor=attributor,
+    collector = Collector([backend], scenario.node, interval=step, attributor=attributor,
                           labeller=labeller, clock=lambda: now[0], wall=lambda: now[0])
     wanted = _families()
     history = History(start, end)
