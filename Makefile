@@ -133,8 +133,8 @@ UV_LOCK_FLAGS := --quiet --generate-hashes --python-version 3.11 --python-platfo
 # tests/test_image.py: the Dockerfile built with Debian's buildah on a bootstrapped Debian
 # standing in for the base image (no registry needed), then l9gpu --version, the simulated
 # node and a journal read run in it, and its pip freeze compared with the lock. Needs root;
-# installs buildah and debootstrap. The base and buildah's layers are cached in
-# L9GPU_IMAGE_CACHE (default /var/tmp/l9gpu-image-test): a few minutes the first time.
+# installs buildah and debootstrap. The bootstrapped base is kept in L9GPU_IMAGE_CACHE
+# (default /var/tmp/l9gpu-image-test); the image is built whole each run: a few minutes.
 image-test: deps-test
 	@command -v buildah >/dev/null && command -v debootstrap >/dev/null || { \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
