@@ -108,7 +108,7 @@ def _standin_base() -> None:
     (context / "Containerfile").write_text(
         "FROM scratch\nADD base.tar /\nCOPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt\n"
         "ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt\nCMD [\"/bin/bash\"]\n")
-    buildah("build", "--isolation", "chroot", "--layers", "-t", STANDIN, str(context))
+    buildah("build", "--isolation", "chroot", "--layers", "--force-rm", "-t", STANDIN, str(context))
 
 
 def _revision() -> str:
@@ -127,9 +127,9 @@ def image() -> dict:
     # what is checked below is what this commit's Dockerfile installs (buildah 1.28's layer
     # cache keys a LABEL by its text before ARGs are expanded: it would keep an earlier
     # revision's label).
-    buildah("build", "--isolation", "chroot", "--layers", "--no-cache", "--pull=never", "--build-arg", f"BASE={STANDIN}",
-            "--build-arg", f"VERSION={__version__}", "--build-arg", f"REVISION={revision}", "-t", IMAGE,
-            str(REPO))
+    buildah("build", "--isolation", "chroot", "--layers", "--no-cache", "--force-rm", "--pull=never",
+            "--build-arg", f"BASE={STANDIN}", "--build-arg", f"VERSION={__version__}",
+            "--build-arg", f"REVISION={revision}", "-t", IMAGE, str(REPO))
     buildah("rmi", "--prune", check=False)  # the image this tag named before
     return {**json.loads(buildah("inspect", "--type", "image", IMAGE).stdout), "revision": revision}
 
