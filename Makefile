@@ -1,8 +1,10 @@
 # l9gpu: two commands set everything up on a fresh machine.
 #   make demo   run the agent on the built-in simulated node (8 x H100, pods, a zombie)
 #   make demo-training   a training job that wedges: the page names its stalled GPUs
+#   make demo-report   a week of that node's chargeback as HTML, CSV and JSON (docs/CHARGEBACK.md)
 #   make test   install what the tests need (Debian's prometheus included) and run them
 #   make test-stress   the same suite while CPU hogs keep the machine busy
+#   make image-test    build the Dockerfile with buildah and run the agent in the image
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +12,7 @@ PY := $(VENV)/bin/python
 LISTEN ?= 127.0.0.1:9835
 PORT := $(lastword $(subst :, ,$(LISTEN)))
 
-.PHONY: demo demo-incidents demo-training test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart dist clean
+.PHONY: demo demo-incidents demo-training demo-report image-lock image-test test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart dist clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +39,15 @@ STALL_AFTER ?= 1m
 demo-training: venv
 	@echo "l9gpu demo: a training job wedges at 2m; the page names its stalled GPUs $(STALL_AFTER) later, http://localhost:$(PORT)/ (Ctrl-C to stop)"
 	$(VENV)/bin/l9gpu serve --backend simulated --scenario training --stall-after $(STALL_AFTER) --listen $(LISTEN)
+
+# The chargeback of docs/CHARGEBACK.md on a week of the demo node: the agent's passes played
+# on a simulated clock, backfilled with promtool into Debian's Prometheus (installed here when
+# missing), the recording rules evaluated, `l9gpu report` written as HTML, CSV and JSON into
+# DEMO_REPORT_DIR. A few minutes on 2 cores.
+DEMO_REPORT_DIR ?= demo-report
+demo-report: venv
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || $(MAKE) system-deps
+	$(PY) -m exporter.report.demo --output $(DEMO_REPORT_DIR)
 
 # promtool and prometheus for the end-to-end tests, chromium (headless) for the page's
 # browser tests and the HTML chargeback report, containerd, runc and busybox-static for the
@@ -117,6 +128,28 @@ dist: $(PY)
 	rm -rf build  # setuptools would pack files left there by an older build
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 	@ls dist/l9gpu_agent-*.whl
+
+# The image's dependencies, pinned with their hashes for the Dockerfile: requirements/image.txt
+# (the [all,journal] extras of setup.cfg) and requirements/image-build.txt (what builds the
+# wheels), resolved from PyPI for the image's Python 3.11 on x86_64 by uv. Run after changing
+# setup.cfg's requirements, or to take newer releases; commit both files.
+image-lock: $(PY)
+	$(PY) -m pip install --quiet 'uv>=0.9,<1'
+	UV_NO_CONFIG=1 $(VENV)/bin/uv pip compile setup.cfg --extra all --extra journal $(UV_LOCK_FLAGS) -o requirements/image.txt
+	UV_NO_CONFIG=1 $(VENV)/bin/uv pip compile requirements/image-build.in $(UV_LOCK_FLAGS) -o requirements/image-build.txt
+UV_LOCK_FLAGS := --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	--index-url https://pypi.org/simple --custom-compile-command "make image-lock"
+
+# tests/test_image.py: the Dockerfile built with Debian's buildah on a bootstrapped Debian
+# standing in for the base image (no registry needed), then l9gpu --version, the simulated
+# node and a journal read run in it, and its pip freeze compared with the lock. Needs root;
+# installs buildah and debootstrap. The bootstrapped base is kept in L9GPU_IMAGE_CACHE
+# (default /var/tmp/l9gpu-image-test); the image is built whole each run: a few minutes.
+image-test: deps-test
+	@command -v buildah >/dev/null && command -v debootstrap >/dev/null || { \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq buildah debootstrap >/dev/null; }
+	L9GPU_IMAGE_TEST=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_image.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -41,7 +41,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from chargeback_history import Device, EngineCounters, Node, Workload, backfill  # noqa: E402
-from promserver import PrometheusServer, evaluate_rules  # noqa: E402
+
+from exporter.report.backfill import PrometheusServer, evaluate_rules  # noqa: E402
 
 D, H = 86400, 3600
 GPUS, CHURNING = 10, 3

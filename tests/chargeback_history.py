@@ -19,17 +19,19 @@ seconds from ``offset``, in phases of constant tokens per second; an engine rest
 would have served meanwhile.
 
 `write_openmetrics` writes the OpenMetrics text that ``promtool tsdb
-create-blocks-from openmetrics`` turns into TSDB blocks; `backfill` does both.
+create-blocks-from openmetrics`` turns into TSDB blocks (`exporter.report.backfill`, which
+``make demo-report`` uses too); `backfill` does both.
 """
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable
+
+from exporter.report.backfill import create_blocks, finish_blocks
 
 FAMILIES = (
     ("container_gpu_usage_seconds", "counter"),
@@ -276,13 +278,9 @@ def backfill(promtool: str, data_dir: Path, nodes: list[Node], workloads: list[W
             count += write_openmetrics(f, nodes, chunk, start, end, step, scratch=work, held=workloads,
                                        gpu_series=i == 0, engines=engines if i == 0 else None)
         out_dir = data_dir if parts == 1 else work / f"blocks{i}"
-        procs.append((text, out_dir, subprocess.Popen(
-            [promtool, "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=768h", str(text),
-             str(out_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+        procs.append((text, out_dir, create_blocks(promtool, text, out_dir)))
     for text, out_dir, proc in procs:
-        _, err = proc.communicate()
-        if proc.returncode != 0:
-            raise RuntimeError(f"promtool failed: {err.decode(errors='replace')[-2000:]}")
+        finish_blocks(proc)
         text.unlink()
         if out_dir != data_dir:
             for block in out_dir.iterdir():

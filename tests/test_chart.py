@@ -39,6 +39,7 @@ UNIT = REPO / "deploy" / "systemd" / "l9gpu.service"
 # The install command users are given (README.md and the chart's README lead with it).
 INSTALL_COMMAND = """\
 helm install l9gpu l9gpu/l9gpu -n l9gpu \\
+  --set image.repository=REGISTRY/l9gpu \\
   --set otlp.endpoint="otel-collector.monitoring.svc.cluster.local:4317" \\
   --set otlp.insecure=true \\
   --set polling.interval="2s\""""
@@ -113,9 +114,18 @@ class Release:
         return {v["name"]: v for v in self.pod.get("volumes", [])}
 
 
+# No image is published: every install names one (the plain manifest's placeholder here).
+REPOSITORY = "REGISTRY/l9gpu"
+
+
 def render(values: dict[str, Any] | None = None, *, name: str = "l9gpu", namespace: str = "monitoring",
-           chart: Path = CHART) -> Release:
-    return Release(_chart(chart).render(values or {}, name=name, namespace=namespace, is_install=True))
+           chart: Path = CHART, image: bool = True) -> Release:
+    """The chart rendered with ``values``, and with ``image`` an image repository where
+    they set none (the chart refuses to render without one)."""
+    values = copy.deepcopy(values or {})
+    if image and not (values.get("image") or {}).get("repository"):
+        values = _merge({"image": {"repository": REPOSITORY}}, values)
+    return Release(_chart(chart).render(values, name=name, namespace=namespace, is_install=True))
 
 
 def _install_command(text: str) -> tuple[str, str, str, dict[str, Any]]:
@@ -404,7 +414,7 @@ def test_defaults():
     assert "capabilities" not in release.container["securityContext"] or \
         "add" not in release.container["securityContext"]["capabilities"]
     assert release.container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert release.container["image"] == f"ghcr.io/l9gpu/l9gpu:{_chart().metadata['appVersion']}"
+    assert release.container["image"] == f"{REPOSITORY}:{_chart().metadata['appVersion']}"
     assert release.env()["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert release.mounts()["pod-resources"] == {"name": "pod-resources", "readOnly": True,
                                                  "mountPath": "/var/lib/kubelet/pod-resources"}
@@ -656,7 +666,7 @@ def test_everything_else(releases):
     assert args.workload_grace == 600.0 and args.disable_metric == ["gpu_info"]
     assert args.cri_socket == release.mounts()["cri-socket"]["mountPath"] == "/run/k3s/containerd/containerd.sock"
     assert release.volumes()["cri-socket"]["hostPath"]["type"] == "Socket"
-    assert release.container["image"] == "ghcr.io/l9gpu/l9gpu@sha256:" + "0" * 64
+    assert release.container["image"] == f"{REPOSITORY}@sha256:" + "0" * 64
     pod = release.pod
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert release.container["ports"][0]["hostPort"] == 9835
@@ -680,6 +690,18 @@ def _schema_error(*expressions: str, values: dict[str, Any] | None = None) -> st
     with pytest.raises(helm.HelmValuesError) as caught:
         render(values if values is not None else _sets(*expressions))
     return str(caught.value)
+
+
+def test_without_an_image_repository_the_chart_says_how_to_get_one():
+    """No l9gpu image is published: a DaemonSet that can never pull is not rendered, the
+    chart fails with what to do instead, however the rest is set."""
+    for values in ({}, _sets("image.tag=0.2.0"), _documented()[0] | {"image": {"repository": ""}}):
+        with pytest.raises(helm.HelmRenderError) as caught:
+            render(values, image=False)
+        assert "image.repository is not set: no l9gpu image is published" in str(caught.value)
+        assert "--set image.repository=REGISTRY/l9gpu" in str(caught.value)
+    # the install commands users are given set one
+    assert render(_documented()[0], image=False).container["image"] == "REGISTRY/l9gpu:0.2.0"
 
 
 @pytest.mark.parametrize(("expression", "message"), [

@@ -160,3 +160,61 @@ def test_serve_says_in_one_line_what_is_wrong_with_a_journal_value(value: str, m
     result = run_cli(["serve", "--backend", "simulated", "--listen", "127.0.0.1:0", "--kernel-log", value])
     assert result.returncode != 0 and message in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+# A child that imports as root, then drops to nobody (UID/GID 65534) with ``groups`` as its
+# supplementary groups, as a non-root container with supplementalGroups runs, and opens the
+# journal: its log lines and the Xids it reads.
+AS_NOBODY = """
+import logging, os, sys
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stdout)
+import systemd.journal  # the binding, loaded while root may read it
+from exporter.incidents.journal import JournalKernelLog
+os.setgroups([int(g) for g in sys.argv[2].split(",") if g])
+os.setgid(65534)
+os.setuid(65534)
+with JournalKernelLog(sys.argv[1], from_start=True) as journal:
+    print("xids", [r.xid for r in journal.poll()])
+"""
+
+
+def test_journal_files_a_non_root_agent_may_not_read_are_a_warning_naming_the_group(tmp_path: Path) -> None:
+    """journald's files are root's and its group's (systemd-journal), mode 0640: an agent
+    run as another user reads nothing, which libsystemd does not say. The agent says it at
+    WARNING with the group to run in; in that group it reads the Xids."""
+    import os
+    import subprocess
+
+    group = 4242  # the journal's group on this node (no name: the message gives the GID)
+    tree = tmp_path / "journal"
+    journal_file = tree / MACHINE / "system.journal"
+    journal_file.parent.mkdir(parents=True)
+    append_entries(journal_file, [kernel_entry(XID_31)])
+    for path in (tmp_path, tree, journal_file.parent):
+        path.chmod(0o755)
+    os.chown(journal_file, 0, group)
+    journal_file.chmod(0o640)
+    # pytest's temporary folders are root's alone, and so may be the interpreter's (/root/.pyenv)
+    # that the agent's journal reader, a child process, runs as nobody too
+    parents = [p for p in {*tmp_path.parents, *Path(os.path.realpath(sys.executable)).parents}
+               if not os.stat(p).st_mode & 0o001]
+    for parent in parents:
+        parent.chmod(parent.stat().st_mode | 0o001)
+    try:
+        outside = subprocess.run([sys.executable, "-c", AS_NOBODY, str(tree), ""], capture_output=True, text=True,
+                                 timeout=60)
+        inside = subprocess.run([sys.executable, "-c", AS_NOBODY, str(tree), str(group)], capture_output=True,
+                                text=True, timeout=60)
+    finally:
+        for parent in parents:
+            parent.chmod(parent.stat().st_mode & ~0o001)
+    assert outside.returncode == 0, outside.stderr
+    assert "xids []" in outside.stdout
+    [line] = [line for line in outside.stdout.splitlines() if "may not read" in line]
+    assert line.startswith("WARNING the journal at "), line
+    assert f"has 1 file(s) the agent may not read (UID 65534; {journal_file}, mode -rw-r-----, group GID {group})" \
+        in line
+    assert "runs in the group that owns them (Helm: podSecurityContext.supplementalGroups" in line
+    assert "holds no file the agent can read yet" not in outside.stdout
+    assert inside.returncode == 0, inside.stderr
+    assert "xids [31]" in inside.stdout and "WARNING" not in inside.stdout

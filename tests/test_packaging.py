@@ -112,3 +112,55 @@ def test_the_wheel_built_from_the_checkout_is_this_agent(tmp_path: Path) -> None
     assert re.search(r"^l9gpu = exporter\.app\.cli:main$", entry_points, re.M)
     assert {"exporter/app/cli.py", "bridge/__init__.py", "exporter/web/page.html", "exporter/devices/simulated/scenarios/default.yaml",
             "exporter/devices/simulated/scenarios/incidents.yaml", "exporter/py.typed"} <= names
+
+
+# --- the image's lock ------------------------------------------------------------------------
+
+def _lock(name: str) -> dict[str, str]:
+    """Distribution (normalised) -> the version a lock file in requirements/ pins."""
+    text = (REPO / "requirements" / name).read_text()
+    pins = re.findall(r"^([A-Za-z0-9_.\-]+)==([^\s\\;]+)", text, re.M)
+    assert pins and all("--hash=sha256:" in block for block in re.split(r"^(?=\S)", text, flags=re.M)
+                        if re.match(r"[A-Za-z0-9]", block)), f"{name}: every pin carries its hashes"
+    return {_normalise(n): v for n, v in pins}
+
+
+def test_the_image_lock_pins_what_the_dockerfile_installs() -> None:
+    """The Dockerfile installs the agent with its [all,journal] extras from
+    requirements/image.txt (``make image-lock``): every requirement of those sections is
+    pinned there at a version setup.cfg accepts, with hashes; README.md names the same extras."""
+    from packaging.requirements import Requirement
+
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    lock = _lock("image.txt")
+    for section in (config["options"]["install_requires"], config["options.extras_require"]["all"],
+                    config["options.extras_require"]["journal"]):
+        for line in filter(None, (raw.split("#", 1)[0].strip() for raw in section.splitlines())):
+            requirement = Requirement(line)
+            pinned = lock.get(_normalise(requirement.name))
+            assert pinned is not None, f"requirements/image.txt lacks {requirement.name}: run make image-lock"
+            assert requirement.specifier.contains(pinned, prereleases=True), \
+                f"requirements/image.txt pins {requirement.name}=={pinned}, setup.cfg wants {requirement}: " \
+                "run make image-lock"
+    assert "--extra all --extra journal" in (REPO / "Makefile").read_text()
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "-r /tmp/requirements/image.txt" in dockerfile and "[all,journal]" in dockerfile
+    assert "with its `[all,journal]`" in (REPO / "README.md").read_text()
+    build = _lock("image-build.txt")
+    assert {"setuptools", "wheel"} <= set(build)
+    assert re.search(r"^FROM \$\{BASE\} AS build$", dockerfile, re.M)
+    assert re.search(r"^ARG BASE=python:\d+\.\d+\.\d+-slim-\w+$", dockerfile, re.M), "the base by its full version"
+
+
+def test_the_build_context_is_what_the_dockerfile_copies() -> None:
+    """.dockerignore leaves everything out (a checkout's .venv, .git, caches, tests) but
+    what the Dockerfile's COPY lines take from the context."""
+    copied = set()
+    for line in re.findall(r"^COPY (?!--from)(.+)$", (REPO / "Dockerfile").read_text(), re.M):
+        copied |= {p.rstrip("/") for p in line.split()[:-1]}
+    ignore = [line for line in (REPO / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    assert ignore[0] == "*"
+    admitted = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    assert admitted == copied
+    assert {"**/__pycache__", "**/*.pyc"} <= set(ignore)

@@ -25,11 +25,14 @@ says how each is told); the others are counted ``other_machine`` and ``other_boo
 
 from __future__ import annotations
 
+import glob
+import grp
 import json
 import logging
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -74,6 +77,35 @@ def _package_root() -> str:
     import exporter
 
     return os.path.dirname(os.path.dirname(os.path.abspath(exporter.__file__)))
+
+
+def unreadable_files(dirs: list[str]) -> list[str]:
+    """The journal files in ``dirs`` (or in their ``<machine-id>/`` folders) that this
+    process may not read: libsystemd skips them without a word."""
+    found = []
+    for directory in dirs:
+        for pattern in ("*.journal", "*.journal~", "*/*.journal", "*/*.journal~"):
+            found += [path for path in glob.glob(os.path.join(glob.escape(directory), pattern))
+                      if not os.access(path, os.R_OK)]
+    return sorted(found)
+
+
+def unreadable_message(where: str, paths: list[str]) -> str:
+    """What to do about journal files the agent may not read: run it in the group that owns
+    them (systemd-journal on most distributions), or as root."""
+    try:
+        st = os.stat(paths[0])
+    except OSError:
+        owner = ""
+    else:
+        try:
+            group = f"{grp.getgrgid(st.st_gid).gr_name} (GID {st.st_gid})"
+        except KeyError:
+            group = f"GID {st.st_gid}"
+        owner = f", mode {stat.filemode(st.st_mode)}, group {group}"
+    return (f"the journal at {where} has {len(paths)} file(s) the agent may not read (UID {os.getuid()}; "
+            f"{paths[0]}{owner}): Xid lines are not read from it until the agent runs in the group that owns "
+            "them (Helm: podSecurityContext.supplementalGroups, see the chart's README) or as root")
 
 
 class JournalKernelLog:
@@ -127,8 +159,12 @@ class JournalKernelLog:
         self._closed = False
         ready = self._start(wait=True)
         if not ready:
-            log.info("the journal at %s holds no file the agent can read yet; it is followed as files appear",
-                     self.path)
+            unreadable = unreadable_files(dirs)
+            if unreadable:
+                log.warning("%s", unreadable_message(self.path, unreadable))
+            else:
+                log.info("the journal at %s holds no file the agent can read yet; it is followed as files appear",
+                         self.path)
 
     # ---- the child ---------------------------------------------------------------------
 

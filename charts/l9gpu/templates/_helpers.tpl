@@ -56,6 +56,9 @@ HTTPS when the web config turns TLS on (the kubelet does not verify the certific
 
 {{/* The image reference: repository:tag, or repository@digest when a digest is set. */}}
 {{- define "l9gpu.image" -}}
+{{- if not .Values.image.repository -}}
+{{- fail "image.repository is not set: no l9gpu image is published. Build one from the repository's Dockerfile, push it to your registry and install with --set image.repository=REGISTRY/l9gpu (README.md, Install)" -}}
+{{- end -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
 {{- else -}}
