@@ -128,10 +128,11 @@ _GPM_DEFAULT_WORKLOAD = frozenset({"sm_active", "tensor_active", "fp16_active", 
 _GPM_DETAIL_DEVICE = ("off by default: a breakdown of the GPU's activity that no shipped alert, rule or report "
                       "reads (gpu_tensor_active_ratio and gpu_sm_active_ratio answer how busy the math is); "
                       "`--detail` or `--enable-metric` serves it.")
-_GPM_DETAIL_PCIE = ("off by default: the rate() of gpu_pcie_tx_bytes_total/gpu_pcie_rx_bytes_total gives the same "
-                    "bytes per second; `--detail` or `--enable-metric` serves GPM's own figure.")
-_GPM_DETAIL_WORKLOAD = ("off by default: the device's value under the workload's labels, which a join on "
-                        "(node, gpu) gives; `--detail` or `--enable-metric` serves it.")
+_GPM_DETAIL_PCIE = ("off by default: rate() of gpu_pcie_tx_bytes_total and gpu_pcie_rx_bytes_total gives the same "
+                    "link's bytes per second as the driver counts them; `--detail` or `--enable-metric` serves "
+                    "GPM's own figure.")
+_GPM_DETAIL_WORKLOAD = ("off by default: the device's gpu_* value under the workload's labels (a join of the "
+                        "device family on node and gpu gives it); `--detail` or `--enable-metric` serves it.")
 
 
 def _gpm_detail(key: str, scope: str) -> dict[str, object]:
