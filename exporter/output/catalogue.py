@@ -135,20 +135,20 @@ _GPM_DETAIL_WORKLOAD = ("off by default: the device's gpu_* value under the work
                         "device family on node and gpu gives it); `--detail` or `--enable-metric` serves it.")
 
 
-def _gpm_detail(key: str, scope: str) -> dict[str, object]:
-    """The shape of a GPM family: on by default, or off with what that costs."""
+def _gpm_cost(key: str, scope: str) -> str:
+    """Why a GPM family is off by default (`MetricSpec.cost`); "" for one that is on."""
     if scope == DEVICE:
         if key in _GPM_DEFAULT_DEVICE:
-            return {}
-        return {"detail": True, "cost": _GPM_DETAIL_PCIE if key.startswith("pcie_") else _GPM_DETAIL_DEVICE}
-    return {} if key in _GPM_DEFAULT_WORKLOAD else {"detail": True, "cost": _GPM_DETAIL_WORKLOAD}
+            return ""
+        return _GPM_DETAIL_PCIE if key.startswith("pcie_") else _GPM_DETAIL_DEVICE
+    return "" if key in _GPM_DEFAULT_WORKLOAD else _GPM_DETAIL_WORKLOAD
 
 
 def _gpm_specs() -> tuple[MetricSpec, ...]:
     device = tuple(
         MetricSpec("gpu_" + name, GAUGE, "ratio" if name.endswith("_ratio") else "bytes_per_second",
                    text + _GPM_WINDOW, D, DEVICE, device_gpm(key), (dcgm, 1.0), vendors_note=_GPM_NOTE,
-                   **_gpm_detail(key, DEVICE))  # type: ignore[arg-type]
+                   detail=bool(_gpm_cost(key, DEVICE)), cost=_gpm_cost(key, DEVICE))
         for key, name, text, dcgm in GPM_FAMILIES
     )
     workload = tuple(
@@ -156,7 +156,7 @@ def _gpm_specs() -> tuple[MetricSpec, ...]:
                    f"The device's `gpu_{name}`, labelled with the workload on a GPU or MIG instance whose "
                    "processes all belong to this one workload; absent on a shared GPU.",
                    W, WORKLOAD_GPM, sole_workload_gpm(key), (dcgm, 1.0), vendors_note=_GPM_NOTE,
-                   **_gpm_detail(key, WORKLOAD_GPM))  # type: ignore[arg-type]
+                   detail=bool(_gpm_cost(key, WORKLOAD_GPM)), cost=_gpm_cost(key, WORKLOAD_GPM))
         for key, name, text, dcgm in GPM_FAMILIES
     )
     return device + workload

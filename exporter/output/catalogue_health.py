@@ -34,19 +34,20 @@ FLAG_SET = ("served only while it is 1: a healthy GPU pays no series for it; abs
 
 
 def _verdict(name: str, kind: str, unit: str, labels: tuple[str, ...], text: str, extract: Extractor,
-             **shape: object) -> MetricSpec:
+             sparse: bool = False, cost: str = "") -> MetricSpec:
     """A family of the verdict: every GPU has one, up or down."""
-    return MetricSpec(name, kind, unit, text, DEVICE_LABELS + labels, HEALTH, extract, **shape)  # type: ignore[arg-type]
+    return MetricSpec(name, kind, unit, text, DEVICE_LABELS + labels, HEALTH, extract, sparse=sparse, cost=cost)
 
 
 def _signal(name: str, kind: str, unit: str, labels: tuple[str, ...], text: str, extract: PerDevice,
-            *dcgm: DcgmAlias, **shape: object) -> MetricSpec:
+            *dcgm: DcgmAlias, summed: tuple[str, ...] = (), sparse: bool = False, detail: bool = False,
+            cost: str = "") -> MetricSpec:
     """A family of the last health read, and the DCGM fields served from it (the first is the
-    nearest, named in docs/METRICS.md); ``shape``: its default output (`MetricSpec.summed`,
-    ``sparse``, ``detail``, ``cost``). The DCGM fields read every series, whatever the shape."""
-    return MetricSpec(name, kind, unit, text, DEVICE_LABELS + labels, HEALTH, extract,  # type: ignore[arg-type]
+    nearest, named in docs/METRICS.md); ``summed``, ``sparse``, ``detail`` and ``cost``: its
+    default output (`MetricSpec`). The DCGM fields read every series, whatever the shape."""
+    return MetricSpec(name, kind, unit, text, DEVICE_LABELS + labels, HEALTH, extract,
                       vendors_note="absent where the GPU or its driver does not report it", dcgm_fields=dcgm,
-                      **shape)
+                      summed=summed, sparse=sparse, detail=detail, cost=cost)
 
 
 HEALTH_FAMILIES: tuple[MetricSpec, ...] = (
