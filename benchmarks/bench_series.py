@@ -1,10 +1,11 @@
 """What the backend pays to keep the agent's series: series per GPU, bytes per scrape, and a
 real Prometheus's head memory, by schema and flag set.
 
-Nodes: the simulated node (8 H100s and the demo's workloads, ``--backend simulated``) and an
+Nodes: the simulated node (8 H100s and the demo's workloads, ``--backend simulated``), an
 8-GPU node of the NVML fake (the same scenario through the real NVML backend,
-benchmarks/fake_nvml_agent.py). Each node runs the real agent; its /metrics is scraped once
-every family has its series (GPM values come one ``--gpm-interval`` after start).
+benchmarks/fake_nvml_agent.py), and that node on an HGX board (18 NVLinks per GPU). Each
+node runs the real agent; its /metrics is scraped once every family has its series (GPM
+values come one ``--gpm-interval`` after start).
 
 * Series per GPU: the series that carry a ``gpu`` label over the node's GPUs (the agent's
   node-level series, its own process and the Python runtime are left out, in both schemas).
@@ -48,6 +49,11 @@ SCENARIO = REPO / "exporter" / "devices" / "simulated" / "scenarios" / "default.
 NODES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "simulated": (("-m", "exporter"), ("--backend", "simulated")),
     "fake-nvml-8": (("benchmarks/fake_nvml_agent.py", str(SCENARIO), "--"), ()),
+}
+# more nodes the benchmark measures (not the budget test): the same 8 fake GPUs on an HGX
+# board, 18 NVLinks each, where per-link detail costs most
+MORE_NODES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "fake-nvml-8-hgx": (("benchmarks/fake_nvml_agent.py", str(SCENARIO), "--nvlinks", "18", "--"), ()),
 }
 # flag set -> the flags
 FLAG_SETS: dict[str, tuple[str, ...]] = {
@@ -111,7 +117,7 @@ def schemas_of(flags: tuple[str, ...]) -> tuple[str, ...]:
 
 def node_counts(node: str, flags: tuple[str, ...], log_dir: Path) -> dict[str, Count]:
     """Start the agent of ``node`` with ``flags``, scrape it settled, count each schema it serves."""
-    launcher, own = NODES[node]
+    launcher, own = {**NODES, **MORE_NODES}[node]
     schemas = schemas_of(flags)
     agent = AgentProcess([*own, *flags], launcher=launcher, log_path=log_dir / f"{node}.log")
     agent.env = {k: v for k, v in agent.env.items() if not k.startswith(("L9GPU_", "OTEL_"))}
@@ -125,7 +131,7 @@ def node_counts(node: str, flags: tuple[str, ...], log_dir: Path) -> dict[str, C
 
 def series_table(log_dir: Path) -> Iterator[dict[str, object]]:
     """One row per node and flag set."""
-    for node in NODES:
+    for node in [*NODES, *MORE_NODES]:
         for name, flags in FLAG_SETS.items():
             for schema, got in node_counts(node, flags, log_dir).items():
                 yield {"node": node, "flags": name, "schema": schema, **asdict(got), "per_gpu": round(got.per_gpu, 2)}
@@ -227,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['node']:<12} {r['flags']:<25} {r['schema']:<6} {r['series']:>7} {r['gpu_series']:>11} "
               f"{r['gpus']:>5} {r['per_gpu']:>8.2f} {int(r['text_bytes']) / 1024:>8.1f} "  # type: ignore[call-overload]
               f"{int(r['gzip_bytes']) / 1024:>8.1f}")  # type: ignore[call-overload]
-    for node in NODES:
+    for node in [*NODES, *MORE_NODES]:
         per = {(r["flags"]): r["per_gpu"] for r in rows if r["node"] == node}
         dcgm = float(per["dcgm (default counters)"])  # type: ignore[arg-type]
         print(f"{node}: default / DCGM = {float(per['l9gpu (default)']) / dcgm:.2f}x, "  # type: ignore[arg-type]
