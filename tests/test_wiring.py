@@ -284,6 +284,8 @@ def test_gpm_asks_only_what_the_exported_families_need() -> None:
     all_off = [flag for _, suffix, *_ in cat.GPM_FAMILIES for name in (f"gpu_{suffix}", f"container_gpu_{suffix}")
                for flag in ("--disable-metric", name)]
     assert gpm_keys(serve(*all_off)) == frozenset()
+    # `l9gpu snapshot` shows every GPM value, whatever /metrics would serve
+    assert gpm_keys(build_parser().parse_args(["snapshot", "--backend", "simulated"])) is None
 
 
 def test_the_nvml_backend_is_opened_with_the_gpm_metrics_of_the_families(monkeypatch) -> None:

@@ -161,6 +161,8 @@ def gpm_keys(args: argparse.Namespace) -> frozenset[str] | None:
     command exports no families (``l9gpu snapshot`` shows every GPM value)."""
     if not hasattr(args, "disable_metric") or list(getattr(args, "metric_schema", ("l9gpu",))) != ["l9gpu"]:
         return None
+    if getattr(args, "command", "serve") != "serve":
+        return None  # `l9gpu snapshot` shows every GPM value, whatever /metrics would serve
     names = enabled_families(args)
     return frozenset(key for key, suffix, *_ in cat.GPM_FAMILIES
                      if f"gpu_{suffix}" in names or f"container_gpu_{suffix}" in names)
