@@ -51,7 +51,8 @@ GPM_DOC: tuple[str, ...] = (
     "- **MIG.** In MIG mode each MIG instance (`gpu_instance` label) has its own values; the parent "
     "GPU has none.",
     "- **A metric a device does not report** (NVLink on a card without it) is absent, never 0.",
-    "- **Cost.** Only the metrics of exported families are asked. On an H200 a GPM read (the "
+    "- **Cost.** Only the metrics of exported families are asked (by default 9 of the 15: the "
+    "breakdowns are `--detail`). On an H200 a GPM read (the "
     "sample and the metrics) cost about 2.1 ms of CPU a GPU in the agent's passes, nearly all of "
     "it graphics activity; with `gpu_graphics_active_ratio` and "
     "`container_gpu_graphics_active_ratio` disabled (`--disable-metric`), 0.26 ms (see "
@@ -59,7 +60,9 @@ GPM_DOC: tuple[str, ...] = (
     "- **Per workload.** `container_gpu_*` copies of these families exist only on a GPU or MIG "
     "instance whose processes all belong to one workload: GPM counts the whole device and cannot "
     "be split by process, so on a shared (time-sliced) GPU only the device series and each pod's "
-    "`container_gpu_utilization_ratio` exist (see docs/ATTRIBUTION.md).",
+    "own SM share (`container_gpu_usage_seconds_total`, and `container_gpu_utilization_ratio` with "
+    "`--detail`) exist (see docs/ATTRIBUTION.md). By default the per-workload copies are the ones "
+    "GPUBusyWithoutTensorWork reads (SM, tensor, FP16/32/64 activity); `--detail` serves them all.",
     "",
 )
 
