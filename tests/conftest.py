@@ -52,14 +52,27 @@ def agent_factory(tmp_path):
         proc.stop()
 
 
+@pytest.fixture(scope="session")
+def no_agent_url():
+    """A loopback URL where no agent answers: a port held bound, never listening, for the
+    session, so a connection to it is refused whatever else runs on the machine."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{held.getsockname()[1]}"
+
+
 @pytest.fixture(autouse=True)
-def _no_ambient_l9gpu_env(monkeypatch):
-    """Tests must not pick up L9GPU_* or OTEL_* settings from the machine."""
+def _no_ambient_l9gpu_env(monkeypatch, no_agent_url):
+    """Tests must not pick up L9GPU_* or OTEL_* settings from the machine, nor an agent
+    listening on the default port: `l9gpu snapshot` asks ``no_agent_url`` unless told otherwise."""
     from agent import ambient_setting
 
     for name in list(os.environ):
         if ambient_setting(name):
             monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("L9GPU_INCIDENTS_FROM", no_agent_url)
 
 
 @pytest.fixture

@@ -97,6 +97,27 @@ def test_unsupported_reads_are_not_errors():
     assert backend.errors() == {}
 
 
+def test_a_read_the_device_answered_not_supported_is_not_asked_again():
+    """As NVML's wrapper does: the EDGE sensor a card lacks and its ECC count are asked on
+    the first pass only, per device (the second GPU, which has them, is asked every pass)."""
+    unsupported = AmdSmiLibraryException(AmdSmiRetCode.ERR_NOT_SUPPORTED)
+    lacking = FakeGpu(temperatures={"EDGE": NA, "JUNCTION": NA, "VRAM": 48}, correctable=unsupported)
+    full = FakeGpu(uuid="a4ff740f-0001-1000-80ea-3fe8d9b2e51c", bdf="0000:c2:00.0",
+                   temperatures={"EDGE": 55, "JUNCTION": NA, "VRAM": 48})
+    lib = FakeAmdSmi([lacking, full])
+    backend = AmdBackend(amdsmi=lib, health_interval=None)  # the pass's reads only
+    backend.open()
+    for t in (1.0, 2.0, 3.0):
+        devices = backend.sample(t)
+    assert [d.temperature_celsius for d in devices] == [None, 55.0]
+    assert [dict(d.ecc_errors) for d in devices] == [{}, {"corrected": 3, "uncorrected": 0}]
+    # the first pass asks both GPUs JUNCTION (also as HOTSPOT), EDGE and VRAM; then only what
+    # they answered: VRAM on both, EDGE on the second
+    assert lib.calls["amdsmi_get_temp_metric"] == 2 * 4 + 2 * (2 + 1)
+    assert lib.calls["amdsmi_get_gpu_total_ecc_count"] == 1 + 3
+    assert backend.errors() == {}
+
+
 @pytest.mark.parametrize("api", ["dicts", "handles"])
 def test_processes_both_api_generations(api):
     procs = [FakeProcess(pid=4242, vram_bytes=5 * GiB, gfx_ns=10_000_000_000),

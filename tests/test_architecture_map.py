@@ -67,8 +67,8 @@ def test_every_room_is_on_the_map(room):
     assert _on_map(room), f"docs/ARCHITECTURE.md's map (## The rooms) does not name exporter/{room}"
 
 
-def _served_routes() -> set[str]:
-    app: web.Application = make_app(None, lambda: None, lambda: True, "node", incidents=lambda: [])
+def routes_of(app: web.Application) -> set[str]:
+    """The paths ``app``'s router serves, a path parameter as its pattern (``/x/{name}``)."""
     paths = set()
     for resource in app.router.resources():
         info = resource.get_info()
@@ -76,10 +76,44 @@ def _served_routes() -> set[str]:
     return paths
 
 
+def listed_routes(line: str) -> set[str]:
+    """The paths a line of the map names, path parameters included (``/api/v1/gpus/{index}``)."""
+    return set(re.findall(r"/[\w/{}.-]*", line))
+
+
+def _served_routes() -> set[str]:
+    """The routes of the app ``l9gpu serve`` builds (the simulated node's, with every part the
+    defaults turn on)."""
+    from exporter.app.cli import build_parser
+    from exporter.app.serve import _build
+    from exporter.devices import close_backends
+
+    args = build_parser().parse_args(["serve", "--backend", "simulated"])
+    agent = _build(args)
+    try:
+        return routes_of(agent.app)
+    finally:
+        agent.attributor.close()
+        agent.watch.close()
+        close_backends(agent.backends)
+
+
+def test_a_route_with_a_path_parameter_is_read_on_both_sides():
+    app = make_app(None, lambda: None, lambda: True, "node")
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app.router.add_get("/api/v1/gpus/{index}", handler)
+    assert "/api/v1/gpus/{index}" in routes_of(app)
+    assert listed_routes("app.py  routes: /metrics, /api/v1/gpus/{index}, /") == {"/metrics", "/api/v1/gpus/{index}",
+                                                                               "/"}
+
+
 def test_every_route_is_in_the_route_list():
     routes_line = next(line for line in ROOMS.splitlines() if line.strip().startswith("app.py"))
-    listed = set(re.findall(r"/[\w/]*", routes_line))
-    served = _served_routes() | {"/metrics"}  # /metrics is only left out of a push-only agent
-    assert served, "the app serves no route"
+    listed = listed_routes(routes_line)
+    served = _served_routes()
+    assert "/metrics" in served and "/api/v1/snapshot" in served, f"the agent's app serves {sorted(served)}"
     missing = sorted(served - listed)
     assert not missing, f"docs/ARCHITECTURE.md's web/app.py line does not list {missing}"

@@ -16,7 +16,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
 
 def test_metrics_doc_is_generated_from_the_catalogue():
     assert DOC.read_text(encoding="utf-8") == metrics_doc.markdown(), (
-        "docs/METRICS.md is stale: run `python -m exporter.output.catalogue > docs/METRICS.md`")
+        "docs/METRICS.md is stale: run `python -m exporter.output.metrics_doc > docs/METRICS.md`")
 
 
 @pytest.mark.parametrize("spec", cat.METRICS, ids=lambda s: s.name)

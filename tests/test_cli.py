@@ -66,7 +66,7 @@ def test_snapshot_table_and_json():
     table = run_cli(["snapshot", "--backend", "simulated", "--node-name", "gpu-node-7"])
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0] == "node gpu-node-7"
+    assert lines[0].startswith("node gpu-node-7 (simulated: its scenario replayed from the start")
     assert "NVIDIA H100 80GB HBM3" in table.stdout and "pid 61001" in table.stdout
     doc = json.loads(run_cli(["snapshot", "--backend", "simulated", "--json"]).stdout)
     assert doc["node"] == "sim-node-01"  # the scenario's node when no name is given

@@ -110,6 +110,26 @@ def test_vanished_workload_keeps_counters_for_the_grace_period_then_goes():
     assert "a" not in by_pod(d)
 
 
+def test_a_gpu_that_goes_down_keeps_its_last_holders_for_the_grace_period():
+    """Who was on a GPU in its last pass up stays known while it is down (the page's card,
+    the workload count), for as long as their counters are kept; one that left before it
+    went down is not one of them."""
+    owners = {1: pod("a"), 2: pod("b"), 3: pod("left")}
+    both = [ProcessSample(1, GIB, 0.5), ProcessSample(2, GIB, 0.2)]
+    state, _ = step(DeriveState(), 0.0, "n", [gpu(procs=[*both, ProcessSample(3, GIB, 0.1)])], owners,
+                    grace_seconds=30)
+    state, _ = step(state, 5.0, "n", [gpu(procs=both)], owners, grace_seconds=30)  # "left" exits
+    state, d = step(state, 10.0, "n", [gpu(up=False)], owners, grace_seconds=30)  # the GPU falls off the bus
+    assert {u.workload.pod: (u.present, u.stranded) for u in d.workloads} == {
+        "a": (False, True), "b": (False, True), "left": (False, False)}
+    state, d = step(state, 35.0, "n", [gpu(up=False)], owners, grace_seconds=30)  # still down, 25 s later
+    assert sorted(u.workload.pod for u in d.workloads if u.stranded) == ["a", "b"]
+    state, d = step(state, 41.0, "n", [gpu(up=False)], owners, grace_seconds=30)  # the grace period is over
+    assert not d.workloads
+    state, d = step(state, 42.0, "n", [gpu(procs=both)], owners, grace_seconds=30)  # back, with them on it
+    assert [(u.present, u.stranded) for u in d.workloads] == [(True, False), (True, False)]
+
+
 def test_down_device_keeps_energy_but_reports_no_workloads():
     owners = {1: pod("a")}
     state, _ = step(DeriveState(), 0.0, "n", [gpu(energy=10.0, procs=[ProcessSample(1, GIB, 0.5)])], owners)
@@ -121,11 +141,27 @@ def test_down_device_keeps_energy_but_reports_no_workloads():
 def test_label_schema_adds_owner_and_pod_labels():
     names, labeller = label_schema(["team", "app.kubernetes.io/name"])
     assert names == ("owner_kind", "owner_name", "slurm_user", "slurm_account", "label_team",
-                     "label_app_kubernetes_io_name")
+                     "label_app_kubernetes_io_name", "training_job", "training_rank")
     w = pod("a", owner_kind="Deployment", owner_name="web", labels=(("team", "search"),))
-    assert labeller(w)[-6:] == ("Deployment", "web", "", "", "search", "")
-    job = Workload(kind="slurm", slurm_job_id="4242", slurm_user="alice", slurm_account="physics")
-    assert labeller(job)[-6:] == ("", "", "alice", "physics", "", "")
+    assert labeller(w)[-6:] == ("Deployment", "web", "", "", "search", "")  # no job: no training values
+    job = Workload(kind="slurm", slurm_job_id="4242", slurm_user="alice", slurm_account="physics",
+                   training_job="4242", training_rank="13")
+    assert labeller(job)[-8:] == ("", "", "alice", "physics", "", "", "4242", "13")
+    ray = pod("b", training_job="rl-cluster")  # a job without ranks: the job alone
+    assert labeller(ray)[-3:] == ("", "", "rl-cluster")
+
+
+def test_two_ranks_of_one_slurm_job_on_two_gpus_are_each_their_own_workload():
+    names, labeller = label_schema([])
+    rank = {r: Workload(kind="slurm", slurm_job_id="4242", slurm_step="0", training_job="4242", training_rank=str(r))
+            for r in (0, 1)}
+    devices = [gpu(index=i, procs=[ProcessSample(10 + i, GIB, 0.5)]) for i in (0, 1)]
+    _, d = step(DeriveState(), 0.0, "n", devices, {10: rank[0], 11: rank[1]}, labeller)
+    by_gpu = {u.device_key: u for u in d.workloads}
+    for i in (0, 1):
+        usage = by_gpu[f"GPU-{i}"]
+        assert usage.workload.training_rank == str(i)  # the pass's workload is the rank's, not the job's first
+        assert workload_label_map(usage.labels, names)["training_rank"] == str(i)
 
 
 shares = st.lists(st.tuples(st.one_of(st.none(), st.floats(0, 1)), st.one_of(st.none(), st.integers(0, 80 * GIB))),

@@ -78,20 +78,48 @@ def _samples(text: str) -> dict[str, float]:
     return out
 
 
+# What a failure says: a change that means to change what users see regenerates the copies.
+REGENERATE = ("if the change is meant to change what users see, regenerate the kept copies with "
+              "`.venv/bin/python tests/test_golden_metrics.py` and say so in the commit")
+
+
+def _shape(text: str) -> list[str]:
+    """Families, help, types and series (without their values), in order."""
+    return [line.rpartition(" ")[0] if not line.startswith("#") else line for line in text.splitlines()]
+
+
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_metrics_of_the_simulated_node_are_the_kept_ones(name):
     kept = (GOLDEN / f"simulated-{name}.txt").read_text()
     scenario, detail = SCENARIOS[name]
     now = render_node(scenario, detail=detail)
     # the same families, help, types and series, in the same order
-    assert [line.rpartition(" ")[0] if not line.startswith("#") else line for line in now.splitlines()] == [
-        line.rpartition(" ")[0] if not line.startswith("#") else line for line in kept.splitlines()]
+    got_shape, kept_shape = _shape(now), _shape(kept)
+    assert got_shape == kept_shape, (
+        f"tests/golden/simulated-{name}.txt: {len(set(got_shape) - set(kept_shape))} lines new, "
+        f"{len(set(kept_shape) - set(got_shape))} gone, e.g. {sorted(set(got_shape) ^ set(kept_shape))[:3]}; "
+        f"{REGENERATE}")
     want, got = _samples(kept), _samples(now)
     wrong = {series: (want[series], got[series]) for series in want
              if not (math.isclose(got[series], want[series], rel_tol=1e-9, abs_tol=1e-9)
                      or (math.isnan(got[series]) and math.isnan(want[series])))}
-    assert not wrong, f"{len(wrong)} values differ, e.g. {sorted(wrong.items())[:5]}"
+    assert not wrong, (f"tests/golden/simulated-{name}.txt: {len(wrong)} values differ, e.g. "
+                       f"{sorted(wrong.items())[:5]}; {REGENERATE}")
     assert len(want) > 200
+
+
+def test_a_failure_says_how_to_regenerate_the_kept_copies(monkeypatch):
+    """A change that renders something else fails with the command that writes the new copies."""
+    monkeypatch.setitem(SCENARIOS, "default", (None, False))
+    kept = (GOLDEN / "simulated-default.txt").read_text()
+    monkeypatch.setattr(sys.modules[__name__], "render_node",
+                        lambda scenario, detail=False: kept.replace("gpu_up{", "gpu_upp{", 1))
+    with pytest.raises(AssertionError, match=r"python tests/test_golden_metrics.py"):
+        test_metrics_of_the_simulated_node_are_the_kept_ones("default")
+    monkeypatch.setattr(sys.modules[__name__], "render_node",
+                        lambda scenario, detail=False: kept.replace("} 1.0\n", "} 2.0\n", 1))
+    with pytest.raises(AssertionError, match=r"values differ.*python tests/test_golden_metrics.py"):
+        test_metrics_of_the_simulated_node_are_the_kept_ones("default")
 
 
 if __name__ == "__main__":

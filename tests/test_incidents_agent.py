@@ -219,6 +219,25 @@ def test_snapshot_shows_the_verdicts_of_the_agent_serving_the_node(agent_factory
     assert alone.stdout.rstrip().splitlines()[-1].startswith("health: from this one pass;")
 
 
+def test_a_snapshot_of_the_scenario_an_agent_runs_says_it_replays_it_from_the_start(agent_factory):
+    """Beside the incidents demo after GPU 3 fell off the bus, the command's own pass is the
+    scenario's first second (GPU 3 up, its pods on it): the node line says so, and the
+    agent's verdicts say where the node is now."""
+    from agent import run_cli
+
+    agent = agent_factory("--backend", "simulated", "--scenario", "incidents", "--kernel-log", "auto",
+                          "--interval", "500ms")
+    wait_until(lambda: any(i["kind"] == "xid" and i["xid"] == 31
+                           for i in json.loads(agent.get("/api/v1/incidents")[2])["incidents"]),
+               what="the scenario's first incident (30 s)", timeout=120)
+    result = run_cli(["snapshot", "--backend", "simulated", "--scenario", "incidents", "--incidents-from", agent.url])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == ("node sim-incidents-01 (simulated: its scenario replayed from the start, not where an "
+                        "agent running it is now)")
+    assert "xid 31" in result.stdout.split("recent incidents")[-1]  # the agent's, after the table
+
+
 def test_snapshot_does_not_print_another_nodes_incidents(agent_factory, tmp_path):
     from agent import run_cli
 
@@ -229,7 +248,7 @@ def test_snapshot_does_not_print_another_nodes_incidents(agent_factory, tmp_path
     wait_until(lambda: json.loads(other.get("/api/v1/incidents")[2])["incidents"], what="the other node's Xid")
     result = run_cli(["snapshot", "--backend", "simulated", "--incidents-from", other.url])
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("node sim-node-01\n")
+    assert result.stdout.startswith("node sim-node-01 (simulated: its scenario replayed from the start")
     assert "xid 31" not in result.stdout and "llm-finetune" not in result.stdout.split("needs a look")[-1]
     assert result.stdout.rstrip().splitlines()[-1] == (
         f"recent incidents: unknown, the agent at {other.url}: it serves node gpu-node-9, not sim-node-01: "

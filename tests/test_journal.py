@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from journal_helpers import append_entries, journal_unavailable, kernel_entry, read_back
 
-from exporter.incidents.kmsg import KernelLogUnavailable, open_kernel_log
+from exporter.incidents.kernel_log import open_kernel_log
+from exporter.incidents.kmsg import KernelLogUnavailable
 
 pytestmark = pytest.mark.skipif(bool(journal_unavailable()), reason=journal_unavailable() or "ok")
 
@@ -106,7 +107,7 @@ def test_auto_without_kmsg_reads_the_journal_and_says_so(tmp_path: Path, monkeyp
 
     monkeypatch.setattr(kmsg, "DEV_KMSG", "/nonexistent/kmsg")
     monkeypatch.setattr(journal, "JOURNAL_DIRS", (str(tmp_path), "/nonexistent/run"))
-    with caplog.at_level(logging.INFO, logger="exporter.incidents.kmsg"):
+    with caplog.at_level(logging.INFO, logger="exporter.incidents.kernel_log"):
         source = open_kernel_log("auto")
     assert isinstance(source, journal.JournalKernelLog)
     source.close()

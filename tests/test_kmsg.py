@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
+from exporter.incidents.kernel_log import open_kernel_log
 from exporter.incidents.kmsg import (
     KernelLog,
     KernelLogUnavailable,
     XidRecord,
-    open_kernel_log,
     parse_xid,
 )
 
@@ -200,7 +200,7 @@ def test_auto_without_a_readable_kmsg_is_none_with_the_reason(monkeypatch, caplo
 
     monkeypatch.setattr(kmsg, "DEV_KMSG", "/nonexistent/kmsg")
     monkeypatch.setattr(journal, "JOURNAL_DIRS", ("/nonexistent/var/log/journal", "/nonexistent/run/log/journal"))
-    with caplog.at_level(logging.INFO, logger="exporter.incidents.kmsg"):
+    with caplog.at_level(logging.INFO, logger="exporter.incidents.kernel_log"):
         assert open_kernel_log("auto") is None
     assert "cannot read the kernel log /nonexistent/kmsg: no such file" in caplog.text
     assert "neither /nonexistent/var/log/journal nor /nonexistent/run/log/journal exists" in caplog.text

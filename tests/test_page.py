@@ -4,6 +4,7 @@ import argparse
 import asyncio
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -80,7 +81,9 @@ def test_document_lists_every_workload_with_its_flags_and_the_parts_add_up():
     assert notebook["idle_seconds"] == 30.0 and notebook["allocated"] is True and notebook["pids"] == [61001]
     assert notebook["owner_kind"] == "StatefulSet" and notebook["pod_labels"] == {"team": "data-science"}
     slurm = next(w for w in gpus[6]["workloads"] if w["kind"] == "slurm")
-    assert slurm["owner"] == "slurm job 4242 step 0 (bob)" and slurm["allocated"] is None and not slurm["zombie"]
+    assert slurm["owner"] == "slurm job 4242 step 0 rank 0 (bob)" and slurm["allocated"] is None and not slurm["zombie"]
+    assert (slurm["training_job"], slurm["training_rank"]) == ("4242", "0")
+    assert notebook["training_job"] == "" and notebook["training_rank"] == ""  # a pod of no job
     assert gpus[1]["unattributed"] == {"memory_used_bytes": GIB // 4, "processes": 1}
     for gpu in doc["gpus"]:  # per GPU, workloads plus unattributed memory is every process's memory
         parts = sum(w["memory_used_bytes"] for w in gpu["workloads"]) + gpu["unattributed"]["memory_used_bytes"]
@@ -106,6 +109,37 @@ def test_json_text_is_what_the_cli_prints():
                                           (5412, "1h 30m"), (2 * 86400 + 3 * 3600 + 5, "2d 3h")])
 def test_durations_read_like_people_say_them(seconds, text):
     assert duration(seconds) == text
+
+
+def test_a_lost_gpus_card_names_its_last_holders_and_they_stay_in_the_workload_count():
+    """After a GPU falls off the bus, its card shows who was on it, worst first among the
+    cards (docs/SNAPSHOT.md says the order), and the summary still counts them."""
+    from exporter.collect.derive import DeriveState, step
+    from exporter.core.model import DeviceSample, ProcessSample, Snapshot, Workload
+
+    def pod(name):
+        return Workload(kind="kubernetes", namespace="search", pod=name, container="c", pod_uid=f"uid-{name}")
+
+    owners = {1: pod("embedder-0"), 2: pod("ocr-0"), 3: pod("vllm-0")}
+    gpu1 = DeviceSample(index=1, uuid="GPU-1", model="H100", processes=(ProcessSample(3, GIB, 0.5),))
+    up = DeviceSample(index=3, uuid="GPU-3", model="H100", processes=(ProcessSample(1, GIB, 0.5),
+                                                                     ProcessSample(2, GIB, 0.2)))
+    state, _ = step(DeriveState(), 0.0, "n", [gpu1, up], owners)
+    lost = up.down("GPU is lost")
+    _, derived = step(state, 1.0, "n", [gpu1, lost], owners)
+    snap = Snapshot(seq=2, node="n", timestamp=0.0, devices=(gpu1, lost), workloads=derived.workloads)
+    doc = snapshot_document(snap)
+    by_index = {g["index"]: g for g in doc["gpus"]}
+    assert [w["owner"] for w in by_index[3]["last_holders"]] == ["search/embedder-0/c", "search/ocr-0/c"]
+    assert by_index[1]["last_holders"] == [] and by_index[3]["error"] == "GPU is lost"
+    by_index[3]["health"] = {"state": "unhealthy", "action": "reboot_node", "reasons": []}
+    page = render_page(doc, "n", 1.0)
+    card = page[page.index('id="gpu-3"'):].split("</section>")[0]
+    assert "on it when it went down:" in card and "embedder-0" in card and "ocr-0" in card
+    assert page.index('id="gpu-3"') < page.index('id="gpu-1"')  # worst first
+    assert "<b>1</b> of <b>2</b> GPUs up · <b>3</b> workloads" in page
+    snapshot_md = (Path(__file__).resolve().parent.parent / "docs" / "SNAPSHOT.md").read_text()
+    assert "One card per GPU (or MIG instance), worst first" in snapshot_md
 
 
 def test_page_renders_documents_without_optional_fields_and_escapes_names():

@@ -93,7 +93,7 @@ def test_dom_holds_every_pod_and_flags_the_zombie(agent, tmp_path):
     assert sorted(dom.gpus) == [f"gpu-{i}" for i in range(8)]
     for pod in PODS:
         assert any(pod in text for _, _, text in dom.rows), f"{pod} is not on the page"
-    assert any(s == "gpu-6" and "Slurm job 4242 step 0 (bob)" in t for s, _, t in dom.rows)
+    assert any(s == "gpu-6" and "Slurm job 4242 step 0 rank 0 (bob)" in t for s, _, t in dom.rows)
     assert any(s == "gpu-1" and "unattributed: 1 process" in t and "nvtop-probe" in t for s, _, t in dom.rows)
     zombies = [(s, t) for s, a, t in dom.rows if a.get("data-flag") == "zombie"]
     assert len(zombies) == 1
@@ -285,11 +285,57 @@ def test_a_gpu_fallen_off_the_bus_is_down_on_metrics_and_the_page(tmp_path):
         assert '<span class="state">down</span>' in section and "GPU is lost" in card
         assert result.stdout.count('<span class="state">down</span>') == 1
         assert "util" not in card and "%" not in card  # no utilisation, no pods' SM shares
-        assert any(item.startswith("GPU 3 is down: GPU is lost") for item in dom.attention), dom.attention
+        assert "GPU 3 is down: GPU is lost" in dom.attention, dom.attention  # said once, not "lost: GPU is lost"
         assert any(item.startswith("GPU 3 is unhealthy (gpu_lost") and "reboot node" in item for item in dom.attention)
-        assert dom.summary.startswith("3 of 4 GPUs up"), dom.summary
+        # who was on it when it fell off: on its card, in the workload count (7: the three on GPU 3 too)
+        holders = ["search/embedder-7c9f5-abcde/embedder", "search/reranker-5b8d4-fghij/reranker",
+                   "docs/ocr-worker-66f7d-klmno/ocr"]
+        assert "on it when it went down:" in card and all(who in card for who in holders), card
+        assert dom.summary.startswith("3 of 4 GPUs up · 7 workloads"), dom.summary
+        gpu_3 = next(g for g in json.loads(agent.get("/api/v1/snapshot")[2])["gpus"] if g["index"] == 3)
+        assert gpu_3["error"] == "GPU is lost" and sorted(w["owner"] for w in gpu_3["last_holders"]) == sorted(holders)
         # the Incidents panel: "GPU 3" never wraps between its two words
         wait_until(lambda: '<td>GPU&nbsp;3</td>' in dump_dom(agent.url + "/", tmp_path).stdout,
                    what="the Xid 79 incident on the page")
     finally:
         agent.stop()
+
+
+# Each name on the page, measured where it is drawn: the lines its text takes, and whether it
+# could fit on one (its width on one line, against its cell's).
+_NAME_LINES = """
+[...document.querySelectorAll('.who .ns, .who .pod, .who .ctr, .sub .bit')].map(el => {
+  const range = document.createRange();
+  range.selectNodeContents(el);
+  const tops = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+  const probe = document.createElement('span');
+  probe.style.cssText = 'position:absolute;white-space:nowrap;visibility:hidden';
+  probe.style.font = getComputedStyle(el).font;
+  probe.textContent = el.textContent;
+  document.body.appendChild(probe);
+  const oneLine = probe.getBoundingClientRect().width;
+  probe.remove();
+  const box = el.closest('td, li, .sub'), style = getComputedStyle(box);
+  const cell = box.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  return [el.textContent, tops.size, oneLine <= cell];
+})
+"""
+
+
+@pytest.mark.parametrize("width", [1920, 1366, 700, 414, 360])
+def test_names_and_label_values_do_not_wrap_mid_word(agent, tmp_path, width):
+    """``team=data-science`` is never cut after ``data-`` and a pod's name never in its middle,
+    where the name fits on one line of its cell."""
+    async def body():
+        async with DevTools(tmp_path, width=width, height=900) as browser:
+            await browser.call("Emulation.setDeviceMetricsOverride", width=width, height=900, deviceScaleFactor=1,
+                               mobile=width < 600)
+            await browser.open(agent.url + "/")
+            await browser.wait_for("document.querySelectorAll('.sub .bit').length > 0")
+            return await browser.evaluate(_NAME_LINES)
+
+    names = asyncio.run(body())
+    assert any(text == "team=data-science" for text, _, _ in names), names
+    assert any(text == "jupyter-alice-0" for text, _, _ in names), names
+    cut = [text for text, lines, fits in names if fits and lines > 1 and " " not in text]  # a word cut
+    assert not cut, f"at {width} px these wrap although they fit on a line: {cut}"

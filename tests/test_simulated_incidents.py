@@ -208,6 +208,22 @@ def test_the_demo_agent_reads_the_scenarios_kernel_log_with_kernel_log_auto(agen
     [xid] = wait_until(first, what="the scenario's Xid 31 at 30 s", timeout=120)
     assert (xid["xid"], owners(xid["caused_by"]), xid["node"]) == (31, ["batch/embed-backfill-7x9zq/worker"],
                                                                    "sim-incidents-01")
+    assert agent.log().count("--kernel-log auto: reading the kernel log from the simulated node's scenario") == 1
+
+
+def test_kernel_log_auto_on_the_simulated_node_says_once_which_log_it_reads(caplog):
+    from exporter.app.cli import build_parser
+    from exporter.app.wiring import build_incident_watch
+
+    backend = SimulatedBackend("incidents")
+    backend.open()
+    args = build_parser().parse_args(["serve", "--backend", "simulated", "--scenario", "incidents",
+                                      "--kernel-log", "auto"])
+    caplog.set_level(logging.INFO)
+    watch = build_incident_watch(args, None, [backend])
+    watch.close()
+    said = [r.getMessage() for r in caplog.records if "--kernel-log" in r.getMessage()]
+    assert said == ["--kernel-log auto: reading the kernel log from the simulated node's scenario (sim-incidents-01)"]
 
 
 def test_after_xid_79_the_simulated_driver_answers_for_that_gpu_as_a_lost_one():
@@ -223,7 +239,7 @@ def test_after_xid_79_the_simulated_driver_answers_for_that_gpu_as_a_lost_one():
     after = {d.index: d for d in backend.sample(now[0])}
     lost = after[3]
     assert (lost.up, lost.error, lost.processes, lost.utilization, lost.memory_used_bytes) == (
-        False, "GPU is lost: GPU is lost", (), None, None)
+        False, "GPU is lost", (), None, None)
     assert lost.health_signals is not None and lost.health_signals.gpu_lost and dict(lost.xid_errors) == {"79": 1}
     assert (lost.uuid, lost.model, lost.pci_bus_id) == (before[3].uuid, before[3].model, before[3].pci_bus_id)
     assert all(after[i].up for i in (0, 1, 2)) and backend.errors() == {"gpu_lost": 1}

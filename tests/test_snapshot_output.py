@@ -235,3 +235,18 @@ def test_the_json_timestamp_is_also_rfc3339():
     assert doc["timestamp_rfc3339"].endswith("Z")
     parsed = datetime.fromisoformat(doc["timestamp_rfc3339"].replace("Z", "+00:00"))
     assert abs(parsed.timestamp() - doc["timestamp"]) < 0.001
+
+
+def test_the_table_names_who_was_on_a_gpu_when_it_went_down():
+    from exporter.app.snapshot_cmd import format_table
+    from exporter.collect.derive import DeriveState, step
+    from exporter.core.model import DeviceSample, ProcessSample, Snapshot, Workload
+
+    owners = {7: Workload(kind="kubernetes", namespace="search", pod="embedder-0", container="e", pod_uid="u")}
+    up = DeviceSample(index=3, uuid="GPU-3", model="H100", processes=(ProcessSample(7, 2**30, 0.5),))
+    state, _ = step(DeriveState(), 0.0, "n", [up], owners)
+    lost = up.down("GPU is lost")
+    _, derived = step(state, 1.0, "n", [lost], owners)
+    table = format_table(Snapshot(seq=2, node="n", timestamp=0.0, devices=(lost,), workloads=derived.workloads))
+    assert table.splitlines()[3:] == ["3    H100                         DOWN: GPU is lost",
+                                      "       was on it when it went down: search/embedder-0/e"]

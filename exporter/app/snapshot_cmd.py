@@ -13,7 +13,9 @@ from exporter.core.escape import for_terminal
 from exporter.devices import joined_name
 from exporter.devices.capabilities import CallTiming, Timings
 from exporter.devices.nvml.gpm import WARMING_UP
+from exporter.devices.simulated.backend import SimulatedBackend
 from exporter.output.snapshot_json import describe_owner, document_json, duration, snapshot_document
+from exporter.stall.messages import signals_text
 
 # `l9gpu snapshot` measures GPM activity over this long (two samples this far apart).
 SNAPSHOT_GPM_WINDOW = 1.0
@@ -22,6 +24,8 @@ SNAPSHOT_GPM_WINDOW = 1.0
 SNAPSHOT_POD_LIST_WAIT = 10.0
 # `l9gpu snapshot` waits at most this long (seconds) for the agent's recent incidents.
 INCIDENTS_WAIT = 2.0
+# What the node line says of the simulated node: this command's pass is its scenario's start.
+REPLAYED = "simulated: its scenario replayed from the start, not where an agent running it is now"
 
 
 def snapshot(args: argparse.Namespace) -> int:
@@ -60,7 +64,7 @@ def snapshot(args: argparse.Namespace) -> int:
         attributor.close()
         close_backends_within(backends, min(args.timeout, CLOSE_TIMEOUT))
     if args.json:
-        doc = snapshot_document(snap, extra_names, statuses)
+        doc = with_one_pass_stalls(snapshot_document(snap, extra_names, statuses), snap)
         if args.timings:
             doc["timings"] = {name: {call: {"calls": c, "wall_seconds": w, "cpu_seconds": cpu, "max_wall_seconds": m}
                                      for call, (c, w, cpu, m) in calls.items()} for name, calls in passes}
@@ -69,12 +73,14 @@ def snapshot(args: argparse.Namespace) -> int:
         source = getattr(args, "incidents_from", "off")
         agent = (ask_node_agent(source, snap.node, min(args.timeout, INCIDENTS_WAIT))
                  if source and source != "off" else None)
+        replayed = any(isinstance(b, SimulatedBackend) for b in backends)  # from its scenario's start
         verdicts = agent.health if agent is not None else None
-        print(format_table(snap, statuses, verdicts))
-        doc = snapshot_document(snap, extra_names, statuses)
-        if verdicts is not None:  # "needs a look" lists what the agent's page lists
+        print(format_table(snap, statuses, verdicts, replayed=replayed))
+        doc = with_one_pass_stalls(snapshot_document(snap, extra_names, statuses), snap)
+        if agent is not None:  # "needs a look" lists what the agent's page lists
             for gpu in doc["gpus"]:
-                gpu["health"] = verdicts.get(gpu.get("uuid"), gpu.get("health"))
+                gpu["health"] = (verdicts or {}).get(gpu.get("uuid"), gpu.get("health"))
+                gpu["stall"] = (agent.stalls or {}).get((gpu.get("uuid"), gpu.get("gpu_instance", "")), gpu["stall"])
         attention = format_attention(doc)
         if attention:
             print()
@@ -105,6 +111,8 @@ class NodeAgent:
         incidents: the incidents it remembers, newest first (None: unknown, see ``error``).
         health: its health verdicts (the ``health`` objects of /api/v1/snapshot) by GPU UUID:
             they know each GPU's history, which one pass does not (None: not known).
+        stalls: its GPUs' ``stall`` objects (docs/TRAINING.md) by (UUID, MIG instance): how
+            long each has been busy with no work, which one pass cannot tell (None: not known).
         error: why its incidents are not shown, in a few words ("" when they are).
     """
 
@@ -112,6 +120,7 @@ class NodeAgent:
     incidents: list[dict[str, Any]] | None
     health: dict[str, Any] | None = None
     error: str = ""
+    stalls: dict[tuple[str, str], Any] | None = None
 
 
 def ask_node_agent(base: str, node: str, timeout: float) -> NodeAgent:
@@ -130,7 +139,23 @@ def ask_node_agent(base: str, node: str, timeout: float) -> NodeAgent:
     health = ({gpu["uuid"]: gpu.get("health") for gpu in gpus
                if isinstance(gpu, dict) and isinstance(gpu.get("uuid"), str) and gpu.get("health")}
               if isinstance(gpus, list) else None)
-    return NodeAgent(base, incidents, health=health)
+    stalls = ({(gpu["uuid"], str(gpu.get("gpu_instance") or "")): gpu["stall"] for gpu in gpus
+               if isinstance(gpu, dict) and isinstance(gpu.get("uuid"), str) and isinstance(gpu.get("stall"), dict)}
+              if isinstance(gpus, list) else None)
+    return NodeAgent(base, incidents, health=health, stalls=stalls)
+
+
+def with_one_pass_stalls(doc: dict[str, Any], snap: Any) -> dict[str, Any]:
+    """``doc`` with each GPU's ``stall`` object as this one pass reads it (`exporter.stall`):
+    ``signature`` where the pass matches, which the node's agent calls stalled only once it
+    has lasted --stall-after."""
+    from exporter.stall.signature import read
+    from exporter.stall.watch import reading_entry
+
+    readings = {(d.uuid, d.gpu_instance): reading_entry(read(d)) for d in snap.devices}
+    for gpu in doc["gpus"]:
+        gpu["stall"] = readings.get((gpu.get("uuid"), gpu.get("gpu_instance", "")))
+    return doc
 
 
 def format_health_source(agent: NodeAgent | None) -> str:
@@ -256,13 +281,15 @@ def _allocations_by_device(snap: Any) -> dict[str, list[Any]]:
 
 
 def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None,
-                 verdicts: Mapping[str, Any] | None = None) -> str:
+                 verdicts: Mapping[str, Any] | None = None, replayed: bool = False) -> str:
     """A plain-text table: one line per GPU, then its GPM activity (or why it has none) and
     one indented line per process and allocation.
 
     ``verdicts`` are the health verdicts of the agent serving the node, by GPU UUID (the
     ``health`` objects of its /api/v1/snapshot): the HEALTH column shows them. Without them
     it shows this pass's own verdicts, and its title says they are from one pass.
+    ``replayed``: the node is the simulated one, its scenario played from its start for this
+    command (the node line says so: an agent running the same scenario is further on).
 
     Process names, pod, namespace and container names and Slurm fields are chosen by the
     node's users, and device names and errors come from the driver: every line is passed
@@ -271,7 +298,7 @@ def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None,
     """
     title = "HEALTH" if verdicts is not None else "HEALTH (1 PASS)"
     width = max(10, len(title))
-    lines = [f"node {snap.node}",
+    lines = [f"node {snap.node}" + (f" ({REPLAYED})" if replayed else ""),
              f"{'GPU':<4} {'MODEL':<28} {'UTIL':>5} {'MEMORY GiB':>14} {'POWER W':>8}  {title:<{width}} PROCESSES",
              f"       {'PID':<12} {'COMMAND':<16} {'MEMORY':>10}  {'SM':>7}  OWNER"]
     by_device: dict[str, list[Any]] = {}
@@ -282,6 +309,8 @@ def format_table(snap: Any, gpm: Mapping[tuple[int, str], str] | None = None,
         gpu = f"{d.index}" + (f"/{d.gpu_instance}" if d.gpu_instance else "")
         if not d.up:
             lines.append(f"{gpu:<4} {d.model[:28]:<28} DOWN: {d.error}")
+            lines += [f"       was on it when it went down: {describe_owner(u.workload)}"
+                      for u in snap.workloads if u.stranded and u.device_key == d.key]
             continue
         util = "-" if d.utilization is None else f"{d.utilization * 100:.0f}%"
         mem = f"{_gib(d.memory_used_bytes)}/{_gib(d.memory_total_bytes)}"
@@ -312,8 +341,9 @@ BUSY_SM = 0.5
 
 def format_attention(doc: Mapping[str, Any]) -> str:
     """What needs a look, as on the page: GPUs not healthy (their reasons and the action),
-    GPUs down, memory held at 0% SM, GPUs allocated
-    but unused, and GPUs busy without tensor-core work (where GPM has a sample).
+    GPUs down, memory held at 0% SM, GPUs allocated but unused, GPUs stalled (the node's
+    agent's word) or busy with no work in this pass, and GPUs busy without tensor-core work
+    (where GPM has a sample).
 
     A snapshot is one or two passes: memory held at 0% SM is what this pass saw (the page
     calls it a zombie after three passes, the ``GPUZombieWorkload`` alert after an hour).
@@ -335,6 +365,12 @@ def format_attention(doc: Mapping[str, Any]) -> str:
                              f"{name} at 0% SM in this pass")
             if w.get("allocated_unused"):
                 items.append(f"allocated, unused: {w.get('owner', '')} has {name} allocated and runs nothing on it")
+        stall = gpu.get("stall") or {}
+        if stall.get("state") == "stalled" and stall.get("headline"):
+            items.append(f"stalled: {stall['headline']}")
+        elif stall.get("state") in ("signature", "matching"):
+            items.append(f"busy with no work in this pass: {name} ({signals_text(stall.get('signals') or {})}); the "
+                         "node's agent calls it stalled once it lasts --stall-after (docs/TRAINING.md)")
         gpm = gpu.get("gpm") or {}
         sm, tensor = gpm.get("sm_active"), gpm.get("tensor_active")
         if sm is not None and tensor is not None and sm >= BUSY_SM and tensor == 0:

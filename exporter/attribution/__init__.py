@@ -135,9 +135,9 @@ def _simulated(scenario: SimulatedNode, allocations: bool = True) -> Attributor:
     index = PodIndex()
     source = StaticPodSource(index, scenario_pods(scenario.processes, scenario.allocations))
     return ProcAttributor(root, index, source, on_close=lambda: shutil.rmtree(root, ignore_errors=True),
-                          allocation_source=StaticAllocationSource(scenario_allocations(scenario),
-                                                                   scenario_allocatable(scenario))
-                          if allocations else None)
+                     allocation_source=StaticAllocationSource(scenario_allocations(scenario),
+                                                              scenario_allocatable(scenario))
+                     if allocations else None)
 
 
 def _pod_watcher(args: argparse.Namespace, node: str, index: Any) -> Any:

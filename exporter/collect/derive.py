@@ -46,7 +46,7 @@ from operator import is_
 from typing import Mapping, NamedTuple, Sequence
 
 from exporter.collect.splits import EnergyWeights, advance_energy, energy_weights, split_energy_by, split_time
-from exporter.core.labels import Labeller, default_labeller, device_label_values, workload_id_values
+from exporter.core.labels import Labeller, default_labeller, device_label_values, workload_key
 from exporter.core.model import (
     UNKNOWN,
     AllocationRow,
@@ -80,6 +80,7 @@ class WorkloadCounters(NamedTuple):
     idle_since: float | None = None
     last_seen: float = 0.0
     workload: Workload = UNKNOWN
+    stranded: bool = False  # on the GPU in its last pass up, before it went down
 
 
 _NO_COUNTERS = WorkloadCounters()  # a workload's counters before its first pass
@@ -186,7 +187,7 @@ class Derived:
 class _Pass:
     """What one pass looks up more than once: label values and workloads by owner object.
 
-    A workload's identity (`workload_id_values`) names one `Workload` per pass: the owner
+    A workload's identity (`workload_key`) names one `Workload` per pass: the owner
     of its first process on the node (devices in order), so every GPU's usage of it
     carries the same object (a Slurm job's step is the one it first runs on the node); a
     container allocated a GPU it runs nothing on, and no process before, is its
@@ -236,8 +237,8 @@ class _Pass:
         """The pass's one `Workload` with the owner's identity. Ask for process owners
         (``runs``) in process order, devices in order: the first one asked for is it."""
         if runs:
-            return self._workloads.setdefault(workload_id_values(owner), owner)
-        return self._workloads.get(workload_id_values(owner), owner)
+            return self._workloads.setdefault(workload_key(owner), owner)
+        return self._workloads.get(workload_key(owner), owner)
 
 
 class HolderShare(NamedTuple):
@@ -469,11 +470,14 @@ def advance_workload(old: WorkloadCounters, share: HolderShare, device_key: str,
 
 
 def expire_workloads(counters: dict[WorkloadKey, WorkloadCounters], seen: set[WorkloadKey], now: float,
-                     grace_seconds: float) -> list[WorkloadUsage]:
+                     grace_seconds: float, down: frozenset[str] = frozenset(),
+                     last_now: float | None = None) -> list[WorkloadUsage]:
     """Vanished workloads: their counters stay exported for the grace period, then go.
 
     Removes the expired ones from ``counters`` and clears the others' idle timers; returns
-    the usages (``present=False``) of those still kept.
+    the usages (``present=False``) of those still kept. On a GPU that is ``down``, those seen
+    in the pass before (``last_now``: the GPU's last pass up) are its last holders
+    (``stranded``), for as long as they are kept.
     """
     kept: list[WorkloadUsage] = []
     for wkey, old in list(counters.items()):
@@ -482,13 +486,15 @@ def expire_workloads(counters: dict[WorkloadKey, WorkloadCounters], seen: set[Wo
         if now - old.last_seen > grace_seconds:
             del counters[wkey]
             continue
+        on_down_gpu = wkey[0] in down
+        stranded = on_down_gpu and (old.stranded or old.last_seen == last_now)
         kept.append(WorkloadUsage(
             device_key=wkey[0], workload=old.workload, labels=wkey[1], memory_used_bytes=0, utilization=None,
             processes=0, idle_seconds=0.0, usage_seconds_total=old.usage_seconds,
             allocation_seconds_total=old.allocation_seconds, energy_joules_total=old.energy_joules,
-            present=False,
+            present=False, stranded=stranded,
         ))
-        counters[wkey] = old._replace(idle_since=None)
+        counters[wkey] = old._replace(idle_since=None, stranded=stranded)
     return kept
 
 
@@ -554,12 +560,14 @@ def step(
     unattributed: list[Unattributed] = []
     unattributed_count = 0
     seen: set[WorkloadKey] = set()
+    down: set[str] = set()
     for device in devices:
         key = device.key
         delta = ledger.advance_energy(device, dt)
         device_seconds = max(0.0, device.capacity) * dt
         if not device.up:
             # Nobody can be told to hold a GPU the agent cannot read: its time is unallocated.
+            down.add(key)
             ledger.add_time(key, device_seconds, device_seconds)
             unattributed.append(ledger.unattributed(key, None, 0, 0.0))
             continue
@@ -572,7 +580,7 @@ def step(
             seen.add(wkey)
             counters[wkey], usage = advance_workload(counters.get(wkey, _NO_COUNTERS), share, key, now, dt)
             usages.append(usage)
-    usages += expire_workloads(counters, seen, now, grace_seconds)
+    usages += expire_workloads(counters, seen, now, grace_seconds, frozenset(down), state.last_now)
     new_state = DeriveState(now, ledger.energy_raw, ledger.energy_total, ledger.unattributed_energy, counters,
                             ledger.capacity, ledger.unallocated, ctx.layouts)
     return new_state, Derived(dict(ledger.energy_total), tuple(usages), tuple(unattributed), unattributed_count,

@@ -327,6 +327,9 @@ class WorkloadUsage:
         sole_owner: every process on the GPU is this workload's (no other workload's, none
             unattributed) and the GPU is up: device-wide values (GPM) are then its own and
             carry its labels. Decided once per pass, where the processes are grouped.
+        stranded: the GPU is down and this workload was on it in the GPU's last pass up
+            (``present`` is False: nobody can read its processes there): the GPU's last
+            holders, kept for the grace period like any workload no pass sees.
     """
 
     device_key: str
@@ -342,18 +345,19 @@ class WorkloadUsage:
     present: bool = True
     allocated: bool | None = None
     sole_owner: bool = False
+    stranded: bool = False
 
     def __init__(self, device_key: str, workload: Workload, labels: tuple[str, ...], memory_used_bytes: int | None,
                  utilization: float | None, processes: int, idle_seconds: float | None,
                  usage_seconds_total: float | None, allocation_seconds_total: float,
                  energy_joules_total: float | None, present: bool = True, allocated: bool | None = None,
-                 sole_owner: bool = False):
+                 sole_owner: bool = False, stranded: bool = False):
         _set(self, "__dict__", {
             "device_key": device_key, "workload": workload, "labels": labels, "memory_used_bytes": memory_used_bytes,
             "utilization": utilization, "processes": processes, "idle_seconds": idle_seconds,
             "usage_seconds_total": usage_seconds_total, "allocation_seconds_total": allocation_seconds_total,
             "energy_joules_total": energy_joules_total, "present": present, "allocated": allocated,
-            "sole_owner": sole_owner})
+            "sole_owner": sole_owner, "stranded": stranded})
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,6 @@ import os
 import re
 import stat
 from dataclasses import dataclass
-from typing import Any
 
 from exporter.core.escape import for_terminal
 
@@ -474,41 +473,3 @@ def _stat_path(path: str) -> os.stat_result | None:
         return os.stat(path)
     except OSError:
         return None
-
-
-def open_kernel_log(spec: str, from_start: bool = False) -> Any:
-    """The kernel log ``--kernel-log`` names: ``auto``, ``off``, ``journal[:DIR]`` or a path.
-
-    ``auto`` tries ``/dev/kmsg``, then the host's journal (`journal.JournalKernelLog`:
-    ``/var/log/journal`` and ``/run/log/journal``), then runs without, and logs once at
-    info which it uses (and why not the others: the Xids then come from NVML, without the
-    process); ``off`` is None; ``journal`` reads the journal's default directories and
-    ``journal:DIR`` the one named; a path is a device or a file (`KernelLog`).
-
-    Raises:
-        KernelLogUnavailable: the source named cannot be read (the message says why).
-    """
-    if spec == "off":
-        return None
-    if spec == "auto":
-        from exporter.incidents.journal import JournalKernelLog
-
-        reasons = []
-        for name, opener in ((DEV_KMSG, lambda: KernelLog(DEV_KMSG, from_start=from_start)),
-                             ("the journal", lambda: JournalKernelLog(None, from_start=from_start))):
-            try:
-                source = opener()
-            except KernelLogUnavailable as exc:
-                reasons.append(str(exc))
-                continue
-            where = name if name == source.path else f"{name} ({source.path})"
-            log.info("--kernel-log auto: reading the kernel log from %s", where)
-            return source
-        log.info("--kernel-log auto: %s; Xid events come from NVML only, without the process that raised "
-                 "them", "; ".join(reasons))
-        return None
-    if spec == "journal" or spec.startswith("journal:"):
-        from exporter.incidents.journal import JournalKernelLog
-
-        return JournalKernelLog(spec.partition(":")[2] or None, from_start=from_start)
-    return KernelLog(spec, from_start=from_start)

@@ -23,6 +23,7 @@ class ScenarioKernelLog:
 
     def __init__(self, node: SimulatedBackend):
         self._node = node
+        self.path = f"the simulated node's scenario ({node.node_name()})"  # what ``--kernel-log auto`` says it reads
         self._next = 0  # how many of the node's lines have been read
         self._counts = {"read": 0, "xid": 0}
 

@@ -4,8 +4,7 @@ Everything else derives from this table: each row carries what renders it (its e
 `exporter.output.extract`), so `render` builds the families from the rows alone; the OTLP
 bridge takes units and attribute names from it, the DCGM schema the fields it serves from a
 family's series, and ``docs/METRICS.md`` is generated from it (``python -m
-exporter.output.catalogue > docs/METRICS.md``, by `exporter.output.metrics_doc`; a test fails
-when the doc drifts). Adding a family is adding its row (a health family's row is in
+exporter.output.metrics_doc > docs/METRICS.md``; a test fails when the doc drifts). Adding a family is adding its row (a health family's row is in
 `exporter.output.catalogue_health`).
 
 Names follow the Prometheus conventions: base units in the name (``_bytes``, ``_watts``,
@@ -62,6 +61,8 @@ __all__ = [
 
 # The incident watch registers these families itself: it follows the published snapshots.
 _WATCH = "exporter.incidents.watch"
+# The stall watch registers these: it follows the published snapshots too.
+_STALL = "exporter.stall.watch"
 
 D = DEVICE_LABELS
 W = WORKLOAD_LABELS
@@ -325,6 +326,20 @@ METRICS: tuple[MetricSpec, ...] = (
                D, DEVICE, registered_by=_WATCH, detail=True,
                cost="off by default: each workload's container_gpu_memory_peak_bytes (which GPUMemoryGrowthToOOM "
                     "reads) is kept; `--detail` or `--enable-metric` serves the device's."),
+    MetricSpec("gpu_stalled", GAUGE, "",
+               "1 while the GPU is stalled: busy with no work (a kernel resident, no tensor or DRAM activity, no "
+               "PCIe or NVLink traffic, power far under its limit, clocks not held down) for --stall-after, as a "
+               "training job's wedged collective looks (docs/TRAINING.md); 0 for every other GPU the agent reads. "
+               "Absent with --stall-after off.",
+               D, DEVICE, registered_by=_STALL),
+    MetricSpec("gpu_stalled_seconds_total", COUNTER, "seconds",
+               "Seconds the GPU spent in stalls, each counted from when its signature began once it is declared "
+               "(so a stall adds --stall-after at once, then one second per second).",
+               D, DEVICE, registered_by=_STALL),
+    MetricSpec("container_gpu_stalled", GAUGE, "",
+               "1 while the GPU this workload holds is stalled (gpu_stalled), else 0: count a training job's "
+               "stalled ranks by its workload labels.",
+               W, WORKLOAD, registered_by=_STALL),
     MetricSpec("l9gpu_kernel_log_records_total", COUNTER, "",
                "Kernel log records read with --kernel-log, by outcome: read, xid (an NVIDIA Xid line), "
                "overwritten (lost before they were read), malformed, truncated.",
@@ -390,6 +405,5 @@ def detailed_names(detail: bool = False, names: Iterable[str] = ()) -> frozenset
 
 
 if __name__ == "__main__":
-    from exporter.output.metrics_doc import markdown
-
-    sys.stdout.write(markdown())
+    # the doc is rendered by the module that reads this table (which would import it again)
+    sys.exit("l9gpu: docs/METRICS.md is written by `python -m exporter.output.metrics_doc > docs/METRICS.md`")

@@ -17,21 +17,27 @@ import dataclasses
 import platform
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping, Protocol
 
 from exporter import __version__
-from exporter.core.labels import device_label_values, workload_id_values
+from exporter.core.labels import device_label_values, training_values, workload_id_values
 from exporter.core.model import DeviceSample, ProcessRow, Snapshot, Unattributed, WorkloadUsage
-
-if TYPE_CHECKING:
-    from exporter.output.spec import MetricSpec
 
 Labels = tuple[str, ...]
 Row = tuple[Labels, float]
 # (the pass, the family's row) -> (label values, value) of each series
-Extractor = Callable[["Frame", "MetricSpec"], Iterable[Row]]
+Extractor = Callable[["Frame", "FamilySpec"], Iterable[Row]]
 # (the snapshot, one device) -> (label values after the device's, value) of each series
 DeviceRows = Callable[[Snapshot, DeviceSample], Iterable[Row]]
+
+
+class FamilySpec(Protocol):
+    """What an extractor reads of its family's row (`exporter.output.spec.MetricSpec` is one;
+    the row names its extractor, so the extractor knows the row only by this shape)."""
+
+    @property
+    def is_counter(self) -> bool:
+        """Whether the family is a counter."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ class PerDevice:
     def __init__(self, read: DeviceRows):
         self.read = read
 
-    def __call__(self, frame: Frame, spec: MetricSpec) -> Iterator[Row]:
+    def __call__(self, frame: Frame, spec: FamilySpec) -> Iterator[Row]:
         snapshot, dev_labels = frame.snapshot, frame.dev_labels
         for device in snapshot.devices:
             labels = dev_labels[device.key]
@@ -143,7 +149,7 @@ def by_device(values: Callable[[Snapshot], Mapping[str, float]]) -> PerDevice:
     return PerDevice(read)
 
 
-def stuck_calls(frame: Frame, spec: MetricSpec) -> Iterator[Row]:
+def stuck_calls(frame: Frame, spec: FamilySpec) -> Iterator[Row]:
     """Per device left unread by a stuck call, how long the call has waited, labelled with it."""
     for stuck in frame.snapshot.stuck:
         seconds = max(stuck.seconds, frame.now - stuck.since)
@@ -158,7 +164,7 @@ def workload(attribute: str) -> Extractor:
     (kept for the grace period) keeps only its counters."""
     _checked(WorkloadUsage, attribute)
 
-    def extract(frame: Frame, spec: MetricSpec) -> Iterator[Row]:
+    def extract(frame: Frame, spec: FamilySpec) -> Iterator[Row]:
         counter = spec.is_counter
         for usage in frame.snapshot.workloads:
             if usage.present or counter:
@@ -174,7 +180,7 @@ def sole_workload_gpm(key: str) -> Extractor:
     workload's labels. On a shared GPU a device-wide value cannot be split by process, so
     no workload gets it."""
 
-    def extract(frame: Frame, spec: MetricSpec) -> Iterator[Row]:
+    def extract(frame: Frame, spec: FamilySpec) -> Iterator[Row]:
         for usage in frame.sole_workloads:
             sample = frame.devices.get(usage.device_key)
             if sample is not None and sample.up:
@@ -189,7 +195,7 @@ def unattributed(attribute: str) -> Extractor:
     """An `Unattributed` attribute of each GPU: what belongs to no workload there."""
     _checked(Unattributed, attribute)
 
-    def extract(frame: Frame, spec: MetricSpec) -> Iterator[Row]:
+    def extract(frame: Frame, spec: FamilySpec) -> Iterator[Row]:
         for rest in frame.snapshot.unattributed:
             value = number(getattr(rest, attribute))
             if value is not None and rest.device_key in frame.dev_labels:
@@ -199,14 +205,17 @@ def unattributed(attribute: str) -> Extractor:
 
 
 def process(attribute: str) -> Extractor:
-    """A `ProcessRow` attribute of each GPU process, labelled with its GPU, workload, PID and name."""
+    """A `ProcessRow` attribute of each GPU process, labelled with its GPU, workload, PID and name
+    (and its training job and rank where set)."""
     _checked(ProcessRow, attribute)
 
-    def extract(frame: Frame, spec: MetricSpec) -> Iterator[Row]:
+    def extract(frame: Frame, spec: FamilySpec) -> Iterator[Row]:
         for row in frame.snapshot.processes:
             value = number(getattr(row, attribute))
             if value is not None and row.device_key in frame.dev_labels:
-                labels = frame.dev_labels[row.device_key] + workload_id_values(row.workload) + (str(row.pid), row.comm)
+                workload = row.workload
+                labels = (frame.dev_labels[row.device_key] + workload_id_values(workload) + (str(row.pid), row.comm)
+                          + training_values(workload))
                 yield labels, value
 
     return extract
@@ -216,7 +225,7 @@ def node_info(key: str, default: float | None = None) -> Extractor:
     """A number the pass counted about the node (`Snapshot.info`), labelled with the node;
     ``default`` where the pass did not count it (None: no series)."""
 
-    def extract(frame: Frame, spec: MetricSpec) -> Iterator[Row]:
+    def extract(frame: Frame, spec: FamilySpec) -> Iterator[Row]:
         value = frame.snapshot.info.get(key, default)
         if value is not None:
             yield (frame.snapshot.node,), float(value)
@@ -224,11 +233,11 @@ def node_info(key: str, default: float | None = None) -> Extractor:
     return extract
 
 
-def snapshot_age(frame: Frame, spec: MetricSpec) -> Iterator[Row]:
+def snapshot_age(frame: Frame, spec: FamilySpec) -> Iterator[Row]:
     """How old the snapshot a scrape serves is, in seconds (never negative)."""
     yield (), max(0.0, frame.now - frame.snapshot.timestamp)
 
 
-def build_info(frame: Frame, spec: MetricSpec) -> Iterator[Row]:
+def build_info(frame: Frame, spec: FamilySpec) -> Iterator[Row]:
     """The agent's version and Python's, value 1."""
     yield (__version__, platform.python_version()), 1.0

@@ -215,7 +215,7 @@ async def _ticking(work: Any, progress: Progress) -> Any:
 def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, period: tuple[int, int, int],
              progress: Progress) -> dict[str, Any]:
     """Fetch the period's counters and summarise them (the report as a document); notes on stderr."""
-    from exporter.report import carbon, compute, rules, summary
+    from exporter.report import carbon, compute, fetch, rules, summary
     from exporter.report.prices import PricesError
     from exporter.report.prom import Prometheus, PrometheusError
 
@@ -256,8 +256,8 @@ def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, p
                 if args.source == "rules":
                     raise PrometheusError("--source rules: Prometheus has no chargeback recording rules in this "
                                           "period (load alerts/l9gpu-chargeback.rules.yaml, or use --source raw)")
-            fetched = await _ticking(compute.fetch(prom, start_ms, end_ms, step_s * 1000, args.selector.strip(),
-                                                   engines, progress, group_by), progress)
+            fetched = await _ticking(fetch.fetch(prom, start_ms, end_ms, step_s * 1000, args.selector.strip(),
+                                                 engines, progress, group_by), progress)
             return fetched, await intensity(prom), prom
 
     began = time.perf_counter()

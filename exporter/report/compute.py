@@ -25,7 +25,7 @@ How it is computed without downloading every sample:
    for the nodes concerned) and summed sample by sample.
 
 `bucket_increments` is that rule, as a pure function the tests hold against hand-made
-sample lists; `fetch` runs the queries.
+sample lists; `exporter.report.fetch.fetch` runs the queries.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, MutableSequence, Sequence
 
-from exporter.report.progress import Progress
 from exporter.report.prom import Prometheus, all_of
 
 # What the report reads: key -> (family, scale to the report's unit).
@@ -67,7 +66,7 @@ SeriesKey = tuple[tuple[str, str], ...]
 # Labels that belong to a workload, not to its GPU: a workload series' labels without them
 # are its GPU's (node, gpu, uuid, model, gpu_instance and the scrape's own labels).
 WORKLOAD_LABELS = frozenset(("namespace", "pod", "container", "pod_uid", "slurm_job_id", "owner_kind", "owner_name",
-                             "slurm_user", "slurm_account"))
+                             "slurm_user", "slurm_account", "training_job", "training_rank"))
 
 
 def choose_step(seconds: float) -> int:
@@ -325,7 +324,7 @@ class ModelTokens:
 
 @dataclass
 class Fetched:
-    """What `fetch` read: the grid, the workload series and the GPU (device) series; with
+    """What `exporter.report.fetch.fetch` read: the grid, the workload series and the GPU (device) series; with
     engines, the tokens each workload served per model and the seconds per step in which a
     workload held GPUs and served no token (`IDLE_RESOLUTION_S` intervals)."""
 
@@ -336,7 +335,7 @@ class Fetched:
     tokens: list[ModelTokens] = field(default_factory=list)
     idle: dict[tuple[str, str], MutableSequence[float]] = field(default_factory=dict)
     unjoined: int = 0  # engine series without a pod label: no workload to join them with
-    steps: list[SeriesTotals] | None = None         # per group, per step (see `fetch`)
+    steps: list[SeriesTotals] | None = None         # per group, per step (see `fetch.fetch`)
     device_steps: list[SeriesTotals] | None = None  # per GPU group, per step
 
 
@@ -498,87 +497,7 @@ def _rows(counters: dict[str, tuple[str, float]], results: list[dict[SeriesKey, 
     return _series_rows(zip(counters, results))
 
 
-def _totals(counters: Sequence[str], results: Sequence[Any]) -> list[SeriesTotals]:
-    """Per-series period totals as one-step `SeriesTotals` (what `summary` sums per group)."""
-    return _series_rows((name, {key: [total] for key, total in result.totals.items()})
-                        for name, result in zip(counters, results))
-
-
-def _group_rows(counters: Sequence[str], results: Sequence[Any]) -> list[SeriesTotals]:
-    """Per-group per-step increases as `SeriesTotals` labelled with the group's labels."""
-    return _series_rows((name, result.steps) for name, result in zip(counters, results))
-
-
-# What `fetch` needs per step when the server sums by group: the timeline's cost and the
+# What `exporter.report.fetch.fetch` needs per step when the server sums by group: the timeline's cost and the
 # carbon figures (allocated time and energy), and what nobody held.
 STEP_COUNTERS = ("allocated", "energy")
 DEVICE_STEP_COUNTERS = ("unallocated",)
-
-
-async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, selector: str = "",
-                engines: Sequence[Any] = (), progress: Progress | None = None,
-                group_by: Sequence[str] = ("namespace", "model")) -> Fetched:
-    """Every workload series with its increase of every counter in `COUNTERS`, and every
-    GPU series with those of `DEVICE_COUNTERS`; with ``engines``
-    (`exporter.inference.engines.Engine`), their token counters, read the same way, and
-    the idle intervals of the workloads that hold GPUs. ``progress`` is told the phase.
-
-    Without engines the server does the arithmetic (`exporter.report.aggregate`): the
-    series carry their period totals (one step), and `Fetched.steps` /
-    `Fetched.device_steps` the increases per step summed by ``group_by`` (the report's
-    grouping and the labels its prices and carbon intensity depend on). With engines each
-    workload series is read per step (the split between models is per step and per pod)."""
-    from exporter.report import aggregate
-
-    progress = progress or Progress()
-    progress.phase("reading counters and idle intervals" if engines else "reading counters")
-    grid = Grid(start_ms, end_ms, step_ms)
-    stats = FetchStats()
-    if not engines:
-        gpu_keys = [k for k in group_by if k not in WORKLOAD_LABELS and not k.startswith("label_")]
-        keys: dict[SeriesKey, SeriesKey] = {}
-        sums = [aggregate.increases(prom, family, grid, selector, group_by if key in STEP_COUNTERS else None, stats,
-                                    keys) for key, (family, _) in COUNTERS.items()]
-        sums += [aggregate.increases(prom, family, grid, selector,
-                                     gpu_keys if key in DEVICE_STEP_COUNTERS else None, stats, keys)
-                 for key, (family, _) in DEVICE_COUNTERS.items()]
-        results = await all_of(*sums)
-        series = _totals(list(COUNTERS), results[:len(COUNTERS)])
-        devices = _totals(list(DEVICE_COUNTERS), results[len(COUNTERS):])
-        fetched = Fetched(grid, series, devices, stats, steps=_group_rows(list(COUNTERS), results[:len(COUNTERS)]),
-                          device_steps=_group_rows(list(DEVICE_COUNTERS), results[len(COUNTERS):]))
-        stats.queries = prom.queries
-        stats.series = len(series)
-        return fetched
-    families = [family for family, _ in COUNTERS.values()]
-    candidates = token_candidates(engines)
-
-    keys = {}
-    at_once = asyncio.Semaphore(VALUE_ANSWERS_AT_ONCE)
-
-    async def tokens_then_idle() -> tuple[list[Any], dict[tuple[str, str], MutableSequence[float]]]:
-        # the tokens first: the idle intervals are asked for only where tokens were served
-        token_results = await all_of(*[_counter(prom, text, grid, selector, stats, keys, at_once)
-                                       for _, _, _, text in candidates])
-        used = [text for (_, _, _, text), result in zip(candidates, token_results) if result]
-        pods = sorted({dict(key).get("pod", "") for result in token_results for key in result} - {""})
-        if not used or not pods:
-            return token_results, {}
-        return token_results, await _idle(prom, grid, idle_expression(used, pods, selector))
-
-    work: list[Any] = [tokens_then_idle()]
-    work += [_counter(prom, family, grid, selector, stats, keys, at_once) for family in families]
-    work += [aggregate.increases(prom, family, grid, selector, None, stats, keys)
-             for family, _ in DEVICE_COUNTERS.values()]
-    answers = await all_of(*work)
-    token_results, idle = answers[0]
-    results = answers[1:1 + len(families)]
-    series = _rows(COUNTERS, results)
-    devices = _totals(list(DEVICE_COUNTERS), answers[1 + len(families):])
-    fetched = Fetched(grid, series, devices, stats)
-    fetched.tokens, fetched.unjoined = model_tokens(
-        [(e, label, f, r) for (e, label, f, _), r in zip(candidates, token_results)], len(grid.bounds) - 1)
-    fetched.idle = idle
-    stats.queries = prom.queries
-    stats.series = len(series)
-    return fetched

@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 
 class Progress:
-    """Progress that shows nothing: the default of `Prometheus` and `compute.fetch`."""
+    """Progress that shows nothing: the default of `Prometheus` and `fetch.fetch`."""
 
     def phase(self, name: str) -> None:
         """What the report is doing now (shown until the next phase)."""

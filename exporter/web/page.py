@@ -73,17 +73,24 @@ def _gpu_name(gpu: Mapping[str, Any]) -> str:
 
 
 def _who(w: Mapping[str, Any]) -> str:
-    """The workload's name, namespace muted and pod emphasised (searchable as one string)."""
+    """The workload's name, namespace muted and pod emphasised (searchable as one string),
+    with the training job and rank it is where it is one."""
     if w.get("kind") == "slurm":
         text = f"Slurm job <b>{_e(w.get('slurm_job_id', ''))}</b>"
         if w.get("slurm_step"):
             text += f" step {_e(w['slurm_step'])}"
+        if w.get("training_rank"):
+            text += f' <span class="job">rank <b>{_e(w["training_rank"])}</b></span>'
         if w.get("slurm_user"):
             text += f" ({_e(w['slurm_user'])})"
         return text
     if w.get("pod"):
         parts = f'<span class="ns">{_e(w.get("namespace", ""))}/</span><span class="pod">{_e(w["pod"])}</span>'
-        return parts + (f'<span class="ns">/</span>{_e(w["container"])}' if w.get("container") else "")
+        parts += f'<span class="ns">/</span><span class="ctr">{_e(w["container"])}</span>' if w.get("container") else ""
+        if w.get("training_job"):
+            rank = f', rank <b>{_e(w["training_rank"])}</b>' if w.get("training_rank") else ""
+            parts += f' <span class="job">(job <b>{_e(w["training_job"])}</b>{rank})</span>'
+        return parts
     return _e(w.get("owner") or w.get("kind") or "unknown")
 
 
@@ -96,7 +103,8 @@ def _details(w: Mapping[str, Any], comms: Mapping[int, str]) -> str:
     if w.get("owner_kind") and w.get("owner_name"):
         bits.append(f"{w['owner_kind']} {w['owner_name']}")
     bits += [f"{k}={v}" for k, v in (w.get("pod_labels") or {}).items() if v]
-    return f'<div class="sub">{_e(" · ".join(bits))}</div>' if bits else ""
+    return (f'<div class="sub">{" · ".join(f"<span class=bit>{_e(bit)}</span>" for bit in bits)}</div>'
+            if bits else "")
 
 
 def _allocated(value: Any) -> str:
@@ -180,8 +188,11 @@ def _gpu_card(gpu: Mapping[str, Any], interval: float) -> str:
             f'<span class="state">{"up" if gpu.get("up", True) else "down"}</span></h2>{why}')
     anchor = f'gpu-{_e(gpu.get("index", ""))}' + (f'-{_e(gpu["gpu_instance"])}' if gpu.get("gpu_instance") else "")
     if not gpu.get("up", True):
+        holders = gpu.get("last_holders") or ()
+        were = ('<p class="none">on it when it went down:</p><ul class="holders">'
+                + "".join(f'<li class="who">{_who(w)}</li>' for w in holders) + "</ul>") if holders else ""
         return (f'<section class="gpu down" id="{anchor}" data-uuid="{_e(gpu.get("uuid", ""))}">{head}'
-                f'<p class="error">{_e(gpu.get("error") or "not readable")}</p></section>')
+                f'<p class="error">{_e(gpu.get("error") or "not readable")}</p>{were}</section>')
     used, total = gpu.get("memory_used_bytes"), gpu.get("memory_total_bytes")
     mem_ratio = used / total if used is not None and total else None
     mem_text = f"{_bytes(used)} / {_bytes(total)}" if total else _bytes(used)
@@ -235,6 +246,7 @@ def _attention(gpus: Sequence[Mapping[str, Any]], interval: float,
         if not call.get("gpus"):  # a stuck GPU is listed above, down
             items.append(("bad", f"<b>{_e(call.get('what', ''))}</b>: stuck in {_e(call.get('call', ''))} for "
                                  f"{duration(call.get('seconds'))}"))
+    items += _stall_items(gpus)
     for gpu in gpus:
         for w in gpu.get("workloads") or ():
             if _is_zombie(w, interval):
@@ -246,9 +258,30 @@ def _attention(gpus: Sequence[Mapping[str, Any]], interval: float,
                 items.append(("warn", f'<b>allocated, unused</b>: {_who(w)} has {_e(_gpu_name(gpu))} allocated '
                                       f'and runs nothing on it (for {duration(w.get("idle_seconds"))})'))
     if not items:
-        items.append(("ok", "nothing needs attention: every GPU is up and healthy, no zombies, no unused "
-                            "allocations"))
+        items.append(("ok", "nothing needs attention: every GPU is up and healthy, no zombies, no stalls, no "
+                            "unused allocations"))
     return '<ul class="attention">' + "".join(f'<li class="{c}">{t}</li>' for c, t in items) + "</ul>"
+
+
+def with_stalls(doc: dict[str, Any], stalls: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, Any]:
+    """``doc`` with each GPU's ``stall`` object (`exporter.stall.watch.gpu_entry`) where ``stalls`` has one."""
+    for gpu in doc.get("gpus") or ():
+        entry = stalls.get((gpu.get("uuid", ""), gpu.get("gpu_instance", "")))
+        if entry is not None:
+            gpu["stall"] = dict(entry)
+    return doc
+
+
+def _stall_items(gpus: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """The banner's stalled GPUs: "GPU 5 busy with no work for 7m: batch/trainer-3 (job
+    llama-pretrain, rank worker-13)"."""
+    items = []
+    for gpu in gpus:
+        stall = gpu.get("stall") or {}
+        if stall.get("state") == "stalled" and stall.get("headline"):
+            items.append(("bad", f'<b>stalled</b>: <span class="stall" data-gpu="{_e(gpu.get("index", ""))}">'
+                                 f'{_e(stall["headline"])}</span>'))
+    return items
 
 
 def _workload_key(w: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -259,7 +292,9 @@ def _workload_key(w: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def _summary(gpus: Sequence[Mapping[str, Any]]) -> str:
     up = [g for g in gpus if g.get("up", True)]
-    workloads = len({_workload_key(w) for g in up for w in g.get("workloads") or ()})
+    # a down GPU's last holders count too: nobody can read their processes there, they are still on the node
+    workloads = len({_workload_key(w) for g in up for w in g.get("workloads") or ()}
+                    | {_workload_key(w) for g in gpus if not g.get("up", True) for w in g.get("last_holders") or ()})
     used = sum(g.get("memory_used_bytes") or 0 for g in up)
     total = sum(g.get("memory_total_bytes") or 0 for g in up)
     power = [g["power_watts"] for g in up if g.get("power_watts") is not None]
@@ -384,14 +419,18 @@ class SnapshotPages:
         incidents: the incidents for the "Incidents" panel, newest first.
         notes: what the agent cannot do beside its passes, one line each (read once per
             snapshot), listed first under "attention".
+        stalls: each GPU's ``stall`` object by (UUID, MIG instance) (`StallWatch.gpu_entries`),
+            read once per snapshot into the document; None leaves it out (``--stall-after off``).
     """
 
     def __init__(self, get_snapshot: Callable[[], Snapshot | None], node: str, interval: float = 1.0,
                  extra_label_names: Sequence[str] = (),
                  gpm_status: Callable[[], Mapping[tuple[int, str], str]] | None = None,
                  incidents: Callable[[], list[dict[str, Any]]] | None = None,
-                 notes: Callable[[], Sequence[str]] | None = None):
+                 notes: Callable[[], Sequence[str]] | None = None,
+                 stalls: Callable[[], Mapping[tuple[str, str], Mapping[str, Any]]] | None = None):
         self._get_snapshot = get_snapshot
+        self._stalls = stalls
         self._notes = notes
         self._incidents = incidents
         self._gpm_status = gpm_status
@@ -406,7 +445,10 @@ class SnapshotPages:
 
     def _document(self, snap: Snapshot) -> dict[str, Any]:
         if self._doc is None or self._doc[0] != snap.seq:
-            self._doc = (snap.seq, snapshot_document(snap, self.extra_label_names, self._read_gpm_status()))
+            doc = snapshot_document(snap, self.extra_label_names, self._read_gpm_status())
+            if self._stalls is not None:
+                with_stalls(doc, self._stalls())
+            self._doc = (snap.seq, doc)
         return self._doc[1]
 
     def _read_gpm_status(self) -> Mapping[tuple[int, str], str]:

@@ -38,6 +38,7 @@ wedged driver does.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -423,12 +424,21 @@ class FakeAmdSmi:
         return {"value": value, "page_address": 0x1000 * (value + 1), "page_size": 4096, "status": status}
 
     def __getattribute__(self, name: str) -> Any:
-        if name.startswith("amdsmi_"):
-            if name in object.__getattribute__(self, "library_lacks"):
-                raise AttributeError(name)
-            calls = object.__getattribute__(self, "calls")
+        value = object.__getattribute__(self, name)
+        if not name.startswith("amdsmi_"):
+            return value
+        if name in object.__getattribute__(self, "library_lacks"):
+            raise AttributeError(name)
+        if not callable(value):
+            return value
+        calls = object.__getattribute__(self, "calls")
+
+        @functools.wraps(value)
+        def counted(*args: Any, **kwargs: Any) -> Any:  # counted when called, not when looked up
             calls[name] = calls.get(name, 0) + 1
-        return object.__getattribute__(self, name)
+            return value(*args, **kwargs)
+
+        return counted
 
     # ---- processes ------------------------------------------------------------------
     def amdsmi_get_gpu_process_list(self, handle: FakeHandle) -> list:

@@ -26,7 +26,9 @@ never needs to know which vendor it shows:
   passes; on first sight it is None.
 
 "N/A" strings and the library's all-ones "not available" sentinels become None, never 0.
-A device whose every read fails comes back with ``up=False``; the others carry on.
+A read that answers NOT_SUPPORTED (a sensor the card lacks) is None and is not asked of that
+device again, as NVML's wrapper does (`exporter.devices.nvml.libnvml`). A device whose every
+read fails comes back with ``up=False``; the others carry on.
 """
 
 from __future__ import annotations
@@ -169,6 +171,8 @@ class AmdBackend(HealthReads, Backend):
         self._errors: dict[str, int] = {}
         self._logged: set[str] = set()
         self._own_pid = os.getpid()
+        # (device index, read) that answered NOT_SUPPORTED: never asked again (as `nvml.libnvml.Nvml`)
+        self._unsupported: set[tuple[int, str]] = set()
 
     # ---- lifecycle ------------------------------------------------------------------
     def open(self) -> None:
@@ -197,6 +201,7 @@ class AmdBackend(HealthReads, Backend):
             else:
                 lib.amdsmi_init()
             self._handles = list(lib.amdsmi_get_processor_handles())
+            self._unsupported.clear()  # a new enumeration: ask every device everything again
         except self._exception_types() as exc:
             raise BackendUnavailable(
                 f"amdsmi could not initialise ({_describe(exc)}); is the amdgpu driver "
@@ -276,7 +281,7 @@ class AmdBackend(HealthReads, Backend):
         static = self._static.get(index) or {}
         if not static.get("uuid"):
             static = self._static[index] = self._read_static(handle)
-        reads = _Reads(self)
+        reads = _Reads(self, index)
 
         activity = reads.get("activity", lib.amdsmi_get_gpu_activity, handle)
         used, total = self._memory(reads, handle)
@@ -471,23 +476,32 @@ class AmdBackend(HealthReads, Backend):
 
 
 class _Reads:
-    """One device's reads in one pass: unsupported -> None, failures remembered."""
+    """One device's reads in one pass: unsupported -> None (and not asked again of that
+    device, where ``index`` names it), failures remembered."""
 
-    def __init__(self, backend: AmdBackend):
+    def __init__(self, backend: AmdBackend, index: int | None = None):
         self.backend = backend
+        self.index = index
         self.failures: list[BaseException] = []
         self.successes = 0
         self._errors = backend._exception_types()
 
     def get(self, what: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
-        """Call ``fn(*args)``; None when the library lacks it or the card cannot say."""
+        """Call ``fn(*args)``; None when the library lacks it or the card cannot say (then,
+        for a device, from this pass on without asking: ``what`` names the read and its
+        arguments, e.g. ``temperature_edge``)."""
         if fn is None:
+            return None
+        unsupported = self.backend._unsupported
+        if self.index is not None and (self.index, what) in unsupported:
             return None
         try:
             value = fn(*args)
             check_abandoned()  # the pass gave up on this read while the call hung: stop here
         except self._errors as exc:
             if self.backend._is_unsupported(exc):
+                if self.index is not None:
+                    unsupported.add((self.index, what))
                 self.backend._log_once(f"unsupported:{what}", logging.DEBUG,
                                        "amd: %s is not supported here (%s)", what, _describe(exc))
                 return None

@@ -47,6 +47,13 @@ GRAPHICS_PERIOD = 5.0
 POWER_AVERAGING_SECONDS = 1.0
 
 
+def _saying(what: str, exc: BaseException) -> str:
+    """Why a device is down: NVML's text for the error, after ``what`` unless that text
+    already says it (NVML's text for GPU_IS_LOST is "GPU is lost")."""
+    text = str(exc)
+    return text if text.lower().startswith(what.lower()) else f"{what}: {text}"
+
+
 class NvmlState:
     """The NVML backend's state that its parts (`processes`, `mig`, `events`, `energy`)
     read and keep; `NvmlBackend.__init__` sets every attribute."""
@@ -71,9 +78,9 @@ class NvmlState:
     def _down(self, nvml: Nvml, exc: BaseException) -> DeviceDown:
         code = nvml.code(exc)
         if code == nvml.const("NVML_ERROR_GPU_IS_LOST", NVML_ERROR_GPU_IS_LOST):
-            return DeviceDown("gpu_lost", f"GPU is lost: {exc}")
+            return DeviceDown("gpu_lost", _saying("GPU is lost", exc))
         if code == nvml.const("NVML_ERROR_RESET_REQUIRED", NVML_ERROR_RESET_REQUIRED):
-            return DeviceDown("reset_required", f"GPU requires reset: {exc}")
+            return DeviceDown("reset_required", _saying("GPU requires reset", exc))
         return DeviceDown("device_error", f"NVML error {code}: {exc}")
 
     def _guard(self, nvml: Nvml, fn: Callable[..., Any], *args: Any) -> Any:
