@@ -173,6 +173,12 @@ def _gpu_health(b: Board) -> None:
         target(f"gpu_pcie_link_generation{{{DEV}}}", LEG),
         target(f"gpu_pcie_link_generation_max{{{DEV}}}", LEG + " max", ref="B")], "none",
         "Links train down at idle to save power: below max counts only while the GPU is busy."), 8, 7)
+    b.add(timeseries("Stalled: busy with no work", [
+        target(f"gpu_stalled{{{DEV}}}", LEG),
+        target(f"rate(gpu_stalled_seconds_total{{{DEV}}}[$__rate_interval])", LEG + " stalled time", ref="B")],
+        "none", "1 while a GPU is busy with no work for --stall-after (a kernel resident, no tensor, DRAM, PCIe or "
+        "NVLink activity, power far under its limit): a training job's wedged collective (docs/TRAINING.md); "
+        "the stalled time's rate is 1 while it lasts.", maximum=1), 8, 7)
     b.add(timeseries("Row remaps pending", [target(f"gpu_row_remap_pending{{{DEV}}}", LEG)], "none",
                      "1 while a memory row waits for a GPU reset (GPURowRemapPending).", maximum=1), 8, 7)
     b.add(timeseries("NVLink errors (rate)", [
