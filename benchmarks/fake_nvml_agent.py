@@ -13,7 +13,7 @@ agent's CPU and pass times are what a user pays on a real driver.
 
 Usage (what benchmarks/bench_agent.py runs)::
 
-    python benchmarks/fake_nvml_agent.py SCENARIO [--h200-costs] -- serve --listen 127.0.0.1:9900 ...
+    python benchmarks/fake_nvml_agent.py SCENARIO [--h200-costs] [--nvlinks 18] -- serve --listen 127.0.0.1:9900 ...
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ sys.path.insert(0, str(REPO / "tests"))
 GiB = 2**30
 
 
-def fake_node(scenario: Any, h200_costs: bool) -> Any:
-    """A FakeNvml with the scenario's GPUs and processes, answering like an H200."""
+def fake_node(scenario: Any, h200_costs: bool, nvlinks: int = 0) -> Any:
+    """A FakeNvml with the scenario's GPUs and processes, answering like an H200 (with
+    ``nvlinks`` NVLinks each, all up and clean, as on an HGX board; none: a PCIe card)."""
     from fakes import pynvml_fake as F
 
     gpus = []
@@ -43,13 +44,14 @@ def fake_node(scenario: Any, h200_costs: bool) -> Any:
             unsupported={"nvmlDeviceGetFanSpeed"}, mig_capable=True,
             processes=[F.FakeProcess(pid=p.pid, used_memory=int(p.memory(0.0))) for p in procs],
             live_sm={p.pid: int(round(100 * p.utilization(0.0))) for p in procs},
+            nvlinks=[F.FakeNvLink() for _ in range(nvlinks)],
         ))
     fake = F.FakeNvml(gpus, driver_version="580.159.04", costs=F.H200_COSTS if h200_costs else None)
     fake.record_calls = False  # a long run: keep no call log
     return fake
 
 
-def install(scenario_path: str, h200_costs: bool, real_proc_checks: bool = True) -> None:
+def install(scenario_path: str, h200_costs: bool, real_proc_checks: bool = True, nvlinks: int = 0) -> None:
     """Make ``import pynvml`` give the fake node and attribution see the scenario's pods.
 
     ``real_proc_checks``: check cached processes as the agent does on a real /proc rather
@@ -64,7 +66,7 @@ def install(scenario_path: str, h200_costs: bool, real_proc_checks: bool = True)
     from exporter.devices.simulated.backend import load_scenario
 
     scenario = load_scenario(scenario_path)
-    sys.modules["pynvml"] = fake_node(scenario, h200_costs)
+    sys.modules["pynvml"] = fake_node(scenario, h200_costs, nvlinks)
     wiring.simulated_scenario = lambda backends: scenario  # the NVML fake's processes are the scenario's
     if real_proc_checks:
         plain_init = procfs.ProcCache.__init__
@@ -87,11 +89,13 @@ def main(argv: list[str] | None = None) -> int:
                                      usage="%(prog)s SCENARIO [--h200-costs] -- L9GPU_ARGS...")
     parser.add_argument("scenario")
     parser.add_argument("--h200-costs", action="store_true", help="charge every NVML call its H200 cost")
+    parser.add_argument("--nvlinks", type=int, default=0, metavar="N",
+                        help="give each GPU N NVLinks, up and clean (an HGX H100 or H200 has 18)")
     parser.add_argument("--proc-checks-by-path", action="store_true",
                         help="check cached processes by path every pass (as on a fixture tree) instead of as on "
                              "a real /proc")
     opts = parser.parse_args(own)
-    install(opts.scenario, opts.h200_costs, real_proc_checks=not opts.proc_checks_by_path)
+    install(opts.scenario, opts.h200_costs, real_proc_checks=not opts.proc_checks_by_path, nvlinks=opts.nvlinks)
     from exporter.app.cli import main as l9gpu_main
 
     return l9gpu_main(rest + ["--backend", "nvml"])

@@ -57,11 +57,10 @@ def _utilisation_and_memory(b: Board) -> None:
     b.add(timeseries("Memory controller utilisation", [target(f"gpu_memory_utilization_ratio{{{DEV}}}", LEG)],
                      "percentunit", "Fraction of time device memory was read or written.", maximum=1), 12, 8)
     b.add(timeseries("Memory used", [target(f"gpu_memory_used_bytes{{{DEV}}}", LEG),
-                                     target(f"gpu_memory_total_bytes{{{DEV}}}", LEG + " total", ref="B"),
-                                     target(f"gpu_memory_peak_bytes{{{DEV}}}", LEG + " peak", ref="C")],
-                     "bytes", "The peak is the most in use over the agent's --peak-window (30 s): a spike between "
-                     "two scrapes.", overrides=[by_regexp(".* (total|peak)", custom__lineStyle=DASHED,
-                                                          custom__fillOpacity=0)]), 12, 8)
+                                     target(f"gpu_memory_total_bytes{{{DEV}}}", LEG + " total", ref="B")],
+                     "bytes", "Device memory in use and the total; the most in use between two scrapes is in "
+                     "\"Memory peak\" under Detail (--detail).",
+                     overrides=[by_regexp(".* total", custom__lineStyle=DASHED, custom__fillOpacity=0)]), 12, 8)
     b.add(bargauge("Memory used / total",
                    [target(f"gpu_memory_used_bytes{{{DEV}}} / gpu_memory_total_bytes{{{DEV}}}", LEG, instant=True)],
                    "percentunit", maximum=1), 12, 8)
@@ -73,10 +72,13 @@ def _utilisation_and_memory(b: Board) -> None:
                                     "slices of the GPU; the parent the slices in no instance.", maximum=1), 24, 8)
 
 
+GPM_NOTE = (" NVML GPM, averaged between two samples (--gpm-interval); absent on GPUs before Hopper. In MIG mode "
+            "per MIG instance.")
+
+
 def _activity(b: Board) -> None:
     b.row("Activity: SM, tensor cores, memory bandwidth (GPM: Hopper and newer)")
-    gpm_note = (" NVML GPM, averaged between two samples (--gpm-interval); absent on GPUs before Hopper. In MIG mode "
-                "per MIG instance.")
+    gpm_note = GPM_NOTE
     b.add(timeseries("Graphics engine active vs utilisation",
                      [target(f"gpu_graphics_active_ratio{{{DEV}}}", LEG + " engine active"),
                       target(f"gpu_utilization_ratio{{{DEV}}}", LEG + " utilisation", ref="B")], "percentunit",
@@ -85,34 +87,15 @@ def _activity(b: Board) -> None:
     b.add(timeseries("SM active", [target(f"gpu_sm_active_ratio{{{DEV}}}", LEG)], "percentunit",
                      "Fraction of time the SMs had work resident, averaged over all SMs: how much of the GPU the "
                      "kernels spread over." + gpm_note, maximum=1), 8, 8)
-    b.add(timeseries("SM occupancy", [target(f"gpu_sm_occupancy_ratio{{{DEV}}}", LEG)], "percentunit",
-                     "Resident warps as a fraction of the SMs' maximum." + gpm_note, maximum=1), 8, 8)
     b.add(timeseries("Tensor cores active", [target(f"gpu_tensor_active_ratio{{{DEV}}}", LEG)], "percentunit",
                      "Fraction of time any tensor-core pipe was active." + gpm_note, maximum=1), 8, 8)
-    b.add(timeseries("Tensor pipes by kind",
-                     [target(f"gpu_tensor_hmma_active_ratio{{{DEV}}}", LEG + " HMMA (FP16/BF16)"),
-                      target(f"gpu_tensor_imma_active_ratio{{{DEV}}}", LEG + " IMMA (INT8)", ref="B"),
-                      target(f"gpu_tensor_dfma_active_ratio{{{DEV}}}", LEG + " DFMA (FP64)", ref="C")],
-                     "percentunit", "Half-precision, integer and double-precision tensor-core pipes." + gpm_note,
-                     maximum=1), 8, 8)
     b.add(timeseries("DRAM bandwidth used", [target(f"gpu_dram_active_ratio{{{DEV}}}", LEG)], "percentunit",
-                     "Device-memory bandwidth used as a fraction of the peak." + gpm_note, maximum=1), 8, 8)
-    b.add(timeseries("FP pipes (non-tensor)",
-                     [target(f"gpu_fp16_active_ratio{{{DEV}}}", LEG + " FP16"),
-                      target(f"gpu_fp32_active_ratio{{{DEV}}}", LEG + " FP32", ref="B"),
-                      target(f"gpu_fp64_active_ratio{{{DEV}}}", LEG + " FP64", ref="C")],
-                     "percentunit", "Fraction of time the SMs' FP16, FP32 and FP64 pipes were active." + gpm_note,
-                     maximum=1), 8, 8)
-    b.add(timeseries("PCIe traffic (GPM)",
-                     [target(f"gpu_gpm_pcie_rx_bytes_per_second{{{DEV}}}", LEG + " rx"),
-                      target(f"-gpu_gpm_pcie_tx_bytes_per_second{{{DEV}}}", LEG + " tx", ref="B")],
-                     "Bps", "Receive up, transmit down; averaged over the GPM window." + gpm_note, minimum=None),
-          8, 8)
+                     "Device-memory bandwidth used as a fraction of the peak." + gpm_note, maximum=1), 12, 8)
     b.add(timeseries("NVLink traffic",
                      [target(f"gpu_nvlink_rx_bytes_per_second{{{DEV}}}", LEG + " rx"),
                       target(f"-gpu_nvlink_tx_bytes_per_second{{{DEV}}}", LEG + " tx", ref="B")],
                      "Bps", "All links together; receive up, transmit down. Absent on cards without NVLink."
-                     + gpm_note, minimum=None), 8, 8)
+                     + gpm_note, minimum=None), 12, 8)
 
 
 def _power_and_temperature(b: Board) -> None:
@@ -190,16 +173,23 @@ def _gpu_health(b: Board) -> None:
         target(f"gpu_pcie_link_generation{{{DEV}}}", LEG),
         target(f"gpu_pcie_link_generation_max{{{DEV}}}", LEG + " max", ref="B")], "none",
         "Links train down at idle to save power: below max counts only while the GPU is busy."), 8, 7)
+    b.add(timeseries("Stalled: busy with no work", [
+        target(f"gpu_stalled{{{DEV}}}", LEG),
+        target(f"rate(gpu_stalled_seconds_total{{{DEV}}}[$__rate_interval])", LEG + " stalled time", ref="B")],
+        "none", "1 while a GPU is busy with no work for --stall-after (a kernel resident, no tensor, DRAM, PCIe or "
+        "NVLink activity, power far under its limit): a training job's wedged collective (docs/TRAINING.md); "
+        "the stalled time's rate is 1 while it lasts.", maximum=1), 8, 7)
     b.add(timeseries("Row remaps pending", [target(f"gpu_row_remap_pending{{{DEV}}}", LEG)], "none",
                      "1 while a memory row waits for a GPU reset (GPURowRemapPending).", maximum=1), 8, 7)
     b.add(timeseries("NVLink errors (rate)", [
-        target(f"sum by (node, gpu, type) (rate(gpu_nvlink_errors_total{{{DEV}}}[$__rate_interval]))",
-               LEG + " {{type}}")], "none", "Replay, recovery and CRC errors per second (GPUNVLinkErrors).",
-        draw=BARS), 12, 7)
+        target(f"sum by (node, gpu) (rate(gpu_nvlink_errors_total{{{DEV}}}[$__rate_interval]))", LEG)], "none",
+        "Replay, recovery and CRC errors per second over the GPU's links (GPUNVLinkErrors); by link and type "
+        "under Detail (--detail).", draw=BARS), 12, 7)
     b.add(timeseries("Clock violation time (rate)", [
         target(f"sum by (node, gpu, reason) (rate(gpu_violation_seconds_total{{{DEV}}}[$__rate_interval]))",
                LEG + " {{reason}}")], "percentunit",
-        "Fraction of time the clocks were held down, by policy (power, thermal, board limit, ...).", stack=True),
+        "Fraction of time the clocks were held down, by policy (power, thermal, board limit, ...); a policy "
+        "appears once the driver has counted time for it.", stack=True),
         12, 7)
 
 
@@ -261,8 +251,47 @@ def _agent_health(b: Board) -> None:
         "timeout, failed); present only where the agent writes the node condition.", draw=BARS), 24, 6)
 
 
+def _detail(b: Board) -> None:
+    """The families the agent serves only with --detail (or --enable-metric / --detail-metric):
+    breakdowns of what the rows above show (docs/METRICS.md, *Series per GPU*)."""
+    b.row("Detail (served with --detail)")
+    gpm_note = GPM_NOTE + " Served with --detail."
+    b.add(timeseries("SM occupancy", [target(f"gpu_sm_occupancy_ratio{{{DEV}}}", LEG)], "percentunit",
+                     "Resident warps as a fraction of the SMs' maximum." + gpm_note, maximum=1), 8, 8)
+    b.add(timeseries("Tensor pipes by kind",
+                     [target(f"gpu_tensor_hmma_active_ratio{{{DEV}}}", LEG + " HMMA (FP16/BF16)"),
+                      target(f"gpu_tensor_imma_active_ratio{{{DEV}}}", LEG + " IMMA (INT8)", ref="B"),
+                      target(f"gpu_tensor_dfma_active_ratio{{{DEV}}}", LEG + " DFMA (FP64)", ref="C")],
+                     "percentunit", "Half-precision, integer and double-precision tensor-core pipes." + gpm_note,
+                     maximum=1), 8, 8)
+    b.add(timeseries("FP pipes (non-tensor)",
+                     [target(f"gpu_fp16_active_ratio{{{DEV}}}", LEG + " FP16"),
+                      target(f"gpu_fp32_active_ratio{{{DEV}}}", LEG + " FP32", ref="B"),
+                      target(f"gpu_fp64_active_ratio{{{DEV}}}", LEG + " FP64", ref="C")],
+                     "percentunit", "Fraction of time the SMs' FP16, FP32 and FP64 pipes were active." + gpm_note,
+                     maximum=1), 8, 8)
+    b.add(timeseries("PCIe traffic (GPM)",
+                     [target(f"gpu_gpm_pcie_rx_bytes_per_second{{{DEV}}}", LEG + " rx"),
+                      target(f"-gpu_gpm_pcie_tx_bytes_per_second{{{DEV}}}", LEG + " tx", ref="B")],
+                     "Bps", "Receive up, transmit down; averaged over the GPM window." + gpm_note, minimum=None),
+          8, 8)
+    b.add(timeseries("Memory peak", [target(f"gpu_memory_peak_bytes{{{DEV}}}", LEG + " peak"),
+                                     target(f"gpu_memory_used_bytes{{{DEV}}}", LEG, ref="B")],
+                     "bytes", "The most in use over the agent's --peak-window (30 s): a spike between two scrapes. "
+                     "Served with --detail.", overrides=[by_regexp(".* peak", custom__lineStyle=DASHED,
+                                                                   custom__fillOpacity=0)]), 12, 8)
+    b.add(timeseries("NVLink errors by link and type (rate)", [
+        target(f"sum by (node, gpu, link, type) (rate(gpu_nvlink_errors_total{{{DEV}, link!=\"\"}}"
+               "[$__rate_interval]))", LEG + " link {{link}} {{type}}")], "none",
+        "Per link and type; served with --detail (by default one sum per GPU).", draw=BARS), 12, 8)
+    b.add(timeseries("NVLink links down", [target(f"count by (node, gpu) (gpu_nvlink_up{{{DEV}}} == 0) or "
+                                                 f"count by (node, gpu) (gpu_nvlink_up{{{DEV}}}) * 0", LEG)], "none",
+                     "Links down per GPU; served with --detail (a link down makes the verdict unhealthy, reason "
+                     "nvlink_down, whatever the flags).", draw=BARS), 12, 8)
+
+
 ROWS = [_overview, _gpu_health, _utilisation_and_memory, _activity, _power_and_temperature, _clocks_and_pcie,
-        _errors, _agent_health]
+        _errors, _agent_health, _detail]
 
 
 def devices() -> model.Dashboard:

@@ -76,9 +76,11 @@ def _workloads(b: Board) -> None:
                      "bytes", "Device memory held by each container's processes, summed over its GPUs.", stack=True),
           12, 9)
     b.add(timeseries("SM share by pod and GPU",
-                     [target(f"container_gpu_utilization_ratio{{{POD}}}",
+                     [target(f"rate(container_gpu_usage_seconds_total{{{POD}}}[$__rate_interval])",
                              "{{namespace}}/{{pod}}/{{container}} gpu {{gpu}}")],
-                     "percentunit", "Each container's share of a GPU's SM time over the agent's last interval.",
+                     "percentunit", "Each container's share of a GPU's SM time, averaged over the rate interval "
+                     "(the rate of its GPU-seconds of compute; the last pass's share, "
+                     "container_gpu_utilization_ratio, is served with --detail).",
                      maximum=1), 12, 9)
     b.add(timeseries("GPUs of compute by namespace",
                      [target(f"sum by (namespace) (rate(container_gpu_usage_seconds_total{{{WL}, namespace!=\"\"}}"
@@ -87,9 +89,7 @@ def _workloads(b: Board) -> None:
                      "none", "GPU-seconds of compute per second (1.0 = one GPU fully busy); "
                              "`namespace:container_gpu_usage_seconds:rate5m` records the same over 5m.",
                      stack=True), 12, 8)
-    b.add(timeseries("GPU processes by pod",
-                     [target(f"sum by (namespace, pod) (container_gpu_processes{{{POD}}})", "{{namespace}}/{{pod}}")],
-                     "none", "GPU processes of each pod on the selected GPUs.", stack=True, draw=BARS), 12, 8)
+
 
 
 def _idle_holders(b: Board) -> None:
@@ -107,7 +107,7 @@ def _idle_holders(b: Board) -> None:
             by_name("memory held", unit="bytes"),
         ]), 24, 8)
 
-    unused = f"(container_gpu_allocated{{{WL}}} == 1 and container_gpu_processes{{{WL}}} == 0)"
+    unused = f"(container_gpu_allocated{{{WL}}} == 1 and container_gpu_memory_used_bytes{{{WL}}} == 0)"
     b.add(table("GPUs allocated but unused", [
         target(f"sort_desc(container_gpu_idle_seconds{{{WL}}} and {unused})", ref="A", instant=True, table=True),
     ], "Containers the device plugin gave a GPU (kubelet pod-resources) that run no process on it, longest "
@@ -401,8 +401,8 @@ def _slurm_jobs(b: Board) -> None:
     b.add(table("Slurm jobs on GPUs", [
         target(f"sum by (slurm_job_id, node, gpu) (container_gpu_memory_used_bytes{{{SLURM}}})", ref="A", instant=True,
                table=True),
-        target(f"sum by (slurm_job_id, node, gpu) (container_gpu_utilization_ratio{{{SLURM}}})", ref="B", instant=True,
-               table=True),
+        target(f"sum by (slurm_job_id, node, gpu) (rate(container_gpu_usage_seconds_total{{{SLURM}}}"
+               "[$__rate_interval]))", ref="B", instant=True, table=True),
         target(f"sum by (slurm_job_id, node, gpu) (increase(container_gpu_usage_seconds_total{{{SLURM}}}[$__range]))"
                " / 3600",
                ref="C", instant=True, table=True),
@@ -421,8 +421,24 @@ def _slurm_jobs(b: Board) -> None:
         12, 8)
 
 
+
+def _detail(b: Board) -> None:
+    """What the agent serves only with --detail (or --enable-metric): the last pass's SM share
+    and the process count of each workload (docs/METRICS.md, *Series per GPU*)."""
+    b.row("Detail (served with --detail)")
+    b.add(timeseries("GPU processes by pod",
+                     [target(f"sum by (namespace, pod) (container_gpu_processes{{{POD}}})", "{{namespace}}/{{pod}}")],
+                     "none", "GPU processes of each pod on the selected GPUs. Served with --detail.", stack=True,
+                     draw=BARS), 12, 8)
+    b.add(timeseries("SM share by pod and GPU, last pass",
+                     [target(f"container_gpu_utilization_ratio{{{POD}}}",
+                             "{{namespace}}/{{pod}}/{{container}} gpu {{gpu}}")],
+                     "percentunit", "Each container's share of a GPU's SM time over the agent's last interval. "
+                     "Served with --detail.", maximum=1), 12, 8)
+
+
 ROWS = [_overview, _workloads, _idle_holders, _tensor_cores, _chargeback, _cost, _carbon, _memory_growth, _inference,
-        _who_is_on_each_gpu, _slurm_jobs]
+        _who_is_on_each_gpu, _slurm_jobs, _detail]
 
 
 def workloads() -> model.Dashboard:

@@ -33,6 +33,7 @@ from exporter.attribution import build_attributor
 from exporter.collect.collector import Collector
 from exporter.core.labels import label_schema
 from exporter.devices.amd.backend import AmdBackend
+from exporter.output import catalogue as cat
 from exporter.output.render import SnapshotCollector
 
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
@@ -51,7 +52,7 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 def _render(collector: Collector, extra: tuple[str, ...]) -> Samples:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: collector.snapshot, None, extra))
+    registry.register(SnapshotCollector(lambda: collector.snapshot, cat.enabled_names(detail=True), extra))
     out: Samples = {}
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         for sample in family.samples:

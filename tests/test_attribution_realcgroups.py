@@ -34,6 +34,7 @@ from waiting import wait_until, within  # noqa: E402
 from exporter.attribution import build_attributor  # noqa: E402
 from exporter.collect.collector import Collector  # noqa: E402
 from exporter.core.labels import label_schema  # noqa: E402
+from exporter.output import catalogue as cat  # noqa: E402
 from exporter.output.render import SnapshotCollector  # noqa: E402
 
 pynvml_fake = pytest.importorskip("fakes.pynvml_fake", reason="the NVML fake is not available")
@@ -47,7 +48,7 @@ pytestmark = pytest.mark.skipif(bool(cgroup2_unwritable()), reason=cgroup2_unwri
 
 def _scrape(collector: Collector, extra: tuple[str, ...]) -> dict[str, list[tuple[dict[str, str], float]]]:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: collector.snapshot, None, extra))
+    registry.register(SnapshotCollector(lambda: collector.snapshot, cat.enabled_names(detail=True), extra))
     text = generate_latest(registry).decode()
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for family in text_string_to_metric_families(text):

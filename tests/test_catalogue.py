@@ -76,9 +76,10 @@ def test_all_off_exports_nothing_and_each_family_can_be_disabled():
 
 
 def _sampled(snapshot: Snapshot, now: float, extra: tuple[str, ...] = ()) -> set[str]:
-    """The families with at least one series for ``snapshot``, every family enabled."""
+    """The families with at least one series for ``snapshot``, every family enabled and whole (``--detail``)."""
     out = set()
-    for family in families(snapshot, frozenset(spec.name for spec in cat.METRICS), extra, now=now):
+    every = frozenset(spec.name for spec in cat.METRICS)
+    for family in families(snapshot, every, extra, now=now, detailed=every):
         if family.samples:
             out |= {family.name, family.name + "_total"}  # a counter family drops its _total
     return out

@@ -314,6 +314,7 @@ CASES: dict[str, dict[str, Any]] = {
         "backend=nvml\\,amd", "metricSchema=l9gpu\\,dcgm", "dcgmHostnameLabel=hostname", "podLabels={team,cost-center}",
         "cri.enabled=true",
         "cri.socket=/run/k3s/containerd/containerd.sock", "processMetrics=true", "logLevel=debug",
+        "detailMetrics={gpu_nvlink_errors_total,gpu_tensor_hmma_active_ratio}",
         "logFormat=text", "extraArgs={--workload-grace,10m,--disable-metric,gpu_info}",
         "hostPort=true", "hostNetwork=true", "image.digest=sha256:" + "0" * 64,
         "imagePullSecrets[0].name=registry", "runtimeClassName=nvidia", "priorityClassName=",
@@ -1108,3 +1109,11 @@ def test_gaudi_capabilities_are_what_the_real_process_scan_needs(releases):
     seen = json.loads(result.stdout)
     assert seen == {"gaudi": ["non-root workload", "root workload"], "default": [],
                     "SYS_PTRACE alone": ["root workload"]}
+
+
+def test_detail_trades_series_for_every_family_whole():
+    """`detail` and `detailMetrics` reach the agent as --detail and one --detail-metric each."""
+    plain = serve_args(render())
+    assert plain.detail is False and plain.detail_metric == []
+    detailed = serve_args(render(_sets("detail=true", "detailMetrics={gpu_nvlink_errors_total}")))
+    assert detailed.detail is True and detailed.detail_metric == ["gpu_nvlink_errors_total"]

@@ -50,6 +50,9 @@ ALLOWED_EMPTY = {
     "l9gpu_kubernetes_node_updates_total": "no Kubernetes API on the simulated node: no node condition is written",
     "gpu_up{node=~\".*\", gpu=~\".*\"} == 0": "every simulated GPU is up",
     "gpu_stuck_call_seconds": "no simulated GPU is stuck in a driver call: the family has series only then",
+    "gpu_violation_seconds_total": "a policy has a series once the driver has counted time for it (the default leaves "
+                                   "the zeros out): in the test's first seconds no simulated GPU's clocks were held "
+                                   "down for two scrapes",
 }
 
 PROMQL_KEYWORDS = {
@@ -78,6 +81,28 @@ def _expressions() -> list[tuple[str, str, str]]:
             for target in panel.get("targets", []):
                 out.append((path.name, panel["title"], target["expr"]))
     return out
+
+
+# The rows of panels on what the agent serves only with --detail (docs/METRICS.md, *Series per GPU*).
+DETAIL_ROW = "Detail (served with --detail)"
+
+
+def _detail_expressions() -> list[tuple[str, str, str]]:
+    """(dashboard file, panel title, expr) of every target of the panels in a Detail row."""
+    out = []
+    for path in DASHBOARDS:
+        row = ""
+        for panel in _panels(_dashboard(path)):
+            if panel["type"] == "row":
+                row = panel["title"]
+            elif row == DETAIL_ROW:
+                out += [(path.name, panel["title"], target["expr"]) for target in panel.get("targets", [])]
+    return out
+
+
+def _shaped_names() -> set[str]:
+    """The families the default output serves less of than --detail (`MetricSpec.shaped`)."""
+    return {spec.name for spec in METRICS if spec.shaped}
 
 
 def _variable_queries() -> list[tuple[str, str, str]]:
@@ -404,7 +429,11 @@ def _allowed_empty(expr: str) -> str | None:
 
 
 def test_every_dashboard_expression_evaluates_on_a_real_prometheus(prometheus_with_data):
+    """On the default output every expression has data, but those listed in ALLOWED_EMPTY and,
+    in the Detail rows, those that read a family the default serves less of (checked on an
+    agent with --detail below)."""
     query = prometheus_with_data
+    detail = set(_detail_expressions())
     errors, empty, allowed = [], [], []
     for dashboard, title, expr in _expressions():
         sent = substitute(expr)
@@ -416,12 +445,37 @@ def test_every_dashboard_expression_evaluates_on_a_real_prometheus(prometheus_wi
             continue
         if _allowed_empty(expr):
             allowed.append(sent)
+        elif (dashboard, title, expr) in detail and metric_names(expr) & _shaped_names():
+            continue
         else:
             empty.append(f"{dashboard}: {title}: {sent}")
     assert not errors, "\n".join(errors)
     assert not empty, "no data for:\n" + "\n".join(empty)
     total = len(_expressions())
     assert len(allowed) <= total // 10, allowed
+
+
+def test_every_detail_panel_has_data_with_detail_and_reads_what_only_detail_serves(tmp_path):
+    """The Detail rows' panels read what the agent serves only with --detail: on an agent with
+    --detail each of their expressions has data; each panel reads at least one such family."""
+    binary = need_tool("prometheus")
+    expressions = _detail_expressions()
+    assert {d for d, _, _ in expressions} == {p.name for p in DASHBOARDS}, "each dashboard has its Detail row"
+    for dashboard, title, _ in expressions:
+        names = set().union(*(metric_names(e) for d, t, e in expressions if (d, t) == (dashboard, title)))
+        assert names & _shaped_names(), f"{dashboard}: {title} reads nothing only --detail serves"
+    agent = AgentProcess(["--backend", "simulated", "--interval", "250ms", "--detail"], log_path=tmp_path / "agent.log")
+    agent.env = {k: v for k, v in agent.env.items() if not ambient_setting(k)}
+    agent.start()
+    server = PrometheusServer(binary, tmp_path, [f"127.0.0.1:{agent.port}"]).start()
+    try:
+        server.wait_for("count_over_time(gpu_sm_occupancy_ratio[1m]) >= 3")
+        empty = [f"{dashboard}: {title}: {substitute(expr)}" for dashboard, title, expr in expressions
+                 if not server.query(substitute(expr)) and not _allowed_empty(expr)]
+        assert not empty, "no data with --detail for:\n" + "\n".join(empty)
+    finally:
+        server.stop()
+        agent.stop()
 
 
 def test_every_variable_query_finds_values(prometheus_with_data):

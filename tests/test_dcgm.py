@@ -437,7 +437,10 @@ def simulated_snapshot() -> Snapshot:
 
 
 def _l9gpu(snapshot: Snapshot):  # type: ignore[no-untyped-def]
-    return parse_metrics(generate_latest(_Families(families(snapshot, cat.enabled_names()))).decode())
+    """The l9gpu schema whole (``--detail``): per link and type, every state, the zeros; the DCGM
+    fields are read from these rows whatever the default's shape."""
+    return parse_metrics(generate_latest(_Families(families(
+        snapshot, cat.enabled_names(detail=True), detailed=cat.detailed_names(detail=True)))).decode())
 
 
 def test_values_agree_with_the_l9gpu_schema(simulated_snapshot):

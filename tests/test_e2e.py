@@ -38,7 +38,7 @@ def test_device_values_match_the_scenario(demo):
     assert pick(m, "gpu_utilization_ratio", gpu="2") == [0.92]
     assert pick(m, "gpu_power_watts", gpu="2") == [pytest.approx(72 + 628 * 0.92)]
     assert pick(m, "gpu_clock_throttle_active", gpu="7", reason="gpu_idle") == [1.0]
-    assert pick(m, "gpu_clock_throttle_active", gpu="2", reason="gpu_idle") == [0.0]
+    assert pick(m, "gpu_clock_throttle_active", gpu="2", reason="gpu_idle") == []  # not active: no series
     assert pick(m, "gpu_sm_clock_hertz", gpu="2") == [1.98e9]
     info = [lab for lab, _ in m["gpu_info"] if lab["gpu"] == "0"][0]
     assert info["vendor"] == "nvidia" and info["driver_version"] == "550.54.15" and info["uuid"].startswith("GPU-")
@@ -56,9 +56,8 @@ def test_the_idle_reservation_holds_gpu_7_and_uses_nothing(demo):
     m = demo.samples()
     reserved = dict(gpu="7", namespace="ml-research", pod="idle-reservation-0", container="trainer")
     assert pick(m, "container_gpu_allocated", **reserved) == [1.0]
-    assert pick(m, "container_gpu_processes", **reserved) == [0.0]
     assert pick(m, "container_gpu_memory_used_bytes", **reserved) == [0.0]
-    assert pick(m, "container_gpu_utilization_ratio", **reserved) == [0.0]
+    assert pick(m, "container_gpu_usage_seconds_total", **reserved) == []  # it has never computed there
     assert pick(m, "container_gpu_energy_joules_total", **reserved) == [0.0]
     assert [lab["owner_kind"] for lab, _ in m["container_gpu_allocated"] if lab["gpu"] == "7"] == ["StatefulSet"]
     # GPU 6 is time-sliced between four pods: one allocated series each

@@ -214,7 +214,7 @@ def test_serve_gaudi_attributes_accel_holders_to_pods(tmp_path, accel_nodes, age
 
             url = agent("--backend", "gaudi", "--hl-smi", FAKE_HL_SMI, "--proc-root", "/proc",
                         "--kubeconfig", kubeconfig(tmp_path, apiserver), "--kubernetes", "on",
-                        "--pod-label", "team", "--interval", "250ms", "--node-name", node,
+                        "--pod-label", "team", "--interval", "250ms", "--node-name", node, "--detail",
                         env={"FAKE_HL_SMI_OUTPUT_FILE": str(output)})
             pod = {"namespace": "ml", "pod": "trainer-5d8f7b9c4-x2k9q", "container": "trainer", "pod_uid": uid,
                    "owner_kind": "Deployment", "owner_name": "trainer", "label_team": "vision",

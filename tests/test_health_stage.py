@@ -28,8 +28,10 @@ def _collector(tmp_path, doc=None):
     return Collector([backend], "n1", clock=lambda: t[0], wall=lambda: 1e9 + t[0]), t
 
 
-def _series(snap, name):
-    family = next(f for f in families(snap, cat.enabled_names()) if f.name == name.removesuffix("_total"))
+def _series(snap, name, detail=False):
+    """``name``'s series as the default output serves them, or whole (``--detail``)."""
+    found = families(snap, cat.enabled_names(detail=detail), detailed=cat.detailed_names(detail))
+    family = next(f for f in found if f.name == name.removesuffix("_total"))
     return [(dict(s.labels), s.value) for s in family.samples if s.name == name]
 
 
@@ -47,20 +49,31 @@ def test_the_demo_node_shows_a_pending_remap_and_a_narrow_link(tmp_path):
     states = {lab["gpu"]: lab["state"] for lab, v in _series(snap, "gpu_health") if v == 1}
     assert states == {"0": "healthy", "1": "healthy", "2": "healthy", "3": "degraded", "4": "degraded",
                       "5": "healthy", "6": "healthy", "7": "healthy"}
-    assert len(_series(snap, "gpu_health")) == 8 * 3 and len(_series(snap, "gpu_health_action")) == 8 * 7
+    # the default serves each GPU's current state and action; --detail every state with 0 or 1
+    assert len(_series(snap, "gpu_health")) == 8 and len(_series(snap, "gpu_health_action")) == 8
+    assert {v for _, v in _series(snap, "gpu_health") + _series(snap, "gpu_health_action")} == {1.0}
+    assert len(_series(snap, "gpu_health", detail=True)) == 8 * 3
+    assert len(_series(snap, "gpu_health_action", detail=True)) == 8 * 7
+    assert [(lab, v) for lab, v in _series(snap, "gpu_health", detail=True) if v == 1] == _series(snap, "gpu_health")
     reasons = sorted((lab["gpu"], lab["reason"], v) for lab, v in _series(snap, "gpu_health_reason"))
     assert reasons == [("3", "pcie_downgraded", 1.0), ("4", "row_remap_pending", 1.0)]
     actions = {lab["gpu"]: lab["action"] for lab, v in _series(snap, "gpu_health_action") if v == 1}
     assert actions["3"] == "inspect_hardware" and actions["4"] == "reset_gpu" and actions["0"] == "none"
-    pending = {lab["gpu"]: v for lab, v in _series(snap, "gpu_row_remap_pending")}
+    assert {lab["gpu"]: v for lab, v in _series(snap, "gpu_row_remap_pending")} == {"4": 1.0}  # set only
+    pending = {lab["gpu"]: v for lab, v in _series(snap, "gpu_row_remap_pending", detail=True)}
     assert pending["4"] == 1.0 and pending["0"] == 0.0
     width = {lab["gpu"]: v for lab, v in _series(snap, "gpu_pcie_link_width")}
     assert width["3"] == 8.0 and width["2"] == 16.0
     assert {v for _, v in _series(snap, "gpu_pcie_link_width_max")} == {16.0}
-    rows = {(lab["gpu"], lab["type"]): v for lab, v in _series(snap, "gpu_remapped_rows_total")}
+    rows = {(lab["gpu"], lab["type"]): v for lab, v in _series(snap, "gpu_remapped_rows_total", detail=True)}
     assert rows[("4", "uncorrectable")] == 1.0
-    links = _series(snap, "gpu_nvlink_errors_total")
+    summed = {lab["gpu"]: v for lab, v in _series(snap, "gpu_remapped_rows_total")}
+    assert summed["4"] == rows[("4", "uncorrectable")] + rows[("4", "correctable")] and len(summed) == 8
+    links = _series(snap, "gpu_nvlink_errors_total", detail=True)
     assert {lab["gpu"] for lab, _ in links} == {"0", "1"} and len(links) == 2 * 18 * 4
+    per_gpu = {lab["gpu"]: v for lab, v in _series(snap, "gpu_nvlink_errors_total")}  # every link and type summed
+    assert per_gpu == {gpu: sum(v for lab, v in links if lab["gpu"] == gpu) for gpu in ("0", "1")}
+    assert all("link" not in lab and "type" not in lab for lab, _ in _series(snap, "gpu_nvlink_errors_total"))
     assert _series(snap, "gpu_health_transitions_total")[3][1] == 1.0  # GPU 3: healthy -> degraded once
     doc = snapshot_document(snap)
     gpu4 = next(g for g in doc["gpus"] if g["index"] == 4)
@@ -79,7 +92,8 @@ def test_a_pending_remap_clears_after_the_reset_and_unhealthy_time_is_counted(tm
     assert snap.verdicts[snap.devices[1].key].state == "unhealthy"
     snap = _passes(collector, t, 4)
     assert all(v.state == "healthy" and v.reasons == () for v in snap.verdicts.values())
-    assert {lab["gpu"]: v for lab, v in _series(snap, "gpu_row_remap_pending")} == {"0": 0.0, "1": 0.0}
+    assert _series(snap, "gpu_row_remap_pending") == []  # cleared: nothing to say by default
+    assert {lab["gpu"]: v for lab, v in _series(snap, "gpu_row_remap_pending", detail=True)} == {"0": 0.0, "1": 0.0}
     unhealthy = {lab["gpu"]: v for lab, v in _series(snap, "gpu_unhealthy_seconds_total")}
     # unhealthy in the passes at t=1..4 (the scenario lifts it at 5 s): the intervals ending at t=2, 3, 4
     assert unhealthy["0"] == 0.0 and unhealthy["1"] == pytest.approx(3.0)

@@ -35,7 +35,8 @@ def _samples(text: str, name: str) -> list:
 def test_an_xid_in_the_kernel_log_names_the_pod_that_caused_it(agent_factory, tmp_path):
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("6,1,1,-;an unrelated line\n")
-    agent = agent_factory("--backend", "simulated", "--interval", "200ms", "--kernel-log", str(kmsg),
+    agent = agent_factory("--backend", "simulated", "--interval", "200ms", "--enable-metric", "gpu_memory_peak_bytes",
+                          "--kernel-log", str(kmsg),
                           "--log-format", "json")
     status, _, body = agent.get("/api/v1/incidents")
     assert status == 200 and json.loads(body)["incidents"] == []

@@ -272,7 +272,7 @@ def test_a_gpu_fallen_off_the_bus_is_down_on_metrics_and_the_page(tmp_path):
         for family in ("gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_power_watts"):
             assert {labels["gpu"] for labels, _ in samples[family]} == {"0", "1", "2"}, family
         # the three pods on it have no share of a GPU that answers nothing
-        assert not [labels for labels, _ in samples["container_gpu_utilization_ratio"] if labels["gpu"] == "3"]
+        assert not [labels for labels, _ in samples["container_gpu_memory_used_bytes"] if labels["gpu"] == "3"]
         assert [v for labels, v in samples["gpu_xid_errors_total"] if labels["gpu"] == "3"] == [1.0]
         assert [v for labels, v in samples["l9gpu_backend_errors_total"] if labels["reason"] == "gpu_lost"][0] > 0
         assert [v for labels, v in samples["gpu_health"] if labels["gpu"] == "3" and labels["state"] == "unhealthy"] \

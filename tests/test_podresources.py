@@ -35,6 +35,7 @@ from exporter.collect.collector import Collector  # noqa: E402
 from exporter.core.labels import label_schema  # noqa: E402
 from exporter.core.model import DeviceSample, ProcessSample  # noqa: E402
 from exporter.devices.base import Backend  # noqa: E402
+from exporter.output import catalogue as cat  # noqa: E402
 from exporter.output.render import SnapshotCollector  # noqa: E402
 
 GIB = 2**30
@@ -83,7 +84,7 @@ class Clock:
 
 def scrape(collector: Collector, extra: tuple[str, ...] = ()) -> dict[str, list[tuple[dict[str, str], float]]]:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: collector.snapshot, None, extra))
+    registry.register(SnapshotCollector(lambda: collector.snapshot, cat.enabled_names(detail=True), extra))
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         for sample in family.samples:

@@ -85,7 +85,7 @@ class Node:
 
 def metrics(collector: Collector) -> dict:
     """/metrics of the agent's HTTP app serving the collector's snapshot."""
-    registry = build_registry(lambda: collector.snapshot, cat.enabled_names(), label_schema([])[0])
+    registry = build_registry(lambda: collector.snapshot, cat.enabled_names(detail=True), label_schema([])[0])
     exposition = Exposition(registry, lambda: collector.snapshot, max_age=1e9)
     app = make_app(exposition, lambda: collector.snapshot, lambda: True, "n")
 

@@ -111,7 +111,8 @@ def test_a_spike_between_two_15s_scrapes_is_in_prometheus_as_the_peak_from_the_n
     gib = 2**30
     scenario = tmp_path / "spike.yaml"
     scenario.write_text(SPIKE_SCENARIO)
-    agent = agent_factory("--backend", "simulated", "--scenario", str(scenario), "--interval", "1s")
+    agent = agent_factory("--backend", "simulated", "--scenario", str(scenario), "--interval", "1s",
+                          "--enable-metric", "gpu_memory_peak_bytes")
     server = PrometheusServer(need_tool("prometheus"), tmp_path, [f"127.0.0.1:{agent.port}"],
                               scrape={"scrape_interval": "15s"}).start()
     try:

@@ -90,7 +90,7 @@ def test_device_gpm_families_and_one_pod_per_gpu_gets_its_own_labels():
     fake.set_gpm(1, {NVML_GPM_METRIC_ANY_TENSOR_UTIL: 20.0})
     owners = {101: pod("train-0"), 102: pod("train-0"), 201: pod("a"), 202: pod("b"), 301: pod("c"),
               401: pod("old")}
-    m = scrape(fake, owners)
+    m = scrape(fake, owners, cat.enabled_names(detail=True))  # every GPM family, the breakdown too
 
     # device series: ratios 0-1 and bytes/s, on every Hopper GPU whoever uses it
     assert [v for _, v in series(m, "gpu_tensor_active_ratio", gpu="0")] == [pytest.approx(0.53)]

@@ -111,12 +111,13 @@ def test_workload_series_and_a_vanished_pod_vanishes():
     backend.devices = [DeviceSample(index=0, uuid="GPU-a", model="H100", energy_joules=400.0,
                                     processes=devices[0].processes)]
     c.collect_once()
-    m = render(c, extra=names)
+    m = render(c, cat.enabled_names(detail=True), extra=names)  # the share and process count are --detail
     labels = dict(namespace="shop", pod="web-1", container="app", pod_uid="u1", slurm_job_id="",
                   owner_kind="Deployment", owner_name="web", label_team="shop", gpu="0", uuid="GPU-a")
     assert pick(m, "container_gpu_memory_used_bytes", **labels) == [2**30]
     assert pick(m, "container_gpu_utilization_ratio", **labels) == [0.25]
     assert pick(m, "container_gpu_processes", **labels) == [1.0]
+    assert "container_gpu_utilization_ratio" not in render(c, extra=names)  # not by default
     assert pick(m, "container_gpu_usage_seconds_total", **labels) == [1.0]
     assert pick(m, "gpu_unattributed_memory_used_bytes", uuid="GPU-a") == [2**29]
     assert pick(m, "l9gpu_unattributed_processes", node="n") == [1.0]

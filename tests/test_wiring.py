@@ -267,18 +267,25 @@ def test_closing_a_backend_that_hangs_gives_up_after_the_timeout(caplog) -> None
 
 
 def test_gpm_asks_only_what_the_exported_families_need() -> None:
-    """Graphics activity, the dear GPM metric on an H200, is asked while either of its
-    families is exported; with both off the NVML backend asks the other fourteen, with
-    every GPM family off none; the DCGM schema keeps them all (its fields pick)."""
+    """The default asks the GPM metrics of the default families (the breakdown ones are
+    --detail); graphics activity, the dear GPM metric on an H200, is asked while either of
+    its families is exported; with both off the NVML backend asks the others, with every GPM
+    family off none; the DCGM schema keeps them all (its fields pick)."""
     every = set(GPM_RATIO_KEYS) | set(GPM_RATE_KEYS)
-    assert gpm_keys(serve()) == every
-    assert gpm_keys(serve("--disable-metric", "gpu_graphics_active_ratio")) == every
-    off = ("--disable-metric", "gpu_graphics_active_ratio", "--disable-metric", "container_gpu_graphics_active_ratio")
+    default = {"graphics_active", "sm_active", "tensor_active", "dram_active", "fp16_active", "fp32_active",
+               "fp64_active", "nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second"}
+    assert gpm_keys(serve()) == default
+    assert gpm_keys(serve("--detail")) == every
+    assert gpm_keys(serve("--detail", "--disable-metric", "gpu_graphics_active_ratio")) == every
+    off = ("--detail", "--disable-metric", "gpu_graphics_active_ratio",
+           "--disable-metric", "container_gpu_graphics_active_ratio")
     assert gpm_keys(serve(*off)) == every - {"graphics_active"}
     assert gpm_keys(serve(*off, "--metric-schema", "l9gpu,dcgm")) is None
     all_off = [flag for _, suffix, *_ in cat.GPM_FAMILIES for name in (f"gpu_{suffix}", f"container_gpu_{suffix}")
                for flag in ("--disable-metric", name)]
     assert gpm_keys(serve(*all_off)) == frozenset()
+    # `l9gpu snapshot` shows every GPM value, whatever /metrics would serve
+    assert gpm_keys(build_parser().parse_args(["snapshot", "--backend", "simulated"])) is None
 
 
 def test_the_nvml_backend_is_opened_with_the_gpm_metrics_of_the_families(monkeypatch) -> None:

@@ -64,6 +64,12 @@ def _add_device_args(parser: argparse.ArgumentParser) -> None:
                        help="export an opt-in family (repeatable; see docs/METRICS.md)")
     group.add_argument("--disable-metric", action="append", default=[], metavar="NAME",
                        help="do not export this family (repeatable)")
+    group.add_argument("--detail", action="store_true",
+                       help="serve every family whole: per NVLink link and error type, every state of a state set, "
+                            "zeros of the families that leave them out, and the breakdown families off by default "
+                            "(more series per GPU; what each costs: docs/METRICS.md)")
+    group.add_argument("--detail-metric", action="append", default=[], metavar="NAME",
+                       help="serve this family whole, as --detail does (repeatable; enables it if it is off)")
     group.add_argument("--workload-grace", default="5m", type=argtype(parse_positive_duration), metavar="DURATION",
                        help="keep counters of a workload that has gone for this long (default: 5m)")
     group.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],

@@ -23,6 +23,7 @@ from exporter.app.wiring import (
     build_stall_watch,
     close_backends_within,
     connection_limits,
+    detailed_families,
     enabled_families,
     gpm_status,
     open_sources,
@@ -116,7 +117,8 @@ def _build(args: argparse.Namespace) -> _Agent:
         log.warning("the DCGM schema covers NVIDIA GPUs only: the %s backend's GPUs are exported in the l9gpu "
                     "schema only", joined_name(backends))
     collector, extra_names = build_collector(args, backends, attributor)
-    registry = build_registry(lambda: collector.snapshot, enabled, extra_names, dcgm_selection)
+    registry = build_registry(lambda: collector.snapshot, enabled, extra_names, dcgm_selection,
+                              detailed_families(args))
     if REJECTIONS_METRIC in enabled:
         registry.register(rejections)
     logs: IncidentLogs | None = _from_bridge(

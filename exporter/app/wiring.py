@@ -131,11 +131,11 @@ def build_collector(args: argparse.Namespace, backends: list[Backend], attributo
 
 
 def enabled_families(args: argparse.Namespace) -> frozenset[str]:
-    enable = list(args.enable_metric)
+    enable = list(args.enable_metric) + list(getattr(args, "detail_metric", []))
     if args.process_metrics:
         enable += [s.name for s in cat.METRICS if s.scope == cat.PROCESS]
     try:
-        names = cat.enabled_names(enable, args.disable_metric)
+        names = cat.enabled_names(enable, args.disable_metric, detail=getattr(args, "detail", False))
     except ValueError as exc:
         raise UsageError(f"l9gpu: {exc}") from None
     if "l9gpu" not in getattr(args, "metric_schema", ("l9gpu",)):
@@ -147,6 +147,14 @@ def enabled_families(args: argparse.Namespace) -> frozenset[str]:
     return names
 
 
+def detailed_families(args: argparse.Namespace) -> frozenset[str]:
+    """The families served whole (``--detail``, ``--detail-metric``) instead of in the default's shape."""
+    try:
+        return cat.detailed_names(getattr(args, "detail", False), getattr(args, "detail_metric", []))
+    except ValueError as exc:
+        raise UsageError(f"l9gpu: --detail-metric: {exc}") from None
+
+
 def gpm_keys(args: argparse.Namespace) -> frozenset[str] | None:
     """The GPM metrics (`DeviceSample.gpm` keys) the exported families need: those of the
     enabled ``gpu_*`` and ``container_gpu_*`` GPM families; None (all of them) where the
@@ -154,6 +162,8 @@ def gpm_keys(args: argparse.Namespace) -> frozenset[str] | None:
     command exports no families (``l9gpu snapshot`` shows every GPM value)."""
     if not hasattr(args, "disable_metric") or list(getattr(args, "metric_schema", ("l9gpu",))) != ["l9gpu"]:
         return None
+    if getattr(args, "command", "serve") != "serve":
+        return None  # `l9gpu snapshot` shows every GPM value, whatever /metrics would serve
     names = enabled_families(args)
     return frozenset(key for key, suffix, *_ in cat.GPM_FAMILIES
                      if f"gpu_{suffix}" in names or f"container_gpu_{suffix}" in names)
@@ -190,15 +200,17 @@ def select_dcgm_fields(args: argparse.Namespace) -> Selection | None:
 
 
 def build_registry(get_snapshot: Callable[[], Snapshot | None], enabled: frozenset[str],
-                   extra_labels: tuple[str, ...], dcgm_selection: Selection | None = None) -> CollectorRegistry:
+                   extra_labels: tuple[str, ...], dcgm_selection: Selection | None = None,
+                   detailed: frozenset[str] = frozenset()) -> CollectorRegistry:
     """The registry /metrics and the OTLP bridge both read: snapshot + process metrics,
-    plus the DCGM schema's families when ``dcgm_selection`` (`exporter.output.dcgm.fields.Selection`) is given."""
+    plus the DCGM schema's families when ``dcgm_selection`` (`exporter.output.dcgm.fields.Selection`) is given;
+    ``detailed``: the families served whole (`detailed_families`)."""
     from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
     from exporter.output.render import SnapshotCollector
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(get_snapshot, enabled, extra_labels))
+    registry.register(SnapshotCollector(get_snapshot, enabled, extra_labels, detailed))
     if dcgm_selection is not None:
         from exporter.output.dcgm.render import DcgmSnapshotCollector
 

@@ -56,7 +56,7 @@ __all__ = [
     "BY_NAME", "COUNTER", "DEVICE", "DEVICE_LABELS", "GAUGE", "GPM_FAMILIES", "HEALTH", "INCIDENT", "INFO",
     "LABEL_ATTRIBUTES", "METRICS", "OWNER_LABELS", "PROCESS", "PROCESS_LABELS", "REGISTERED_ELSEWHERE", "SELF",
     "UCUM", "UNATTRIBUTED", "WORKLOAD", "WORKLOAD_GPM", "WORKLOAD_ID_LABELS", "WORKLOAD_LABELS",
-    "MetricSpec", "enabled_names", "get", "otel_attribute",
+    "MetricSpec", "detailed_names", "enabled_names", "get", "otel_attribute",
 ]
 
 # The incident watch registers these families itself: it follows the published snapshots.
@@ -120,19 +120,44 @@ GPM_FAMILIES: tuple[tuple[str, str, str, str], ...] = (
 )
 _GPM_WINDOW = " (NVML GPM, averaged between two GPM samples; see --gpm-interval)."
 _GPM_NOTE = "NVIDIA Hopper and newer (NVML GPM); absent on older GPUs"
+# GPM families served by default: per GPU, DCGM's default profiling fields (engine, tensor,
+# DRAM) and SM and NVLink activity; per workload, what GPUBusyWithoutTensorWork reads. The
+# rest is breakdown, on with --detail (`MetricSpec.detail`).
+_GPM_DEFAULT_DEVICE = frozenset({"graphics_active", "sm_active", "tensor_active", "dram_active",
+                                 "nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second"})
+_GPM_DEFAULT_WORKLOAD = frozenset({"sm_active", "tensor_active", "fp16_active", "fp32_active", "fp64_active"})
+_GPM_DETAIL_DEVICE = ("off by default: a breakdown of the GPU's activity that no shipped alert, rule or report "
+                      "reads (gpu_tensor_active_ratio and gpu_sm_active_ratio answer how busy the math is); "
+                      "`--detail` or `--enable-metric` serves it.")
+_GPM_DETAIL_PCIE = ("off by default: rate() of gpu_pcie_tx_bytes_total and gpu_pcie_rx_bytes_total gives the same "
+                    "link's bytes per second as the driver counts them; `--detail` or `--enable-metric` serves "
+                    "GPM's own figure.")
+_GPM_DETAIL_WORKLOAD = ("off by default: the device's gpu_* value under the workload's labels (a join of the "
+                        "device family on node and gpu gives it); `--detail` or `--enable-metric` serves it.")
+
+
+def _gpm_cost(key: str, scope: str) -> str:
+    """Why a GPM family is off by default (`MetricSpec.cost`); "" for one that is on."""
+    if scope == DEVICE:
+        if key in _GPM_DEFAULT_DEVICE:
+            return ""
+        return _GPM_DETAIL_PCIE if key.startswith("pcie_") else _GPM_DETAIL_DEVICE
+    return "" if key in _GPM_DEFAULT_WORKLOAD else _GPM_DETAIL_WORKLOAD
 
 
 def _gpm_specs() -> tuple[MetricSpec, ...]:
     device = tuple(
         MetricSpec("gpu_" + name, GAUGE, "ratio" if name.endswith("_ratio") else "bytes_per_second",
-                   text + _GPM_WINDOW, D, DEVICE, device_gpm(key), (dcgm, 1.0), vendors_note=_GPM_NOTE)
+                   text + _GPM_WINDOW, D, DEVICE, device_gpm(key), (dcgm, 1.0), vendors_note=_GPM_NOTE,
+                   detail=bool(_gpm_cost(key, DEVICE)), cost=_gpm_cost(key, DEVICE))
         for key, name, text, dcgm in GPM_FAMILIES
     )
     workload = tuple(
         MetricSpec("container_gpu_" + name, GAUGE, "ratio" if name.endswith("_ratio") else "bytes_per_second",
                    f"The device's `gpu_{name}`, labelled with the workload on a GPU or MIG instance whose "
                    "processes all belong to this one workload; absent on a shared GPU.",
-                   W, WORKLOAD_GPM, sole_workload_gpm(key), (dcgm, 1.0), vendors_note=_GPM_NOTE)
+                   W, WORKLOAD_GPM, sole_workload_gpm(key), (dcgm, 1.0), vendors_note=_GPM_NOTE,
+                   detail=bool(_gpm_cost(key, WORKLOAD_GPM)), cost=_gpm_cost(key, WORKLOAD_GPM))
         for key, name, text, dcgm in GPM_FAMILIES
     )
     return device + workload
@@ -199,9 +224,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("gpu_xid_errors_total", COUNTER, "", "XID error events seen since the agent started, by XID code.",
                D + ("xid",), DEVICE, device("xid_errors", kept_when_down=True), ("DCGM_FI_DEV_XID_ERRORS", 1.0),
                vendors_note="NVIDIA only"),
-    MetricSpec("gpu_clock_throttle_active", GAUGE, "", "1 while the named reason is holding the clocks down, else 0.",
+    MetricSpec("gpu_clock_throttle_active", GAUGE, "", "1 while the named reason is holding the clocks down (absent, or 0 with --detail, while it is not).",
                D + ("reason",), DEVICE, device("throttle_reasons"), ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 1.0),
-               vendors_note="NVIDIA only"),
+               vendors_note="NVIDIA only", sparse=True,
+               cost="only the reasons holding the clocks down now are served (value 1): 5 to 9 reasons per GPU "
+                    "are 0 almost always. Test a reason with `== 1` or that its series exists; `--detail` serves "
+                    "the zeros too."),
     # ---- device: health verdict and signals (docs/HEALTH.md) -------------------------
     *HEALTH_FAMILIES,
     # ---- device and workload: GPM activity (Hopper and newer) ----------------------
@@ -212,9 +240,14 @@ METRICS: tuple[MetricSpec, ...] = (
                W, WORKLOAD, workload("memory_used_bytes"), ("DCGM_FI_DEV_FB_USED", 1.0 / 2**20)),
     MetricSpec("container_gpu_utilization_ratio", GAUGE, "ratio",
                "The workload's share of this GPU's SM time over the last interval, from per-process samples.",
-               W, WORKLOAD, workload("utilization"), ("DCGM_FI_DEV_GPU_UTIL", 100.0)),
+               W, WORKLOAD, workload("utilization"), ("DCGM_FI_DEV_GPU_UTIL", 100.0), detail=True,
+               cost="off by default: rate(container_gpu_usage_seconds_total[1m]) is the same share, averaged over "
+                    "the window instead of the last pass; `--detail` or `--enable-metric` serves it."),
     MetricSpec("container_gpu_processes", GAUGE, "", "Number of the workload's processes on this GPU.",
-               W, WORKLOAD, workload("processes")),
+               W, WORKLOAD, workload("processes"), detail=True,
+               cost="off by default: the page and `l9gpu snapshot` list each workload's processes; "
+                    "container_gpu_memory_used_bytes says whether it holds the GPU; `--detail` or "
+                    "`--enable-metric` serves the count."),
     MetricSpec("container_gpu_idle_seconds", GAUGE, "seconds",
                "How long the workload has held GPU memory, or had the GPU allocated, with zero SM utilisation "
                "(0 while it computes).",
@@ -290,7 +323,9 @@ METRICS: tuple[MetricSpec, ...] = (
                W, WORKLOAD, registered_by=_WATCH),
     MetricSpec("gpu_memory_peak_bytes", GAUGE, "bytes",
                "The most device memory in use on this GPU over the last --peak-window (default 30s).",
-               D, DEVICE, registered_by=_WATCH),
+               D, DEVICE, registered_by=_WATCH, detail=True,
+               cost="off by default: each workload's container_gpu_memory_peak_bytes (which GPUMemoryGrowthToOOM "
+                    "reads) is kept; `--detail` or `--enable-metric` serves the device's."),
     MetricSpec("gpu_stalled", GAUGE, "",
                "1 while the GPU is stalled: busy with no work (a kernel resident, no tensor or DRAM activity, no "
                "PCIe or NVLink traffic, power far under its limit, clocks not held down) for --stall-after, as a "
@@ -345,18 +380,35 @@ def get(name: str) -> MetricSpec:
     return BY_NAME[name]
 
 
-def enabled_names(enable: Iterable[str] = (), disable: Iterable[str] = ()) -> frozenset[str]:
-    """The families to export: defaults, plus ``enable``, minus ``disable``.
+def _known(names: Iterable[str]) -> list[str]:
+    names = list(names)
+    for name in names:
+        if name not in BY_NAME:
+            raise ValueError(f"unknown metric {name!r} (see docs/METRICS.md)")
+    return names
+
+
+def enabled_names(enable: Iterable[str] = (), disable: Iterable[str] = (), detail: bool = False) -> frozenset[str]:
+    """The families to export: defaults (with ``detail``, the families off by default for
+    what their series cost, too), plus ``enable``, minus ``disable``.
 
     Raises:
         ValueError: naming an unknown family.
     """
-    enable, disable = list(enable), list(disable)
-    for name in enable + disable:
-        if name not in BY_NAME:
-            raise ValueError(f"unknown metric {name!r} (see docs/METRICS.md)")
-    names = {spec.name for spec in METRICS if spec.default_enabled}
+    enable, disable = _known(enable), _known(disable)
+    names = {spec.name for spec in METRICS if spec.default_enabled or (detail and spec.detail)}
     return frozenset((names | set(enable)) - set(disable))
+
+
+def detailed_names(detail: bool = False, names: Iterable[str] = ()) -> frozenset[str]:
+    """The families served whole rather than in the default's shape (`MetricSpec.summed`,
+    ``sparse``): every one with ``detail``, else those ``names`` (``--detail-metric``).
+
+    Raises:
+        ValueError: naming an unknown family.
+    """
+    named = _known(names)
+    return frozenset(spec.name for spec in METRICS if spec.summed or spec.sparse) if detail else frozenset(named)
 
 
 if __name__ == "__main__":

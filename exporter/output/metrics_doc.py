@@ -3,13 +3,15 @@
 ``python -m exporter.output.metrics_doc > docs/METRICS.md`` writes it; a test fails when the
 file and the table disagree. One section per scope (a family of a scope without one is
 refused, so none is left out), the DCGM schema's names (`exporter.output.dcgm.fields`), the
-agent process's own families, what the GPM families are, what each family means per vendor
-(`exporter.output.vendor_notes`) and the OTLP attribute names.
+agent process's own families, what the default output leaves out of a family and what that
+costs (`SHAPE_DOC`, `SERIES_BUDGET`), what the GPM families are, what each family means per
+vendor (`exporter.output.vendor_notes`) and the OTLP attribute names.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 from exporter.core.labels import (
     DEVICE_LABELS,
@@ -58,7 +60,8 @@ GPM_DOC: tuple[str, ...] = (
     "- **MIG.** In MIG mode each MIG instance (`gpu_instance` label) has its own values; the parent "
     "GPU has none.",
     "- **A metric a device does not report** (NVLink on a card without it) is absent, never 0.",
-    "- **Cost.** Only the metrics of exported families are asked. On an H200 a GPM read (the "
+    "- **Cost.** Only the metrics of exported families are asked (by default 9 of the 15: the "
+    "breakdowns are `--detail`). On an H200 a GPM read (the "
     "sample and the metrics) cost about 2.1 ms of CPU a GPU in the agent's passes, nearly all of "
     "it graphics activity; with `gpu_graphics_active_ratio` and "
     "`container_gpu_graphics_active_ratio` disabled (`--disable-metric`), 0.26 ms (see "
@@ -66,9 +69,85 @@ GPM_DOC: tuple[str, ...] = (
     "- **Per workload.** `container_gpu_*` copies of these families exist only on a GPU or MIG "
     "instance whose processes all belong to one workload: GPM counts the whole device and cannot "
     "be split by process, so on a shared (time-sliced) GPU only the device series and each pod's "
-    "`container_gpu_utilization_ratio` exist (see docs/ATTRIBUTION.md).",
+    "own SM share (`container_gpu_usage_seconds_total`, and `container_gpu_utilization_ratio` with "
+    "`--detail`) exist (see docs/ATTRIBUTION.md). By default the per-workload copies are the ones "
+    "GPUBusyWithoutTensorWork reads (SM, tensor, FP16/32/64 activity); `--detail` serves them all.",
     "",
 )
+
+
+@dataclass(frozen=True)
+class SeriesBudget:
+    """What the default output may cost the backend, per GPU, against the DCGM schema on the
+    same node (`tests/test_series_budget.py` measures both on the simulated node and an
+    8-GPU node of the NVML fake, with benchmarks/bench_series.py's counting).
+
+    Attributes:
+        bound: the default's series per GPU at most this many times the DCGM schema's.
+        exceeded: why the default is past the bound, where it is (said in docs/METRICS.md; the
+            test fails past the bound while this is empty).
+    """
+
+    bound: float = 1.5
+    exceeded: str = ""
+
+
+SERIES_BUDGET = SeriesBudget()
+
+# docs/METRICS.md: what the default output leaves out, following Prometheus' own guidance.
+SHAPE_DOC: tuple[str, ...] = (
+    "## Series per GPU: what the default serves, and `--detail`",
+    "",
+    "Every series the agent serves is held, indexed and compacted by the backend (Prometheus, Mimir, "
+    "Thanos, VictoriaMetrics) for every node: head memory grows with the number of series, not with "
+    "how often they change. The default output serves what the shipped alerts, recording rules, "
+    "dashboards, the chargeback report, the page and `l9gpu snapshot` read, and leaves out series that "
+    "tell them nothing more. Four choices, each weighed against Prometheus' own guidance:",
+    "",
+    "- **Labels nobody queries are summed.** Prometheus' instrumentation practices ask to keep a "
+    "metric's cardinality below about 10 and not to overuse labels; NVLink errors per link and type "
+    "are 72 series on an HGX GPU, nearly all 0. The default serves one sum per GPU; "
+    "`sum by (node, gpu, uuid)` reads both shapes alike.",
+    "- **A state set serves its current state.** OpenMetrics' StateSet and kube-state-metrics serve "
+    "every state, 1 for the current and 0 for the others; the default serves only the series whose "
+    "value is 1, whose label says the state (the shape `gpu_health_reason` always had). Queries that "
+    "compare with `== 1` or test that a series exists read both shapes alike; a query for "
+    "`== 0`, or `absent()` of a state, needs `--detail`.",
+    "- **A flag or a counter with nothing to say waits until it has.** Prometheus' \"avoid missing "
+    "metrics\" asks to export 0 for series known in advance, so that the first increase is seen; the "
+    "default departs from it only where no shipped query needs the zero: flags read with `== 1`, and "
+    "violation times, whose first sample's growth (at most one scrape interval of held-down time) is "
+    "all rate() loses. Error counters (ECC, PCIe replays, remapped rows, NVLink errors) keep their "
+    "zeros, so `increase()` sees the first error.",
+    "- **Breakdowns are off.** Families that split what a default family says (per tensor pipe, per FP "
+    "pipe, GPM's PCIe rate beside the PCIe byte counters, each NVLink's state) are off, as "
+    "dcgm-exporter's default counters leave out its profiling breakdowns and per-link fields.",
+    "",
+    "`--detail` serves every family whole (per link and type, every state with 0 or 1, the zeros, and "
+    "the breakdown families); `--detail-metric NAME` one family whole; `--enable-metric NAME` one family "
+    "that is off. The `--metric-schema dcgm` fields are read from the whole rows whatever the shape. "
+    f"The default stays within {SERIES_BUDGET.bound:g}x the DCGM schema's series per GPU on the same node "
+    "(`tests/test_series_budget.py`); the measured figures and the backend's memory per 1,000 series "
+    "are in docs/PERFORMANCE.md (`benchmarks/bench_series.py`).",
+    "",
+)
+
+
+def _shape_section() -> list[str]:
+    """The shaped families (`MetricSpec.summed`, ``sparse``, ``detail``): what the default
+    serves of each, what that costs and what serves it instead."""
+    out = list(SHAPE_DOC)
+    if SERIES_BUDGET.exceeded:
+        out += [f"**Past the bound:** {SERIES_BUDGET.exceeded}", ""]
+    out += ["| family | default | what it costs and gives |", "|---|---|---|"]
+    for spec in cat.METRICS:
+        if not spec.shaped:
+            continue
+        shape = ("off" if spec.detail else
+                 "summed over " + ", ".join(f"`{label}`" for label in spec.summed) if spec.summed else
+                 "non-zero series only")
+        out.append(f"| `{spec.name}` | {shape} | {spec.cost} |")
+    return out + [""]
 
 
 def _fmt_scale(scale: float) -> str:
@@ -167,7 +246,8 @@ def markdown() -> str:
         "Every GPU series carries `" + "`, `".join(DEVICE_LABELS) + "`; workload series add `"
         + "`, `".join(WORKLOAD_ID_LABELS) + "` (empty where not applicable), plus `"
         + "`, `".join(OWNER_LABELS[:-1]) + "`, `" + OWNER_LABELS[-1] + "` and `label_<key>` when configured. Values a "
-        "device cannot provide are omitted, never exported as 0.",
+        "device cannot provide are omitted, never exported as 0. What the default output leaves out of a "
+        "family, and `--detail`: *Series per GPU* below.",
         "",
     ] + _training_labels()
     untitled = sorted({spec.scope for spec in cat.METRICS} - set(SECTIONS))
@@ -184,12 +264,14 @@ def markdown() -> str:
             extra = spec.labels[len(base):] if base and spec.labels[: len(base)] == base else spec.labels
             labels = {DEVICE: "device", HEALTH: "device", WORKLOAD: "workload", WORKLOAD_GPM: "workload",
                       INCIDENT: "workload", PROCESS: "workload"}.get(scope, "")
-            label_text = ", ".join(filter(None, [f"*{labels}*" if labels else ""] + [f"`{x}`" for x in extra]))
+            label_text = ", ".join(filter(None, [f"*{labels}*" if labels else ""] + [
+                f"`{x}` (`--detail`)" if x in spec.summed else f"`{x}`" for x in extra]))
             dcgm = f"`{spec.dcgm[0]}`{_fmt_scale(spec.dcgm[1])}" if spec.dcgm[0] else ""
-            help_text = spec.help + (f" Note: {spec.vendors_note}." if spec.vendors_note else "")
+            help_text = (("**Off by default** (`--detail`). " if spec.detail else "") + spec.help
+                         + (f" Note: {spec.vendors_note}." if spec.vendors_note else ""))
             out.append(f"| `{spec.name}` | {spec.type} | {spec.ucum} | {label_text} | {help_text} | {dcgm} |")
         out.append("")
-    out += _dcgm_section() + _runtime_section()
+    out += _shape_section() + _dcgm_section() + _runtime_section()
     out += list(GPM_DOC)
     out += ["## Per vendor", "", "What each family means on each backend; \u2014 where the vendor cannot provide it "
             "(the series is absent, never 0).", "", "| family | " + " | ".join(VENDORS.values()) + " |",

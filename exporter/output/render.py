@@ -10,14 +10,14 @@ knows one family from another.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator, Union
+from typing import Callable, Iterable, Iterator, Union
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 
 from exporter.core.model import Snapshot
 from exporter.output import catalogue as cat
-from exporter.output.extract import Frame
+from exporter.output.extract import Frame, Labels, Row
 
 Family = Union[GaugeMetricFamily, CounterMetricFamily]
 
@@ -32,11 +32,31 @@ def _family(spec: cat.MetricSpec, labels: tuple[str, ...]) -> Family:
     return GaugeMetricFamily(spec.name, spec.help, labels=labels, unit=unit)
 
 
+def _summed(rows: Iterable[Row], keep: tuple[int, ...]) -> Iterator[Row]:
+    """One row per distinct value of the ``keep`` labels, the sum of the rows that share it."""
+    totals: dict[Labels, float] = {}
+    for labels, value in rows:
+        key = tuple(labels[i] for i in keep)
+        totals[key] = totals.get(key, 0.0) + value
+    return iter(totals.items())
+
+
+def shaped_rows(spec: cat.MetricSpec, rows: Iterable[Row]) -> Iterable[Row]:
+    """A family's rows as the default output serves them: summed over ``spec.summed``, the
+    zeros of a ``spec.sparse`` family left out (`MetricSpec`; ``--detail`` serves ``rows``)."""
+    if spec.summed:
+        rows = _summed(rows, tuple(i for i, label in enumerate(spec.labels) if label not in spec.summed))
+    if spec.sparse:
+        rows = (row for row in rows if row[1] != 0)
+    return rows
+
+
 def families(
     snapshot: Snapshot,
     enabled: frozenset[str],
     extra_labels: tuple[str, ...] = (),
     now: float | None = None,
+    detailed: frozenset[str] = frozenset(),
 ) -> Iterator[Metric]:
     """Yield every enabled family for ``snapshot``.
 
@@ -46,6 +66,8 @@ def families(
         extra_labels: names of the workload labels after the catalogue's
             (owner, ``label_*``), matching the snapshot's workload label values.
         now: wall-clock time for ages (``l9gpu_snapshot_age_seconds``; default: time.time()).
+        detailed: families served whole (per link, every state, zeros too) instead of in
+            the default's shape (`shaped_rows`; `catalogue.detailed_names`).
     """
     frame: Frame | None = None
     for spec in cat.METRICS:
@@ -53,10 +75,13 @@ def families(
             continue  # off, or registered by a part of its own (`MetricSpec.registered_by`)
         if frame is None:
             frame = Frame.of(snapshot, time.time() if now is None else now)
-        family = _family(spec, spec.labels + extra_labels if spec.scope in _WORKLOAD_SCOPES else spec.labels)
+        whole = spec.name in detailed
+        labels = spec.labels if whole else spec.default_labels
+        family = _family(spec, labels + extra_labels if spec.scope in _WORKLOAD_SCOPES else labels)
         add = family.add_metric
-        for labels, value in spec.extract(frame, spec):
-            add(labels, value)
+        rows = spec.extract(frame, spec)
+        for values, value in (rows if whole else shaped_rows(spec, rows)):
+            add(values, value)
         yield family
 
 
@@ -68,6 +93,7 @@ class SnapshotCollector(PrometheusCollector):
             yields nothing).
         enabled: family names to export.
         extra_labels: extra workload label names (see `families`).
+        detailed: families served whole (see `families`).
     """
 
     def __init__(
@@ -75,16 +101,18 @@ class SnapshotCollector(PrometheusCollector):
         get_snapshot: Callable[[], Snapshot | None],
         enabled: frozenset[str] | None = None,
         extra_labels: tuple[str, ...] = (),
+        detailed: frozenset[str] = frozenset(),
     ):
         self._get_snapshot = get_snapshot
         self._enabled = enabled if enabled is not None else cat.enabled_names()
         self._extra_labels = extra_labels
+        self._detailed = detailed
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self._get_snapshot()
         if snapshot is None:
             return iter(())
-        return families(snapshot, self._enabled, self._extra_labels)
+        return families(snapshot, self._enabled, self._extra_labels, detailed=self._detailed)
 
     def describe(self) -> Iterator[Metric]:
         # Declaring no families keeps registration free of a first collect() pass.

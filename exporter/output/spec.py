@@ -135,6 +135,15 @@ class MetricSpec:
             series (its extractor must read one device at a time: `PerDevice`).
         registered_by: the part that registers the family on the registry itself, instead
             of a render of the snapshot (then there is no ``extract``).
+        summed: labels the default output sums its series over (per NVLink link, per
+            type): one series per remaining label set; ``--detail`` serves them apart.
+        sparse: the default output leaves out a series whose value is 0 (a state that is
+            not the current one, a flag that is not set, a counter that has not counted);
+            ``--detail`` serves them all.
+        detail: off by default for what its series cost, on with ``--detail`` (or
+            ``--enable-metric``); implies ``default_enabled=False``.
+        cost: what the default's shape gives up and what serves it instead (docs only;
+            required where ``summed``, ``sparse`` or ``detail`` is set).
     """
 
     name: str
@@ -149,8 +158,20 @@ class MetricSpec:
     vendors_note: str = ""
     dcgm_fields: tuple[DcgmAlias, ...] = ()
     registered_by: str = ""
+    summed: tuple[str, ...] = ()
+    sparse: bool = False
+    detail: bool = False
+    cost: str = ""
 
     def __post_init__(self) -> None:
+        if set(self.summed) - set(self.labels):
+            raise ValueError(f"{self.name}: sums over labels it lacks: {sorted(set(self.summed) - set(self.labels))}")
+        if self.detail and self.default_enabled:
+            object.__setattr__(self, "default_enabled", False)
+        if self.shaped and not self.cost:
+            raise ValueError(f"{self.name}: say what the default's shape costs and gives (cost)")
+        if (self.summed or self.sparse) and self.registered_by:
+            raise ValueError(f"{self.name}: only a family rendered from the snapshot can be summed or sparse")
         if (self.extract is None) == (not self.registered_by):
             raise ValueError(f"{self.name}: a family is rendered from the snapshot (extract) or registered "
                              "by a part of its own (registered_by): give exactly one")
@@ -162,6 +183,16 @@ class MetricSpec:
                 raise ValueError(f"{self.name}: {alias.name} picks series by labels it lacks: {sorted(unknown)}")
         if self.dcgm_fields and not self.dcgm[0]:
             object.__setattr__(self, "dcgm", (self.dcgm_fields[0].name, self.dcgm_fields[0].factor))
+
+    @property
+    def shaped(self) -> bool:
+        """Whether the default output serves less of this family than ``--detail`` does."""
+        return bool(self.summed or self.sparse or self.detail)
+
+    @property
+    def default_labels(self) -> tuple[str, ...]:
+        """The family's labels in the default output (``summed`` ones left out)."""
+        return tuple(label for label in self.labels if label not in self.summed)
 
     @property
     def is_counter(self) -> bool:
