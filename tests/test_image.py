@@ -199,7 +199,8 @@ def test_version_and_the_simulated_node(container):
 
 READ_JOURNAL = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout, "
                 "format='%(levelname)s %(message)s'); from exporter.incidents.journal import JournalKernelLog; "
-                "j = JournalKernelLog('/var/log/journal', from_start=True); print('xids', [r.xid for r in j.poll()])")
+                "j = JournalKernelLog('/var/log/journal', from_start=True); j.sync(); "
+                "print('xids', [r.xid for r in j.poll()])")
 
 
 def test_the_journal_is_read_in_the_image_and_a_user_outside_its_group_is_warned(container, tmp_path):
