@@ -93,7 +93,8 @@ docs: venv
 	$(PY) -m exporter.output.catalogue > docs/METRICS.md
 	$(PY) -m exporter inference-rules -o alerts/l9gpu-inference.rules.yaml
 	$(PY) -m exporter.report.rules > alerts/l9gpu-chargeback.rules.yaml
-	cp alerts/l9gpu.rules.yaml alerts/l9gpu-inference.rules.yaml alerts/l9gpu-chargeback.rules.yaml charts/l9gpu/files/
+	cp alerts/l9gpu.rules.yaml alerts/l9gpu-inference.rules.yaml alerts/l9gpu-chargeback.rules.yaml \
+		alerts/l9gpu-training.rules.yaml charts/l9gpu/files/
 
 # The Helm chart as a static Helm repository: dist/charts/l9gpu-<version>.tgz and index.yaml
 # (Helm's own engine, from helm-python-sdk). CHART_URL=https://... makes the index's
