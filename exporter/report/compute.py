@@ -52,7 +52,11 @@ DEVICE_COUNTERS: dict[str, tuple[str, float]] = {
     "unallocated": ("gpu_unallocated_seconds_total", 1 / 3600),      # GPU-hours nobody held
     "unhealthy": ("gpu_unhealthy_seconds_total", 1 / 3600),          # GPU-hours of unhealthy verdicts
 }
+# Per workload and GPU, 1 while the agent calls the GPU stalled (a gauge, read a minute at a time).
+STALLED_FAMILY = "container_gpu_stalled"
+STALLED_RESOLUTION_S = 60
 SCALE: dict[str, float] = {key: scale for key, (_, scale) in {**COUNTERS, **DEVICE_COUNTERS}.items()}
+SCALE["stalled"] = 1 / 3600  # GPU-hours stalled
 STEPS_S = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 MAX_STEPS = 130
 NODE_BATCH = 100  # nodes per raw-sample query
@@ -66,8 +70,8 @@ VALUE_ANSWERS_AT_ONCE = 2
 SeriesKey = tuple[tuple[str, str], ...]
 # Labels that belong to a workload, not to its GPU: a workload series' labels without them
 # are its GPU's (node, gpu, uuid, model, gpu_instance and the scrape's own labels).
-WORKLOAD_LABELS = frozenset(("namespace", "pod", "container", "pod_uid", "slurm_job_id", "owner_kind", "owner_name",
-                             "slurm_user", "slurm_account"))
+WORKLOAD_LABELS = frozenset(("namespace", "pod", "container", "pod_uid", "slurm_job_id", "training_job",
+                             "training_rank", "owner_kind", "owner_name", "slurm_user", "slurm_account"))
 
 
 def choose_step(seconds: float) -> int:
@@ -509,6 +513,17 @@ def _group_rows(counters: Sequence[str], results: Sequence[Any]) -> list[SeriesT
     return _series_rows((name, result.steps) for name, result in zip(counters, results))
 
 
+async def stalled_seconds(prom: Prometheus, grid: Grid, selector: str) -> dict[SeriesKey, float]:
+    """Per workload series, the GPU-seconds it was stalled in the period: its 0/1
+    `STALLED_FAMILY` a minute at a time, from the period's first minute to the one before
+    its end (as the hourly rules count an hour). Series stalled for none of it are left out."""
+    span = grid.end_ms - grid.start_ms
+    expr = (f"{STALLED_RESOLUTION_S} * sum_over_time({with_matchers(STALLED_FAMILY, selector)}"
+            f"[{span}ms:{STALLED_RESOLUTION_S}s] offset 1ms) > 0")
+    answer = await prom.query(expr, grid.end_ms / 1000, expect="vector")
+    return {series_key(s["metric"]): float(s["value"][1]) for s in answer}
+
+
 # What `fetch` needs per step when the server sums by group: the timeline's cost and the
 # carbon figures (allocated time and energy), and what nobody held.
 STEP_COUNTERS = ("allocated", "energy")
@@ -542,8 +557,11 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
         sums += [aggregate.increases(prom, family, grid, selector,
                                      gpu_keys if key in DEVICE_STEP_COUNTERS else None, stats, keys)
                  for key, (family, _) in DEVICE_COUNTERS.items()]
-        results = await all_of(*sums)
-        series = _totals(list(COUNTERS), results[:len(COUNTERS)])
+        results = await all_of(*sums, stalled_seconds(prom, grid, selector))
+        stalled = results.pop()
+        series = _series_rows([*((name, {key: [total] for key, total in result.totals.items()})
+                                 for name, result in zip(COUNTERS, results)),
+                               ("stalled", {key: [seconds] for key, seconds in stalled.items()})])
         devices = _totals(list(DEVICE_COUNTERS), results[len(COUNTERS):])
         fetched = Fetched(grid, series, devices, stats, steps=_group_rows(list(COUNTERS), results[:len(COUNTERS)]),
                           device_steps=_group_rows(list(DEVICE_COUNTERS), results[len(COUNTERS):]))
