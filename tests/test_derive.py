@@ -121,11 +121,27 @@ def test_down_device_keeps_energy_but_reports_no_workloads():
 def test_label_schema_adds_owner_and_pod_labels():
     names, labeller = label_schema(["team", "app.kubernetes.io/name"])
     assert names == ("owner_kind", "owner_name", "slurm_user", "slurm_account", "label_team",
-                     "label_app_kubernetes_io_name")
+                     "label_app_kubernetes_io_name", "training_job", "training_rank")
     w = pod("a", owner_kind="Deployment", owner_name="web", labels=(("team", "search"),))
-    assert labeller(w)[-6:] == ("Deployment", "web", "", "", "search", "")
-    job = Workload(kind="slurm", slurm_job_id="4242", slurm_user="alice", slurm_account="physics")
-    assert labeller(job)[-6:] == ("", "", "alice", "physics", "", "")
+    assert labeller(w)[-6:] == ("Deployment", "web", "", "", "search", "")  # no job: no training values
+    job = Workload(kind="slurm", slurm_job_id="4242", slurm_user="alice", slurm_account="physics",
+                   training_job="4242", training_rank="13")
+    assert labeller(job)[-8:] == ("", "", "alice", "physics", "", "", "4242", "13")
+    ray = pod("b", training_job="rl-cluster")  # a job without ranks: the job alone
+    assert labeller(ray)[-3:] == ("", "", "rl-cluster")
+
+
+def test_two_ranks_of_one_slurm_job_on_two_gpus_are_each_their_own_workload():
+    names, labeller = label_schema([])
+    rank = {r: Workload(kind="slurm", slurm_job_id="4242", slurm_step="0", training_job="4242", training_rank=str(r))
+            for r in (0, 1)}
+    devices = [gpu(index=i, procs=[ProcessSample(10 + i, GIB, 0.5)]) for i in (0, 1)]
+    _, d = step(DeriveState(), 0.0, "n", devices, {10: rank[0], 11: rank[1]}, labeller)
+    by_gpu = {u.device_key: u for u in d.workloads}
+    for i in (0, 1):
+        usage = by_gpu[f"GPU-{i}"]
+        assert usage.workload.training_rank == str(i)  # the pass's workload is the rank's, not the job's first
+        assert workload_label_map(usage.labels, names)["training_rank"] == str(i)
 
 
 shares = st.lists(st.tuples(st.one_of(st.none(), st.floats(0, 1)), st.one_of(st.none(), st.integers(0, 80 * GIB))),

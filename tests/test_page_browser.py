@@ -93,7 +93,7 @@ def test_dom_holds_every_pod_and_flags_the_zombie(agent, tmp_path):
     assert sorted(dom.gpus) == [f"gpu-{i}" for i in range(8)]
     for pod in PODS:
         assert any(pod in text for _, _, text in dom.rows), f"{pod} is not on the page"
-    assert any(s == "gpu-6" and "Slurm job 4242 step 0 (bob)" in t for s, _, t in dom.rows)
+    assert any(s == "gpu-6" and "Slurm job 4242 step 0 rank 0 (bob)" in t for s, _, t in dom.rows)
     assert any(s == "gpu-1" and "unattributed: 1 process" in t and "nvtop-probe" in t for s, _, t in dom.rows)
     zombies = [(s, t) for s, a, t in dom.rows if a.get("data-flag") == "zombie"]
     assert len(zombies) == 1

@@ -96,7 +96,7 @@ def test_the_collector_takes_its_pass_settings_from_the_flags() -> None:
     args = serve("--node-name", "gpu-node-7", "--interval", "2s", "--read-timeout", "3s", "--pod-label", "team")
     collector, extra = build_collector(args, [], None)
     assert (collector.node, collector.interval, collector.read_timeout) == ("gpu-node-7", 2.0, 3.0)
-    assert extra == label_schema(["team"])[0] and extra[-1] == "label_team"
+    assert extra == label_schema(["team"])[0] and extra[-3:] == ("label_team", "training_job", "training_rank")
     # `l9gpu snapshot` gives its reads its --timeout
     snapshot = build_parser().parse_args(["snapshot", "--backend", "simulated", "--timeout", "4s"])
     snapshot.node_name = "n"

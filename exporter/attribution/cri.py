@@ -25,6 +25,7 @@ import os
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from exporter.attribution import training
 from exporter.attribution.kubernetes import PodIndex, PodMeta
 from exporter.attribution.unixgrpc import STARTUP_TIMEOUT, SocketLister
 
@@ -54,8 +55,13 @@ def pods_from_containers(containers: Iterable[Any]) -> list[PodMeta]:
 
     Containers without the kubelet's pod UID label (not started by the kubelet, e.g.
     ``nerdctl run``) are skipped. Owner and pod labels are not in CRI: they stay empty.
+    The training job and rank are read from the container's labels and annotations by the
+    same rule as the API's (`training.from_pod`); the kubelet copies none of a pod's
+    labels or annotations onto its containers (only onto the pod sandbox), so they are
+    found only where a runtime hook or the image put the scheduler's keys there.
     """
     pods: dict[str, tuple[str, str, dict[str, str]]] = {}
+    jobs: dict[str, training.Identity] = {}
     for container in containers:
         labels: Mapping[str, str] = getattr(container, "labels", None) or {}
         uid = str(labels.get(POD_UID, "")).strip()
@@ -68,7 +74,10 @@ def pods_from_containers(containers: Iterable[Any]) -> list[PodMeta]:
         cname = str(labels.get(CONTAINER_NAME, "") or getattr(metadata, "name", "") or "")
         if cid and cname:
             names[cid] = cname
-    return [PodMeta(uid=uid, name=name, namespace=namespace, containers=names)
+        if uid not in jobs or jobs[uid] == training.NO_JOB:
+            jobs[uid] = training.from_pod(labels, getattr(container, "annotations", None) or {})
+    return [PodMeta(uid=uid, name=name, namespace=namespace, containers=names,
+                    training_job=jobs[uid][0], training_rank=jobs[uid][1])
             for uid, (name, namespace, names) in sorted(pods.items())]
 
 

@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, cast
 
+from exporter.attribution import training
+
 if TYPE_CHECKING:
     import urllib3
 
@@ -69,6 +71,9 @@ class PodMeta:
         containers: container id (64 hex, no ``containerd://`` scheme) -> container
             name, for regular, init and ephemeral containers.
         resource_version: of the object last seen.
+        training_job, training_rank: the training job the pod is a rank of and its rank,
+            as its scheduler labelled (or annotated) it (`training.from_pod`); "" for
+            a pod of no job.
     """
 
     uid: str
@@ -79,6 +84,8 @@ class PodMeta:
     labels: tuple[tuple[str, str], ...] = ()
     containers: Mapping[str, str] = field(default_factory=dict)
     resource_version: str = ""
+    training_job: str = ""
+    training_rank: str = ""
 
 
 def _str(value: Any) -> str:
@@ -134,6 +141,7 @@ def pod_meta(obj: Any) -> PodMeta | None:
     if not uid:
         return None
     labels = {str(k): str(v) for k, v in _dict(meta.get("labels")).items()}
+    training_job, training_rank = training.from_pod(labels, _dict(meta.get("annotations")))
     owner_kind, owner_name = resolve_owner(_list(meta.get("ownerReferences")), labels)
     status = _dict(pod.get("status"))
     containers: dict[str, str] = {}
@@ -150,7 +158,8 @@ def pod_meta(obj: Any) -> PodMeta | None:
                 containers.setdefault(old, name)
     return PodMeta(uid=uid, name=_str(meta.get("name")), namespace=_str(meta.get("namespace")),
                    owner_kind=owner_kind, owner_name=owner_name, labels=tuple(sorted(labels.items())),
-                   containers=containers, resource_version=_str(meta.get("resourceVersion")))
+                   containers=containers, resource_version=_str(meta.get("resourceVersion")),
+                   training_job=training_job, training_rank=training_rank)
 
 
 def parse_pod_list(data: bytes | str) -> tuple[list[PodMeta], int, str]:

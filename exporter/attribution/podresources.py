@@ -132,7 +132,8 @@ def allocation_workload(allocation: PodAllocation, index: PodIndex | None) -> Wo
         return Workload(kind="kubernetes", namespace=allocation.namespace, pod=allocation.pod,
                         container=allocation.container)
     return Workload(kind="kubernetes", namespace=pod.namespace, pod=pod.name, container=allocation.container,
-                    pod_uid=pod.uid, owner_kind=pod.owner_kind, owner_name=pod.owner_name, labels=pod.labels)
+                    pod_uid=pod.uid, owner_kind=pod.owner_kind, owner_name=pod.owner_name, labels=pod.labels,
+                    training_job=pod.training_job, training_rank=pod.training_rank)
 
 
 def join(allocations: Iterable[PodAllocation], devices: Sequence[DeviceSample],

@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 # The only environment variables ever read from a process, and only from Slurm steps.
 # Nothing else from environ is kept, logged or exported.
 SLURM_ENV_ALLOWED: frozenset[str] = frozenset(
-    {"SLURM_JOB_ID", "SLURM_JOB_USER", "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT"})
+    {"SLURM_JOB_ID", "SLURM_JOB_USER", "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT",
+     "SLURM_PROCID"})  # the task's rank in its step: the workload's training rank
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/<pid>/stat's unit
 _ENVIRON_LIMIT = 256 * 1024  # bytes; environ is rarely over a few KiB
 
@@ -41,7 +42,7 @@ class ProcInfo:
         comm: the short command name ("" when unreadable).
         uid: the real uid, None when unreadable.
         cgroup: the owner named by its cgroup file.
-        slurm_env: allow-listed ``SLURM_JOB_*`` variables (Slurm steps only).
+        slurm_env: the allow-listed variables (`SLURM_ENV_ALLOWED`; Slurm steps only).
     """
 
     pid: int

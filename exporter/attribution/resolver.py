@@ -18,7 +18,7 @@ import logging
 import pwd
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from exporter.attribution import cgroups, podresources
+from exporter.attribution import cgroups, podresources, training
 from exporter.attribution.kubernetes import PodIndex
 from exporter.attribution.procfs import ProcCache, ProcFS, ProcInfo
 from exporter.core.model import HOST, UNKNOWN, AllocationRow, DeviceSample, Workload
@@ -154,10 +154,12 @@ class ProcAttributor:
                 uid_text = owner.slurm_uid
                 uid = int(uid_text) if uid_text.isdigit() else info.uid
                 user = self._user(uid) if uid is not None else ""
-            return Workload(kind="slurm", slurm_job_id=owner.slurm_job_id or env.get("SLURM_JOB_ID", ""),
-                            slurm_step=owner.slurm_step, slurm_user=user,
+            job_id = owner.slurm_job_id or env.get("SLURM_JOB_ID", "")
+            training_job, training_rank = training.from_slurm(job_id, env)
+            return Workload(kind="slurm", slurm_job_id=job_id, slurm_step=owner.slurm_step, slurm_user=user,
                             slurm_partition=env.get("SLURM_JOB_PARTITION", ""),
-                            slurm_account=env.get("SLURM_JOB_ACCOUNT", ""))
+                            slurm_account=env.get("SLURM_JOB_ACCOUNT", ""),
+                            training_job=training_job, training_rank=training_rank)
         if owner.kind == cgroups.DOCKER:
             return Workload(kind="docker", container_id=owner.container_id)
         if owner.kind == cgroups.SYSTEMD:
@@ -178,7 +180,7 @@ class ProcAttributor:
         return Workload(kind="kubernetes", namespace=pod.namespace, pod=pod.name,
                         container=pod.containers.get(owner.container_id, ""), pod_uid=pod.uid,
                         container_id=owner.container_id, owner_kind=pod.owner_kind, owner_name=pod.owner_name,
-                        labels=pod.labels)
+                        labels=pod.labels, training_job=pod.training_job, training_rank=pod.training_rank)
 
     def _user(self, uid: int) -> str:
         name = self._users.get(uid)

@@ -15,7 +15,7 @@ index and those allocations exactly as it reads a real node.
 Scenario ``workload`` mappings understood::
 
     workload: {namespace, pod, container, owner: {kind, name}, labels: {...}, qos}
-    workload: {slurm: {job_id, step, user, uid, partition, account}}
+    workload: {slurm: {job_id, step, user, uid, partition, account, rank}}
     workload: {systemd: ollama.service}
     workload: {host: true}            # or no workload at all: a host process
 """
@@ -285,7 +285,7 @@ def write_proc_tree(root: str, processes: Iterable[ScenarioProcess]) -> None:
             env = {"HOME": f"/home/{s.get('user', uid)}", "PATH": "/usr/bin:/bin",
                    "SLURM_JOB_ID": str(job), "SLURM_JOB_USER": str(s.get("user", "")),
                    "SLURM_JOB_PARTITION": str(s.get("partition", "")),
-                   "SLURM_JOB_ACCOUNT": str(s.get("account", "")),
+                   "SLURM_JOB_ACCOUNT": str(s.get("account", "")), "SLURM_PROCID": str(s.get("rank", 0)),
                    "WANDB_API_KEY": "never-exported"}  # proves the allow-list holds in the demo
             environ = b"\0".join(f"{k}={v}".encode() for k, v in env.items()) + b"\0"
         elif w.get("systemd"):

@@ -46,7 +46,7 @@ from operator import is_
 from typing import Mapping, NamedTuple, Sequence
 
 from exporter.collect.splits import EnergyWeights, advance_energy, energy_weights, split_energy_by, split_time
-from exporter.core.labels import Labeller, default_labeller, device_label_values, workload_id_values
+from exporter.core.labels import Labeller, default_labeller, device_label_values, workload_key
 from exporter.core.model import (
     UNKNOWN,
     AllocationRow,
@@ -186,7 +186,7 @@ class Derived:
 class _Pass:
     """What one pass looks up more than once: label values and workloads by owner object.
 
-    A workload's identity (`workload_id_values`) names one `Workload` per pass: the owner
+    A workload's identity (`workload_key`) names one `Workload` per pass: the owner
     of its first process on the node (devices in order), so every GPU's usage of it
     carries the same object (a Slurm job's step is the one it first runs on the node); a
     container allocated a GPU it runs nothing on, and no process before, is its
@@ -236,8 +236,8 @@ class _Pass:
         """The pass's one `Workload` with the owner's identity. Ask for process owners
         (``runs``) in process order, devices in order: the first one asked for is it."""
         if runs:
-            return self._workloads.setdefault(workload_id_values(owner), owner)
-        return self._workloads.get(workload_id_values(owner), owner)
+            return self._workloads.setdefault(workload_key(owner), owner)
+        return self._workloads.get(workload_key(owner), owner)
 
 
 class HolderShare(NamedTuple):

@@ -6,6 +6,13 @@ Every GPU series starts with the device labels (`DEVICE_LABELS`, values from
 ``--pod-label KEY`` (`label_schema`); a per-process series adds ``pid`` and ``comm``. The
 catalogue, `derive`, `render`, `dcgm` and `snapshot_json` all take names and values from
 here, so the order a series' values are in is decided once.
+
+Last come the training job and rank (`TRAINING_LABELS`), and only where the workload has
+them: its values end with `training_values`, which is empty for a workload of no job and
+the job alone where there is no rank. A family's label names list them last, and
+prometheus_client pairs names with values with ``zip``, which stops at the shorter: so a
+series of no job carries neither label (absent, not empty) without a look at any value
+while rendering. Whoever adds names after them (``kind``, ``role``) puts those first.
 """
 
 from __future__ import annotations
@@ -20,7 +27,10 @@ DEVICE_LABELS: tuple[str, ...] = ("node", "gpu", "uuid", "model", "gpu_instance"
 # Labels that say whose a workload series is ("" where not applicable).
 WORKLOAD_ID_LABELS: tuple[str, ...] = ("namespace", "pod", "container", "pod_uid", "slurm_job_id")
 WORKLOAD_LABELS: tuple[str, ...] = DEVICE_LABELS + WORKLOAD_ID_LABELS
-PROCESS_LABELS: tuple[str, ...] = WORKLOAD_LABELS + ("pid", "comm")
+# The distributed training job a workload is a rank of, and its rank (not ``job``:
+# Prometheus' own target label). Last on every workload and process series, and only where set.
+TRAINING_LABELS: tuple[str, ...] = ("training_job", "training_rank")
+PROCESS_LABELS: tuple[str, ...] = WORKLOAD_LABELS + ("pid", "comm") + TRAINING_LABELS
 
 # The owner of a pod (top-level controller) and of a Slurm job (user, account): one value
 # per workload, so they add no series, and chargeback can group by them.
@@ -45,6 +55,22 @@ def workload_id_values(workload: Workload) -> tuple[str, ...]:
 
     Two owners with equal values are the same workload as far as the series tell."""
     return (workload.namespace, workload.pod, workload.container, workload.pod_uid, workload.slurm_job_id)
+
+
+def training_values(workload: Workload) -> tuple[str, ...]:
+    """Values for `TRAINING_LABELS`, as many as are set: () for a workload of no job,
+    (job,) for a job without ranks, (job, rank)."""
+    job = workload.training_job
+    if not job:
+        return ()
+    rank = workload.training_rank
+    return (job, rank) if rank else (job,)
+
+
+def workload_key(workload: Workload) -> tuple[str, ...]:
+    """Who a workload is, as its series tell: `workload_id_values` and `training_values`
+    (two ranks of one Slurm job on a node are two workloads)."""
+    return workload_id_values(workload) + training_values(workload)
 
 
 def default_labeller(workload: Workload) -> tuple[str, ...]:
@@ -91,20 +117,21 @@ def label_schema(pod_labels: Sequence[str] = ()) -> tuple[tuple[str, ...], Label
     Workload series always carry the owner (``owner_kind``, ``owner_name``: Deployment,
     StatefulSet, Job, ...; ``slurm_user``, ``slurm_account`` for a Slurm job); each
     ``--pod-label KEY`` adds ``label_<key>`` with the pod's label value ("" when the pod has
-    no such label).
+    no such label); then ``training_job`` and ``training_rank`` where the workload has them.
 
     Returns:
-        (the label names after `WORKLOAD_LABELS`, a labeller whose values are
-        `workload_id_values` followed by one value for each of those names).
+        (the label names after `WORKLOAD_LABELS`, `TRAINING_LABELS` last; a labeller whose
+        values are `workload_id_values` followed by one value for each of those names,
+        the training ones only where set: `training_values`).
     """
     keys = list(dict.fromkeys(pod_labels))
-    names = OWNER_LABELS + tuple(pod_label_name(k) for k in keys)
+    names = OWNER_LABELS + tuple(pod_label_name(k) for k in keys) + TRAINING_LABELS
 
     def labeller(workload: Workload) -> tuple[str, ...]:
         pod_labels_map = dict(workload.labels)
         return workload_id_values(workload) + (workload.owner_kind, workload.owner_name,
                                                 workload.slurm_user, workload.slurm_account) + tuple(
-            pod_labels_map.get(k, "") for k in keys)
+            pod_labels_map.get(k, "") for k in keys) + training_values(workload)
 
     return names, labeller
 

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from exporter.core.escape import for_terminal
 from exporter.core.model import Workload
 from exporter.incidents.engine import Incident, xid_action
-from exporter.output.snapshot_json import describe_owner, rfc3339, workload_json
+from exporter.output.snapshot_json import describe_owner, rfc3339, training_text, workload_json
 
 
 def incident_id(incident: Incident) -> str:
@@ -44,23 +44,31 @@ def _what(incident: Incident) -> str:
     return f"reported {incident.kind.replace('_', ' ')} (action: {incident.action.replace('_', ' ')})"
 
 
+def _as_rank(w: Workload) -> str:
+    """`` (job llama, rank worker-3)`` for a pod that is a rank of a training job, else ""."""
+    return f" ({training_text(w)})" if w.training_job else ""
+
+
 def event_messages(incident: Incident) -> list[tuple[Workload, str, str]]:
-    """The Kubernetes Events of an incident: (workload, reason, one-line message)."""
+    """The Kubernetes Events of an incident: (workload, reason, one-line message). A pod
+    that is a rank of a training job has its job and rank in its message."""
     where = f"GPU {incident.gpu} ({incident.uuid}, node {incident.node})"
     what = _what(incident)
     out = []
     exhausted = incident.kind == "memory_exhausted"
     for w in incident.caused_by:
+        this = "this container" + _as_rank(w)
         if exhausted:
-            message = f"{where} {what}: this container grew most before it filled"
+            message = f"{where} {what}: {this} grew most before it filled"
         elif incident.cause_basis == "sole_holder":
-            message = f"{where} {what}: this container alone held the GPU then, so its process raised it"
+            message = f"{where} {what}: {this} alone held the GPU then, so its process raised it"
         else:
-            message = f"{where} {what}: this container's process raised it"
+            message = f"{where} {what}: this container's process{_as_rank(w)} raised it"
         out.append((w, "GPUMemoryExhausted" if exhausted else "GPUFaultCaused", for_terminal(message)))
     suspect = f"; suspected cause: {describe_owner(incident.caused_by[0])}" if incident.caused_by else ""
     for w in incident.affected:
-        message = (f"{where} {what} while this container held it{suspect}" if exhausted
-                   else f"{where} {what} while this container held it")
+        this = "this container" + _as_rank(w)
+        message = (f"{where} {what} while {this} held it{suspect}" if exhausted
+                   else f"{where} {what} while {this} held it")
         out.append((w, "GPUMemoryExhausted" if exhausted else "GPUFaultAffected", for_terminal(message)))
     return out

@@ -246,10 +246,11 @@ class IncidentFamilies(PrometheusCollector):
         watch = self.watch
         if "container_gpu_incidents_total" in self.enabled:
             spec = cat.get("container_gpu_incidents_total")
-            labels = cat.WORKLOAD_LABELS + self.extra_labels + ("kind", "role")
+            # kind and role first: the workload's values end with its training labels, only where set
+            labels = ("kind", "role") + cat.WORKLOAD_LABELS + self.extra_labels
             counter = CounterMetricFamily(spec.name, spec.help, labels=labels)
             for (values, kind, role), count in sorted(watch.incident_counts().items()):
-                counter.add_metric(values + (kind, role), float(count))
+                counter.add_metric((kind, role) + values, float(count))
             yield counter
         devices = watch.devices()
         if "gpu_memory_peak_bytes" in self.enabled:

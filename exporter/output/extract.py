@@ -20,7 +20,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
 from exporter import __version__
-from exporter.core.labels import device_label_values, workload_id_values
+from exporter.core.labels import device_label_values, training_values, workload_id_values
 from exporter.core.model import DeviceSample, ProcessRow, Snapshot, Unattributed, WorkloadUsage
 
 if TYPE_CHECKING:
@@ -199,14 +199,17 @@ def unattributed(attribute: str) -> Extractor:
 
 
 def process(attribute: str) -> Extractor:
-    """A `ProcessRow` attribute of each GPU process, labelled with its GPU, workload, PID and name."""
+    """A `ProcessRow` attribute of each GPU process, labelled with its GPU, workload, PID and name
+    (and its training job and rank where set)."""
     _checked(ProcessRow, attribute)
 
     def extract(frame: Frame, spec: MetricSpec) -> Iterator[Row]:
         for row in frame.snapshot.processes:
             value = number(getattr(row, attribute))
             if value is not None and row.device_key in frame.dev_labels:
-                labels = frame.dev_labels[row.device_key] + workload_id_values(row.workload) + (str(row.pid), row.comm)
+                workload = row.workload
+                labels = (frame.dev_labels[row.device_key] + workload_id_values(workload) + (str(row.pid), row.comm)
+                          + training_values(workload))
                 yield labels, value
 
     return extract

@@ -9,7 +9,14 @@ agent process's own families, what the GPM families are, what each family means 
 
 from __future__ import annotations
 
-from exporter.core.labels import DEVICE_LABELS, OWNER_LABELS, PROCESS_LABELS, WORKLOAD_ID_LABELS, WORKLOAD_LABELS
+from exporter.core.labels import (
+    DEVICE_LABELS,
+    OWNER_LABELS,
+    PROCESS_LABELS,
+    TRAINING_LABELS,
+    WORKLOAD_ID_LABELS,
+    WORKLOAD_LABELS,
+)
 from exporter.output import catalogue as cat
 from exporter.output.dcgm import fields as dcgm
 from exporter.output.spec import (
@@ -116,6 +123,37 @@ def _runtime_section() -> list[str]:
     return out + [""]
 
 
+# Which scheduler fills the training labels, and how (docs/ATTRIBUTION.md#job-and-rank says
+# which keys each is read from, exporter/attribution/training.py reads them).
+_TRAINING_SOURCES: tuple[tuple[str, str, str], ...] = (
+    ("Kubeflow Trainer v2 (TrainJob)", "the TrainJob", "JobSet's: `node-0-3`"),
+    ("Kubeflow training-operator (PyTorchJob, TFJob, MPIJob, ...)", "the job", "replica type and index: `worker-3`"),
+    ("JobSet", "the JobSet", "replicated job, job index, completion index: `workers-1-0`"),
+    ("Volcano Job", "the job", "task and task index: `worker-3`"),
+    ("LeaderWorkerSet", "the LeaderWorkerSet", "group index and worker index: `2-1`"),
+    ("KubeRay (RayCluster, RayJob)", "the Ray cluster", "none (Ray ranks its workers itself)"),
+    ("Indexed Job", "the Job", "completion index: `3`"),
+    ("Slurm", "the job id", "the task's `SLURM_PROCID`: `13`"),
+)
+
+
+def _training_labels() -> list[str]:
+    """The paragraph and table on ``training_job`` and ``training_rank``."""
+    out = [
+        "Workload and per-process series of a pod (or Slurm process) that is a rank of a distributed training job "
+        "also carry `" + "` and `".join(TRAINING_LABELS) + "`: the job as its scheduler names it, and the rank "
+        "written as the scheduler names the pod after the job's name. A workload of no job carries neither (the "
+        "labels are absent, not empty). They are not called `job`: that is Prometheus' own target label (with "
+        "`honor_labels: true` the agent's value would replace the scrape job's name; without it Prometheus "
+        "renames it `exported_job`). How each is read: [docs/ATTRIBUTION.md](ATTRIBUTION.md#job-and-rank).",
+        "",
+        "| scheduler | `training_job` | `training_rank` |",
+        "|---|---|---|",
+    ]
+    out += [f"| {who} | {job} | {rank} |" for who, job, rank in _TRAINING_SOURCES]
+    return out + [""]
+
+
 def markdown() -> str:
     """Render the catalogue as docs/METRICS.md."""
     out = [
@@ -129,7 +167,7 @@ def markdown() -> str:
         + "`, `".join(OWNER_LABELS[:-1]) + "`, `" + OWNER_LABELS[-1] + "` and `label_<key>` when configured. Values a "
         "device cannot provide are omitted, never exported as 0.",
         "",
-    ]
+    ] + _training_labels()
     untitled = sorted({spec.scope for spec in cat.METRICS} - set(SECTIONS))
     if untitled:  # every family is listed: a new scope needs its section
         raise ValueError(f"docs/METRICS.md has no section for the families of scope {untitled}")

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
 from exporter.core.escape import strict_json
-from exporter.core.labels import POD_LABEL_PREFIX, workload_id_values, workload_label_map
+from exporter.core.labels import POD_LABEL_PREFIX, workload_key, workload_label_map
 from exporter.core.model import Snapshot, StuckCall, Workload, WorkloadUsage
 from exporter.health import Verdict
 
@@ -21,14 +21,25 @@ from exporter.health import Verdict
 SCHEMA_VERSION = 1
 
 
+def training_text(w: Workload) -> str:
+    """The workload's training job and rank as people read them: ``job llama, rank worker-3``,
+    ``job llama`` where there is no rank, "" for a workload of no job."""
+    if not w.training_job:
+        return ""
+    return f"job {w.training_job}" + (f", rank {w.training_rank}" if w.training_rank else "")
+
+
 def describe_owner(w: Workload) -> str:
-    """A workload as people name it: ``namespace/pod/container``, ``slurm job 42 step 0 (bob)``."""
+    """A workload as people name it: ``namespace/pod/container``, ``slurm job 42 step 0 (bob)``,
+    with its training job and rank where set: ``batch/llama-worker-3/main (job llama, rank
+    worker-3)``, ``slurm job 42 step 0 rank 13 (bob)``."""
     if w.kind == "kubernetes":
         name = f"{w.namespace}/{w.pod}" if w.pod else f"pod {w.pod_uid or '?'}"
-        return f"{name}/{w.container}" if w.container else name
+        name = f"{name}/{w.container}" if w.container else name
+        return f"{name} ({training_text(w)})" if w.training_job else name
     if w.kind == "slurm":
         return f"slurm job {w.slurm_job_id}" + (f" step {w.slurm_step}" if w.slurm_step else "") + (
-            f" ({w.slurm_user})" if w.slurm_user else "")
+            f" rank {w.training_rank}" if w.training_rank else "") + (f" ({w.slurm_user})" if w.slurm_user else "")
     if w.kind in ("systemd", "docker"):
         return f"{w.kind} {w.unit or w.container_id[:12]}"
     if w.container_id:  # a container whose pod no source knows (yet), e.g. without a pod cgroup
@@ -75,6 +86,7 @@ def workload_json(workload: Workload) -> dict[str, Any]:
         "pod_uid": workload.pod_uid, "owner_kind": workload.owner_kind, "owner_name": workload.owner_name,
         "slurm_job_id": workload.slurm_job_id, "slurm_step": workload.slurm_step,
         "slurm_user": workload.slurm_user,
+        "training_job": workload.training_job, "training_rank": workload.training_rank,
     }
 
 
@@ -90,6 +102,7 @@ def _workload_entry(usage: WorkloadUsage, pids: list[int], extra_names: Sequence
                        for name, value in extras.items() if name.startswith(POD_LABEL_PREFIX)},
         "slurm_job_id": workload.slurm_job_id, "slurm_step": workload.slurm_step,
         "slurm_user": workload.slurm_user,
+        "training_job": workload.training_job, "training_rank": workload.training_rank,
         "memory_used_bytes": usage.memory_used_bytes, "sm_utilization_ratio": usage.utilization,
         "processes": usage.processes, "pids": pids, "idle_seconds": usage.idle_seconds,
         "allocated": usage.allocated,
@@ -132,8 +145,8 @@ def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = (),
         rest = unattributed.get(d.key)
         entries = []
         for usage in workloads.get(d.key, []):
-            ident = workload_id_values(usage.workload)
-            pids = [r.pid for r in rows if r.workload.attributed and workload_id_values(r.workload) == ident]
+            ident = workload_key(usage.workload)
+            pids = [r.pid for r in rows if r.workload.attributed and workload_key(r.workload) == ident]
             entries.append(_workload_entry(usage, pids, extra_label_names))
         gpus.append({
             "index": d.index, "uuid": d.uuid, "model": d.model, "vendor": d.vendor,
@@ -154,6 +167,7 @@ def snapshot_document(snap: Snapshot, extra_label_names: Sequence[str] = (),
                 "container_id": r.workload.container_id, "owner_kind": r.workload.owner_kind,
                 "owner_name": r.workload.owner_name, "slurm_step": r.workload.slurm_step,
                 "slurm_user": r.workload.slurm_user, "unit": r.workload.unit,
+                "training_job": r.workload.training_job, "training_rank": r.workload.training_rank,
             } for r in rows],
             "allocations": [{
                 "namespace": a.workload.namespace, "pod": a.workload.pod, "container": a.workload.container,

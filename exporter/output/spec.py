@@ -31,6 +31,8 @@ LABEL_ATTRIBUTES: dict[str, str] = {
     "slurm_job_id": "slurm.job.id",
     "slurm_user": "slurm.user",
     "slurm_account": "slurm.account",
+    "training_job": "training.job.name",
+    "training_rank": "training.job.rank",
     "owner_kind": "k8s.workload.kind",
     "owner_name": "k8s.workload.name",
     "pid": "process.pid",

@@ -70,8 +70,8 @@ VALUE_ANSWERS_AT_ONCE = 2
 SeriesKey = tuple[tuple[str, str], ...]
 # Labels that belong to a workload, not to its GPU: a workload series' labels without them
 # are its GPU's (node, gpu, uuid, model, gpu_instance and the scrape's own labels).
-WORKLOAD_LABELS = frozenset(("namespace", "pod", "container", "pod_uid", "slurm_job_id", "training_job",
-                             "training_rank", "owner_kind", "owner_name", "slurm_user", "slurm_account"))
+WORKLOAD_LABELS = frozenset(("namespace", "pod", "container", "pod_uid", "slurm_job_id", "owner_kind", "owner_name",
+                             "slurm_user", "slurm_account", "training_job", "training_rank"))
 
 
 def choose_step(seconds: float) -> int:

@@ -73,17 +73,24 @@ def _gpu_name(gpu: Mapping[str, Any]) -> str:
 
 
 def _who(w: Mapping[str, Any]) -> str:
-    """The workload's name, namespace muted and pod emphasised (searchable as one string)."""
+    """The workload's name, namespace muted and pod emphasised (searchable as one string),
+    with the training job and rank it is where it is one."""
     if w.get("kind") == "slurm":
         text = f"Slurm job <b>{_e(w.get('slurm_job_id', ''))}</b>"
         if w.get("slurm_step"):
             text += f" step {_e(w['slurm_step'])}"
+        if w.get("training_rank"):
+            text += f' <span class="job">rank <b>{_e(w["training_rank"])}</b></span>'
         if w.get("slurm_user"):
             text += f" ({_e(w['slurm_user'])})"
         return text
     if w.get("pod"):
         parts = f'<span class="ns">{_e(w.get("namespace", ""))}/</span><span class="pod">{_e(w["pod"])}</span>'
-        return parts + (f'<span class="ns">/</span>{_e(w["container"])}' if w.get("container") else "")
+        parts += f'<span class="ns">/</span>{_e(w["container"])}' if w.get("container") else ""
+        if w.get("training_job"):
+            rank = f', rank <b>{_e(w["training_rank"])}</b>' if w.get("training_rank") else ""
+            parts += f' <span class="job">(job <b>{_e(w["training_job"])}</b>{rank})</span>'
+        return parts
     return _e(w.get("owner") or w.get("kind") or "unknown")
 
 

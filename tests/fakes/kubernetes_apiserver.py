@@ -46,9 +46,12 @@ from urllib.parse import parse_qs, urlparse
 
 def make_pod(name: str, namespace: str, uid: str, node: str, containers: dict[str, str] | None = None,
              labels: dict[str, str] | None = None, owner: tuple[str, str] | None = None,
-             init_containers: dict[str, str] | None = None) -> dict[str, Any]:
+             init_containers: dict[str, str] | None = None,
+             annotations: dict[str, str] | None = None) -> dict[str, Any]:
     """A pod as the API returns it; ``containers`` maps name -> 64-hex container id."""
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid, "labels": dict(labels or {})}
+    if annotations:
+        meta["annotations"] = dict(annotations)
     if owner:
         meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner[0], "name": owner[1],
                                     "uid": "00000000-0000-0000-0000-000000000001", "controller": True}]

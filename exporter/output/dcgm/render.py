@@ -22,7 +22,9 @@ from exporter.output.encode import BareCounterName
 
 def workload_labels(usage: WorkloadUsage) -> dict[str, str]:
     """dcgm-exporter's labels for a workload: ``namespace``/``pod``/``container`` for a pod,
-    ``hpc_job`` for a Slurm job; empty when neither is known (a pod known by UID only)."""
+    ``hpc_job`` for a Slurm job; empty when neither is known (a pod known by UID only). A
+    rank of a training job adds ``training_job`` and ``training_rank`` (l9gpu's, as in the
+    native schema; dcgm-exporter has none), each only where set."""
     workload = usage.workload
     out: dict[str, str] = {}
     if workload.pod:
@@ -31,6 +33,9 @@ def workload_labels(usage: WorkloadUsage) -> dict[str, str]:
         out["pod"] = workload.pod
     elif workload.slurm_job_id:
         out["hpc_job"] = workload.slurm_job_id
+    if out:
+        out["training_job"] = workload.training_job
+        out["training_rank"] = workload.training_job and workload.training_rank
     return {k: v for k, v in out.items() if v}
 
 
