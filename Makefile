@@ -1,5 +1,6 @@
 # l9gpu: two commands set everything up on a fresh machine.
 #   make demo   run the agent on the built-in simulated node (8 x H100, pods, a zombie)
+#   make demo-training   a training job that wedges: the page names its stalled GPUs
 #   make test   install what the tests need (Debian's prometheus included) and run them
 #   make test-stress   the same suite while CPU hogs keep the machine busy
 PYTHON ?= python3
@@ -9,7 +10,7 @@ PY := $(VENV)/bin/python
 LISTEN ?= 127.0.0.1:9835
 PORT := $(lastword $(subst :, ,$(LISTEN)))
 
-.PHONY: demo demo-incidents test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart dist clean
+.PHONY: demo demo-incidents demo-training test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart dist clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,15 @@ demo: venv
 demo-incidents: venv
 	@echo "l9gpu demo: incidents within 2 minutes on the page's Incidents panel, http://localhost:$(PORT)/ and /api/v1/incidents (Ctrl-C to stop)"
 	$(VENV)/bin/l9gpu serve --backend simulated --scenario incidents --kernel-log auto --listen $(LISTEN) --pod-label team
+
+# A training job that wedges (docs/TRAINING.md): its ranks compute, checkpoint, evaluate, and
+# at 2m all but rank 5 wedge in a collective; with --stall-after 1m the page's banner names the
+# stalled GPUs, their pods, job and ranks at 3m. STALL_AFTER=30s shortens the wait; the
+# L9GPU_TRAINING_* variables play another node of the job (docs/TRAINING.md).
+STALL_AFTER ?= 1m
+demo-training: venv
+	@echo "l9gpu demo: a training job wedges at 2m; the page names its stalled GPUs $(STALL_AFTER) later, http://localhost:$(PORT)/ (Ctrl-C to stop)"
+	$(VENV)/bin/l9gpu serve --backend simulated --scenario training --stall-after $(STALL_AFTER) --listen $(LISTEN)
 
 # promtool and prometheus for the end-to-end tests, chromium (headless) for the page's
 # browser tests and the HTML chargeback report, containerd, runc and busybox-static for the

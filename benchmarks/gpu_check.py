@@ -44,6 +44,11 @@ seen a window before. A driver that averages since the timestamp asked for answe
 the child's busy share of the window; one that keeps only its last sampling period answers
 0 or 100. Its report goes to ``$OUT/gpu_check_samples.json``.
 
+A stall section (``--stall-only`` runs it alone, ``--no-stall`` skips it;
+``benchmarks/gpu_check_stall.py``) checks the stall signature of docs/TRAINING.md: a kernel
+spinning with no work (``torch.cuda._sleep``) must be called stalled after ``--stall-after``,
+bf16 matmuls and an idle GPU must not; ``$OUT/gpu_check_stall.json``.
+
 Two cost readings end the run, each also alone: ``--gpm-metric-costs-only`` times
 ``nvmlGpmMetricsGet`` by the metrics asked (the agent's list, subsets, each metric alone;
 ``$OUT/gpu_check_gpm_costs.json``), ``--pass-costs-only`` the NVML calls of ``--passes``
@@ -81,6 +86,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # The GPM and health sections read through the agent's own code.
 sys.path[:0] = [str(REPO_ROOT / "benchmarks"), str(REPO_ROOT)]
 
+import gpu_check_stall  # noqa: E402
 from processes import cpu_seconds, free_port  # noqa: E402
 
 GiB = 2**30
@@ -1547,6 +1553,7 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--no-health-calls", action="store_true", help="skip the health-calls section")
     health.add_argument("--health-calls-only", action="store_true", help="run only the health-calls section")
     health.add_argument("--health-repeats", type=int, default=50, help="calls per health call timed (default: 50)")
+    gpu_check_stall.add_arguments(parser)
     return parser
 
 
@@ -1558,6 +1565,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_bf16_workload(args.gpm_busy_seconds, args.gpm_idle_seconds)
     if args.duty_workload_child:
         return run_duty_workload(args.duty_period, args.duty_seconds)
+    if args.stall_workload_child:
+        return gpu_check_stall.run_stall_workload(args.stall_phase_seconds, args.stall_gib)
+    if args.stall_only:
+        return gpu_check_stall.run_stall_check(args, Path(__file__).resolve(), write_report)
     if args.health_calls_only:
         return run_health_calls(args)
     if args.samples_only:
@@ -1573,6 +1584,8 @@ def main(argv: list[str] | None = None) -> int:
         status = max(status, run_health_calls(args))
     if not args.no_samples and not args.gpm_only and status != 2:
         status = max(status, run_sample_semantics(args))
+    if not args.no_stall and not args.gpm_only and status != 2:
+        status = max(status, gpu_check_stall.run_stall_check(args, Path(__file__).resolve(), write_report))
     if not args.no_gpm and status != 2:
         status = max(status, run_gpm_metric_costs(args))
     if not args.gpm_only and status != 2:

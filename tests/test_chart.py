@@ -614,6 +614,14 @@ def test_events_need_create_and_patch_on_events_and_can_be_turned_off(tmp_path):
     assert not render(_sets("rbac.create=false")).has("ClusterRole")
 
 
+def test_stall_after_is_passed_only_when_it_is_not_the_agents_default(tmp_path):
+    assert not any(a.startswith("--stall-after") for a in render().container["args"])
+    for value in ("90s", "off"):
+        shorter = render(_sets(f"stall.after={value}"))
+        validate_objects(shorter, tmp_path)
+        assert f"--stall-after={value}" in shorter.container["args"]
+
+
 NODE_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
               {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]
 
@@ -721,6 +729,7 @@ def _schema_error(*expressions: str, values: dict[str, Any] | None = None) -> st
     ("kernelLog.enabled=yes", "got string, want boolean"),
     ("kernelLog.privilegd=true", "additional properties 'privilegd' not allowed"),
     ("events.enable=true", "additional properties 'enable' not allowed"),
+    ("stall.after=soon", "'soon' does not match pattern"),
     ("cri.socket=run/crio/crio.sock", "does not match pattern"),
     ("resources.limits.memory=lots", "'lots' does not match pattern"),
 ])

@@ -186,9 +186,10 @@ def alerts() -> frozenset[str]:
     sys.path.insert(0, str(REPO))
     from exporter.incidents.engine import EVENT_REASONS
     from exporter.nodestatus.condition import EVENT_REASONS as NODE_EVENT_REASONS
+    from exporter.stall.messages import EVENT_ENDED_REASON, EVENT_REASON
 
     return frozenset(rule["alert"] for rule in rules() if "alert" in rule) | EVENT_REASONS | frozenset(
-        NODE_EVENT_REASONS.values())
+        NODE_EVENT_REASONS.values()) | {EVENT_REASON, EVENT_ENDED_REASON}
 
 
 @cache

@@ -2,7 +2,7 @@
 
 exporter/ is cut into floors: the types and rules everything shares (``core``, ``health``),
 what reads the world (``devices``, ``attribution``), the pass and what leaves the agent
-(``collect``, ``output``), what follows each pass (``incidents``, ``nodestatus``), what
+(``collect``, ``output``), what follows each pass (``incidents``, ``stall``, ``nodestatus``), what
 serves it (``web``), and the commands (``app``, ``report``, ``inference``). A module may
 import from a lower floor, never from a higher one, and never sideways into another folder of
 its own floor unless that arrow is named here with its reason. Every import counts, the ones
@@ -23,7 +23,7 @@ FLOORS = {
     "core": 0, "health": 0,
     "devices": 1, "attribution": 1,
     "collect": 2, "output": 2,
-    "incidents": 3, "nodestatus": 3,
+    "incidents": 3, "nodestatus": 3, "stall": 3,
     "web": 4,
     "app": 5, "report": 5, "inference": 5,
 }
@@ -31,6 +31,7 @@ FLOORS = {
 SIDEWAYS = {
     ("core", "health"): "the snapshot carries each GPU's health verdict (health imports nothing)",
     ("nodestatus", "incidents"): "the Node's Events name the workloads an incident found",
+    ("stall", "incidents"): "a stall's Events go through the incidents' event sink",
     ("app", "report"): "the command line dispatches `l9gpu report` to its package",
     ("report", "inference"): "`l9gpu report` prices inference engines' tokens",
 }

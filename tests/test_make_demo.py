@@ -1,4 +1,4 @@
-"""`make demo` and `make demo-incidents` serve on loopback unless LISTEN says otherwise."""
+"""`make demo`, `make demo-incidents` and `make demo-training` serve on loopback unless LISTEN says otherwise."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ def _listen(target: str, *overrides: str) -> list[str]:
     return re.findall(r"l9gpu serve .*--listen (\S+)", dry.stdout)
 
 
-@pytest.mark.parametrize("target", ["demo", "demo-incidents"])
+@pytest.mark.parametrize("target", ["demo", "demo-incidents", "demo-training"])
 def test_the_demo_listens_on_loopback_by_default(target: str) -> None:
     assert _listen(target) == ["127.0.0.1:9835"]
 
 
-@pytest.mark.parametrize("target", ["demo", "demo-incidents"])
+@pytest.mark.parametrize("target", ["demo", "demo-incidents", "demo-training"])
 def test_listen_serves_the_demo_elsewhere_when_asked(target: str) -> None:
     assert _listen(target, "LISTEN=0.0.0.0:9900") == ["0.0.0.0:9900"]

@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     from exporter import incidents
 
     incidents.add_arguments(serve.add_argument_group("incidents"))
+    from exporter import stall
+
+    stall.add_arguments(serve.add_argument_group("stalled GPUs (training jobs)"))
     from exporter import nodestatus
 
     nodestatus.add_arguments(serve.add_argument_group("node health on Kubernetes"))

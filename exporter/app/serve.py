@@ -20,6 +20,7 @@ from exporter.app.wiring import (
     build_incident_watch,
     build_node_status,
     build_registry,
+    build_stall_watch,
     close_backends_within,
     connection_limits,
     enabled_families,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # what only a running agent imports (aiohttp, the OTLP bridge
     from exporter.incidents.watch import IncidentWatch
     from exporter.nodestatus import NodeStatusWriter
     from exporter.output.counts import Rejections
+    from exporter.stall.watch import StallWatch
     from exporter.web.descriptors import OpenFileLimit
     from exporter.web.exposition import Exposition
     from exporter.web.watcher import WebConfigWatcher
@@ -67,6 +69,7 @@ class _Agent:
     open_files: OpenFileLimit
     watch: IncidentWatch
     node_status: NodeStatusWriter | None = None
+    stall: StallWatch | None = None
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -120,6 +123,11 @@ def _build(args: argparse.Namespace) -> _Agent:
         backends, lambda bridge: bridge.incident_logs_from_args(args, args.node_name))
     watch = build_incident_watch(args, logs, backends)
     registry.register(IncidentFamilies(watch, enabled, extra_names))
+    stall = build_stall_watch(args, watch, extra_names)
+    if stall is not None:
+        from exporter.stall.watch import StallFamilies
+
+        registry.register(StallFamilies(stall, enabled, extra_names))
     node_status = build_node_status(args, watch.events)
     if node_status is not None:
         from exporter.nodestatus import NodeStatusFamilies
@@ -131,16 +139,28 @@ def _build(args: argparse.Namespace) -> _Agent:
         # the DCGM schema: text to every scraper that takes it, as dcgm-exporter answers
         exposition = Exposition(registry, lambda: collector.snapshot, max_age=2 * args.interval,
                                 interval=args.interval, prefer_text=dcgm_selection is not None)
-    collector.on_snapshot = _after_each_pass(watch, exposition, node_status)
+    collector.on_snapshot = _after_each_pass(watch, exposition, node_status, stall)
     bridge: OtlpPusher | None = _from_bridge(
         backends, lambda bridge: bridge.start_from_args(args, registry, args.node_name))
     notes = _notes(node_status)
+    incidents = _incidents(watch, stall)
     pages = SnapshotPages(lambda: collector.snapshot, args.node_name, args.interval, extra_names,
-                          gpm_status=lambda: gpm_status(backends), incidents=watch.recent_json, notes=notes)
+                          gpm_status=lambda: gpm_status(backends), incidents=incidents, notes=notes,
+                          stalls=stall.gpu_entries if stall is not None else None)
     app = make_app(exposition, lambda: collector.snapshot, collector.alive, args.node_name,
                    middlewares=[watcher.middleware] if watcher is not None else (), pages=pages,
-                   health=_with_notes(collector.liveness, notes), incidents=watch.recent_json)
-    return _Agent(backends, attributor, collector, app, rejections, watcher, bridge, open_files, watch, node_status)
+                   health=_with_notes(collector.liveness, notes), incidents=incidents)
+    return _Agent(backends, attributor, collector, app, rejections, watcher, bridge, open_files, watch, node_status,
+                  stall)
+
+
+def _incidents(watch: IncidentWatch, stall: StallWatch | None) -> Callable[[], list]:
+    """``/api/v1/incidents`` and the page's panel: the incident watch's and the stall watch's, newest first."""
+    if stall is None:
+        return watch.recent_json
+    from exporter.stall.watch import merged_incidents
+
+    return lambda: merged_incidents(watch.recent_json, stall.recent_json)
 
 
 def _notes(node_status: NodeStatusWriter | None) -> Callable[[], list[str]]:
@@ -162,15 +182,20 @@ def _with_notes(liveness: Callable[[], tuple[bool, str]], notes: Callable[[], li
     return health
 
 
-def _after_each_pass(watch: IncidentWatch, exposition: Exposition | None, node_status: NodeStatusWriter | None = None
-                     ) -> Callable[[Snapshot], None]:
-    """The collector's hook: the incident watch and the node's condition follow the pass,
-    then the exposition is rendered (with the watch's counts and peaks of this pass)."""
+def _after_each_pass(watch: IncidentWatch, exposition: Exposition | None, node_status: NodeStatusWriter | None = None,
+                     stall: StallWatch | None = None) -> Callable[[Snapshot], None]:
+    """The collector's hook: the incident watch, the stall watch and the node's condition
+    follow the pass, then the exposition is rendered (with the watches' counts of this pass)."""
     def hook(snapshot: Snapshot) -> None:
         try:
             watch.observe(snapshot)
         except Exception:  # noqa: BLE001 - the incidents part degrades only itself
             log.exception("following the pass for incidents failed")
+        if stall is not None:
+            try:
+                stall.observe(snapshot)
+            except Exception:  # noqa: BLE001 - the stall watch degrades only itself
+                log.exception("following the pass for stalls failed")
         if node_status is not None:
             try:
                 node_status.observe(snapshot)

@@ -14,6 +14,7 @@ from exporter.devices import joined_name
 from exporter.devices.capabilities import CallTiming, Timings
 from exporter.devices.nvml.gpm import WARMING_UP
 from exporter.output.snapshot_json import describe_owner, document_json, duration, snapshot_document
+from exporter.stall.messages import signals_text
 
 # `l9gpu snapshot` measures GPM activity over this long (two samples this far apart).
 SNAPSHOT_GPM_WINDOW = 1.0
@@ -60,7 +61,7 @@ def snapshot(args: argparse.Namespace) -> int:
         attributor.close()
         close_backends_within(backends, min(args.timeout, CLOSE_TIMEOUT))
     if args.json:
-        doc = snapshot_document(snap, extra_names, statuses)
+        doc = with_one_pass_stalls(snapshot_document(snap, extra_names, statuses), snap)
         if args.timings:
             doc["timings"] = {name: {call: {"calls": c, "wall_seconds": w, "cpu_seconds": cpu, "max_wall_seconds": m}
                                      for call, (c, w, cpu, m) in calls.items()} for name, calls in passes}
@@ -71,10 +72,11 @@ def snapshot(args: argparse.Namespace) -> int:
                  if source and source != "off" else None)
         verdicts = agent.health if agent is not None else None
         print(format_table(snap, statuses, verdicts))
-        doc = snapshot_document(snap, extra_names, statuses)
-        if verdicts is not None:  # "needs a look" lists what the agent's page lists
+        doc = with_one_pass_stalls(snapshot_document(snap, extra_names, statuses), snap)
+        if agent is not None:  # "needs a look" lists what the agent's page lists
             for gpu in doc["gpus"]:
-                gpu["health"] = verdicts.get(gpu.get("uuid"), gpu.get("health"))
+                gpu["health"] = (verdicts or {}).get(gpu.get("uuid"), gpu.get("health"))
+                gpu["stall"] = (agent.stalls or {}).get((gpu.get("uuid"), gpu.get("gpu_instance", "")), gpu["stall"])
         attention = format_attention(doc)
         if attention:
             print()
@@ -105,6 +107,8 @@ class NodeAgent:
         incidents: the incidents it remembers, newest first (None: unknown, see ``error``).
         health: its health verdicts (the ``health`` objects of /api/v1/snapshot) by GPU UUID:
             they know each GPU's history, which one pass does not (None: not known).
+        stalls: its GPUs' ``stall`` objects (docs/TRAINING.md) by (UUID, MIG instance): how
+            long each has been busy with no work, which one pass cannot tell (None: not known).
         error: why its incidents are not shown, in a few words ("" when they are).
     """
 
@@ -112,6 +116,7 @@ class NodeAgent:
     incidents: list[dict[str, Any]] | None
     health: dict[str, Any] | None = None
     error: str = ""
+    stalls: dict[tuple[str, str], Any] | None = None
 
 
 def ask_node_agent(base: str, node: str, timeout: float) -> NodeAgent:
@@ -130,7 +135,23 @@ def ask_node_agent(base: str, node: str, timeout: float) -> NodeAgent:
     health = ({gpu["uuid"]: gpu.get("health") for gpu in gpus
                if isinstance(gpu, dict) and isinstance(gpu.get("uuid"), str) and gpu.get("health")}
               if isinstance(gpus, list) else None)
-    return NodeAgent(base, incidents, health=health)
+    stalls = ({(gpu["uuid"], str(gpu.get("gpu_instance") or "")): gpu["stall"] for gpu in gpus
+               if isinstance(gpu, dict) and isinstance(gpu.get("uuid"), str) and isinstance(gpu.get("stall"), dict)}
+              if isinstance(gpus, list) else None)
+    return NodeAgent(base, incidents, health=health, stalls=stalls)
+
+
+def with_one_pass_stalls(doc: dict[str, Any], snap: Any) -> dict[str, Any]:
+    """``doc`` with each GPU's ``stall`` object as this one pass reads it (`exporter.stall`):
+    ``signature`` where the pass matches, which the node's agent calls stalled only once it
+    has lasted --stall-after."""
+    from exporter.stall.signature import read
+    from exporter.stall.watch import reading_entry
+
+    readings = {(d.uuid, d.gpu_instance): reading_entry(read(d)) for d in snap.devices}
+    for gpu in doc["gpus"]:
+        gpu["stall"] = readings.get((gpu.get("uuid"), gpu.get("gpu_instance", "")))
+    return doc
 
 
 def format_health_source(agent: NodeAgent | None) -> str:
@@ -312,8 +333,9 @@ BUSY_SM = 0.5
 
 def format_attention(doc: Mapping[str, Any]) -> str:
     """What needs a look, as on the page: GPUs not healthy (their reasons and the action),
-    GPUs down, memory held at 0% SM, GPUs allocated
-    but unused, and GPUs busy without tensor-core work (where GPM has a sample).
+    GPUs down, memory held at 0% SM, GPUs allocated but unused, GPUs stalled (the node's
+    agent's word) or busy with no work in this pass, and GPUs busy without tensor-core work
+    (where GPM has a sample).
 
     A snapshot is one or two passes: memory held at 0% SM is what this pass saw (the page
     calls it a zombie after three passes, the ``GPUZombieWorkload`` alert after an hour).
@@ -335,6 +357,12 @@ def format_attention(doc: Mapping[str, Any]) -> str:
                              f"{name} at 0% SM in this pass")
             if w.get("allocated_unused"):
                 items.append(f"allocated, unused: {w.get('owner', '')} has {name} allocated and runs nothing on it")
+        stall = gpu.get("stall") or {}
+        if stall.get("state") == "stalled" and stall.get("headline"):
+            items.append(f"stalled: {stall['headline']}")
+        elif stall.get("state") in ("signature", "matching"):
+            items.append(f"busy with no work in this pass: {name} ({signals_text(stall.get('signals') or {})}); the "
+                         "node's agent calls it stalled once it lasts --stall-after (docs/TRAINING.md)")
         gpm = gpu.get("gpm") or {}
         sm, tensor = gpm.get("sm_active"), gpm.get("tensor_active")
         if sm is not None and tensor is not None and sm >= BUSY_SM and tensor == 0:

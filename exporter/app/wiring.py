@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # what only some runs import (the parts the flags turn on, op
     from exporter.nodestatus import NodeStatusWriter
     from exporter.output.counts import Rejections
     from exporter.output.dcgm.fields import Selection
+    from exporter.stall.watch import StallWatch
     from exporter.web.limits import ConnectionLimits
     from exporter.web.watcher import WebConfigWatcher
 
@@ -294,6 +295,18 @@ def build_incident_watch(args: argparse.Namespace, log_records: IncidentLogs | N
     return IncidentWatch(args.node_name, labeller, extra_names,
                          tracker=IncidentTracker(args.node_name, config), kernel_log=kernel_log, events=events,
                          log_records=log_records, peak_window=args.peak_window)
+
+
+def build_stall_watch(args: argparse.Namespace, watch: IncidentWatch, extra_names: Sequence[str] = ()
+                      ) -> StallWatch | None:
+    """The stall watch ``serve`` runs beside the incident watch (`exporter.stall.watch`), posting
+    through the incident watch's event sink and OTLP log records; None with ``--stall-after off``."""
+    if args.stall_after is None:
+        return None
+    from exporter.stall.watch import StallWatch
+
+    return StallWatch(args.node_name, args.stall_after, extra_names, events=watch.events,
+                      log_records=watch.log_records, history=args.incident_history)
 
 
 def build_node_status(args: argparse.Namespace, events: EventSink | None = None) -> NodeStatusWriter | None:

@@ -122,8 +122,8 @@ def _simulated(scenario: SimulatedNode, allocations: bool = True) -> Attributor:
 
     from exporter.attribution.kubernetes import PodIndex, StaticPodSource
     from exporter.attribution.podresources import StaticAllocationSource
-    from exporter.attribution.resolver import ProcAttributor
     from exporter.attribution.simulated import (
+        SimulatedAttributor,
         scenario_allocatable,
         scenario_allocations,
         scenario_pods,
@@ -134,7 +134,7 @@ def _simulated(scenario: SimulatedNode, allocations: bool = True) -> Attributor:
     write_proc_tree(root, scenario.processes)
     index = PodIndex()
     source = StaticPodSource(index, scenario_pods(scenario.processes, scenario.allocations))
-    return ProcAttributor(root, index, source, on_close=lambda: shutil.rmtree(root, ignore_errors=True),
+    return SimulatedAttributor(root, index, source, on_close=lambda: shutil.rmtree(root, ignore_errors=True),
                           allocation_source=StaticAllocationSource(scenario_allocations(scenario),
                                                                    scenario_allocatable(scenario))
                           if allocations else None)

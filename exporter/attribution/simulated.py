@@ -25,7 +25,11 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
+
+from exporter.attribution.resolver import ProcAttributor
+from exporter.core.model import Workload
 
 if TYPE_CHECKING:
     from exporter.attribution.podresources import PodAllocation
@@ -302,3 +306,26 @@ def write_proc_tree(root: str, processes: Iterable[ScenarioProcess]) -> None:
                 fh.write(text)
         with open(os.path.join(directory, "environ"), "wb") as fh:
             fh.write(environ)
+
+
+# The Kubeflow training operator's pod labels that name a worker's job and its index, which
+# the simulated node's training pods carry (`exporter.devices.simulated.training`).
+KUBEFLOW_JOB = "training.kubeflow.org/job-name"
+KUBEFLOW_INDEX = "training.kubeflow.org/replica-index"
+
+
+def training_identity(labels: Iterable[tuple[str, str]]) -> tuple[str, str]:
+    """(job, rank) of a simulated pod from its Kubeflow labels; ("", "") for a pod of no job."""
+    found = dict(labels)
+    job = found.get(KUBEFLOW_JOB, "")
+    return (job, found.get(KUBEFLOW_INDEX, "")) if job else ("", "")
+
+
+class SimulatedAttributor(ProcAttributor):
+    """The real attributor over the simulated node's fixture /proc and pods, whose training
+    pods' workloads carry their job and rank (`training_identity`)."""
+
+    def _kubernetes_workload(self, owner: Any) -> Workload:
+        workload = super()._kubernetes_workload(owner)
+        job, rank = training_identity(workload.labels)
+        return replace(workload, training_job=job, training_rank=rank) if job else workload

@@ -62,6 +62,8 @@ __all__ = [
 
 # The incident watch registers these families itself: it follows the published snapshots.
 _WATCH = "exporter.incidents.watch"
+# The stall watch registers these: it follows the published snapshots too.
+_STALL = "exporter.stall.watch"
 
 D = DEVICE_LABELS
 W = WORKLOAD_LABELS
@@ -290,6 +292,20 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("gpu_memory_peak_bytes", GAUGE, "bytes",
                "The most device memory in use on this GPU over the last --peak-window (default 30s).",
                D, DEVICE, registered_by=_WATCH),
+    MetricSpec("gpu_stalled", GAUGE, "",
+               "1 while the GPU is stalled: busy with no work (a kernel resident, no tensor or DRAM activity, no "
+               "PCIe or NVLink traffic, power far under its limit, clocks not held down) for --stall-after, as a "
+               "training job's wedged collective looks (docs/TRAINING.md); 0 for every other GPU the agent reads. "
+               "Absent with --stall-after off.",
+               D, DEVICE, registered_by=_STALL),
+    MetricSpec("gpu_stalled_seconds_total", COUNTER, "seconds",
+               "Seconds the GPU spent in stalls, each counted from when its signature began once it is declared "
+               "(so a stall adds --stall-after at once, then one second per second).",
+               D, DEVICE, registered_by=_STALL),
+    MetricSpec("container_gpu_stalled", GAUGE, "",
+               "1 while the GPU this workload holds is stalled (gpu_stalled), else 0: count a training job's "
+               "stalled ranks by its workload labels.",
+               W, WORKLOAD, registered_by=_STALL),
     MetricSpec("l9gpu_kernel_log_records_total", COUNTER, "",
                "Kernel log records read with --kernel-log, by outcome: read, xid (an NVIDIA Xid line), "
                "overwritten (lost before they were read), malformed, truncated.",

@@ -242,6 +242,7 @@ def _attention(gpus: Sequence[Mapping[str, Any]], interval: float,
         if not call.get("gpus"):  # a stuck GPU is listed above, down
             items.append(("bad", f"<b>{_e(call.get('what', ''))}</b>: stuck in {_e(call.get('call', ''))} for "
                                  f"{duration(call.get('seconds'))}"))
+    items += _stall_items(gpus)
     for gpu in gpus:
         for w in gpu.get("workloads") or ():
             if _is_zombie(w, interval):
@@ -253,9 +254,29 @@ def _attention(gpus: Sequence[Mapping[str, Any]], interval: float,
                 items.append(("warn", f'<b>allocated, unused</b>: {_who(w)} has {_e(_gpu_name(gpu))} allocated '
                                       f'and runs nothing on it (for {duration(w.get("idle_seconds"))})'))
     if not items:
-        items.append(("ok", "nothing needs attention: every GPU is up and healthy, no zombies, no unused "
-                            "allocations"))
+        items.append(("ok", "nothing needs attention: every GPU is up and healthy, no zombies, no stalls, no "
+                            "unused allocations"))
     return '<ul class="attention">' + "".join(f'<li class="{c}">{t}</li>' for c, t in items) + "</ul>"
+
+
+def with_stalls(doc: dict[str, Any], stalls: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, Any]:
+    """``doc`` with each GPU's ``stall`` object (`exporter.stall.watch.gpu_entry`) where ``stalls`` has one."""
+    for gpu in doc.get("gpus") or ():
+        entry = stalls.get((gpu.get("uuid", ""), gpu.get("gpu_instance", "")))
+        if entry is not None:
+            gpu["stall"] = dict(entry)
+    return doc
+
+
+def _stall_items(gpus: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """The banner's stalled GPUs: "GPU 5 busy with no work for 7m: batch/trainer-3 (job llama-pretrain, rank 13)"."""
+    items = []
+    for gpu in gpus:
+        stall = gpu.get("stall") or {}
+        if stall.get("state") == "stalled" and stall.get("headline"):
+            items.append(("bad", f'<b>stalled</b>: <span class="stall" data-gpu="{_e(gpu.get("index", ""))}">'
+                                 f'{_e(stall["headline"])}</span>'))
+    return items
 
 
 def _workload_key(w: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -391,14 +412,18 @@ class SnapshotPages:
         incidents: the incidents for the "Incidents" panel, newest first.
         notes: what the agent cannot do beside its passes, one line each (read once per
             snapshot), listed first under "attention".
+        stalls: each GPU's ``stall`` object by (UUID, MIG instance) (`StallWatch.gpu_entries`),
+            read once per snapshot into the document; None leaves it out (``--stall-after off``).
     """
 
     def __init__(self, get_snapshot: Callable[[], Snapshot | None], node: str, interval: float = 1.0,
                  extra_label_names: Sequence[str] = (),
                  gpm_status: Callable[[], Mapping[tuple[int, str], str]] | None = None,
                  incidents: Callable[[], list[dict[str, Any]]] | None = None,
-                 notes: Callable[[], Sequence[str]] | None = None):
+                 notes: Callable[[], Sequence[str]] | None = None,
+                 stalls: Callable[[], Mapping[tuple[str, str], Mapping[str, Any]]] | None = None):
         self._get_snapshot = get_snapshot
+        self._stalls = stalls
         self._notes = notes
         self._incidents = incidents
         self._gpm_status = gpm_status
@@ -413,7 +438,10 @@ class SnapshotPages:
 
     def _document(self, snap: Snapshot) -> dict[str, Any]:
         if self._doc is None or self._doc[0] != snap.seq:
-            self._doc = (snap.seq, snapshot_document(snap, self.extra_label_names, self._read_gpm_status()))
+            doc = snapshot_document(snap, self.extra_label_names, self._read_gpm_status())
+            if self._stalls is not None:
+                with_stalls(doc, self._stalls())
+            self._doc = (snap.seq, doc)
         return self._doc[1]
 
     def _read_gpm_status(self) -> Mapping[tuple[int, str], str]:

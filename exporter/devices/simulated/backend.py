@@ -34,6 +34,8 @@ Scenario format (see ``exporter/devices/simulated/scenarios/default.yaml``)::
     time_slicing:             # optional: GPUs the device plugin shares as replicas
       gpus: [6]
       replicas: 5             # each listed GPU is allocatable as <uuid>::0 .. <uuid>::4
+    training: {...}           # optional: a training job, one rank per GPU, that wedges
+                              # (`exporter.devices.simulated.training`, ``--scenario training``)
     xids:                     # optional: Xid errors, counted by NVML's XID events and logged
       - at: 30s               # by the simulated node's kernel (`kernel_lines`, read by
                               # `--kernel-log auto`: `exporter.incidents.simulated`); after
@@ -55,13 +57,15 @@ sample is down (no values, no processes; its Xid counts and the ``gpu_lost`` hea
 signal stay) and ``l9gpu_backend_errors_total{reason="gpu_lost"}`` counts each pass.
 
 ``exporter/devices/simulated/scenarios/incidents.yaml`` plays the incidents of docs/INCIDENTS.md on a small
-node: ``--scenario incidents`` names it (a built-in scenario by its name).
+node: ``--scenario incidents`` names it (a built-in scenario by its name); ``--scenario training``
+a training job that wedges (docs/TRAINING.md).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -70,7 +74,6 @@ from typing import Any, Callable, Mapping, NamedTuple
 import yaml
 
 from exporter.core.model import DeviceSample, ProcessSample, frozen_mapping
-from exporter.core.parsing import parse_positive_duration
 from exporter.devices.base import SOURCE_FLAGS, Backend, BackendUnavailable
 from exporter.devices.simulated.health import (
     SIMULATED_BOOT_ID,
@@ -80,9 +83,18 @@ from exporter.devices.simulated.health import (
     scenario_duration,
     simulated_signals,
 )
+from exporter.devices.simulated.processes import (
+    GIB,
+    ProcessSpec,
+    ScenarioError,
+    gpu_indexes,
+    memory_curve,
+    number,
+    utilization_curve,
+)
+from exporter.devices.simulated.training import training_processes, with_environment
 from exporter.health import HealthSignals
 
-GIB = 2**30
 MIB = 2**20
 # The Xid of a GPU that has fallen off the bus: from then on the driver answers every call
 # about it with NVML_ERROR_GPU_IS_LOST, until the node reboots.
@@ -91,10 +103,6 @@ XID_FALLEN_OFF_THE_BUS = 79
 # then NVML's text for the error).
 GPU_LOST_ERROR = "GPU is lost: GPU is lost"
 DEFAULT_SCENARIO = Path(__file__).resolve().parent / "scenarios" / "default.yaml"
-
-
-class ScenarioError(ValueError):
-    """A scenario file that cannot be used; the message names the file and the field."""
 
 
 @dataclass(frozen=True)
@@ -107,33 +115,12 @@ class GpuSpec:
     limit_watts: float
     driver_version: str
     reserved_bytes: int
+    thermal_throttled: bool = False  # a hardware straggler: hot, its SM clock held down while busy
 
     @property
     def uuid(self) -> str:
         # Stable, realistic-looking UUIDs so dashboards and tests can key on them.
         return f"GPU-1b849e72-{self.index:04x}-4c1d-9a3e-5f0c2d7b{self.index:04x}"
-
-
-@dataclass(frozen=True)
-class ProcessSpec:
-    """One scenario process on one GPU."""
-
-    pid: int
-    gpu: int
-    name: str
-    memory: Callable[[float], float]
-    utilization: Callable[[float], float]
-    workload: Mapping[str, Any] = field(default_factory=frozen_mapping)
-    tensor: float = 1.0
-    start: float = 0.0  # seconds after the node's start when the process appears
-    end: float = math.inf  # and when it exits
-
-    def running(self, t: float) -> bool:
-        return self.start <= t < self.end
-
-    def memory_at(self, t: float) -> int:
-        """Bytes held ``t`` seconds after the node's start (curves count from the process's)."""
-        return int(self.memory(max(0.0, t - self.start)))
 
 
 @dataclass(frozen=True)
@@ -185,56 +172,6 @@ class Scenario:
     xids: tuple[XidSpec, ...] = ()
 
 
-def _number(where: str, value: Any, minimum: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise ScenarioError(f"{where}: expected a number >= {minimum:g}, got {value!r}")
-    return float(value)
-
-
-def _gpu_indexes(where: str, value: Any, count: int) -> list[int]:
-    """A scenario entry's ``gpus``: a non-empty list of indexes of the node's GPUs."""
-    if not isinstance(value, list) or not value or not all(
-            isinstance(g, int) and 0 <= g < count for g in value):
-        raise ScenarioError(f"{where}.gpus: expected a non-empty list of GPU indexes 0-{count - 1}")
-    return value
-
-
-def _memory_curve(where: str, spec: Mapping[str, Any]) -> Callable[[float], float]:
-    """Memory in bytes as a function of seconds since start."""
-    if "memory_gib" in spec:
-        constant = _number(f"{where}.memory_gib", spec["memory_gib"]) * GIB
-        return lambda t: constant
-    memory = spec.get("memory")
-    if not isinstance(memory, Mapping):
-        raise ScenarioError(f"{where}: needs memory_gib or memory: {{start_gib, growth_gib_per_hour, max_gib}}")
-    start = _number(f"{where}.memory.start_gib", memory.get("start_gib", 0)) * GIB
-    growth = _number(f"{where}.memory.growth_gib_per_hour", memory.get("growth_gib_per_hour", 0)) * GIB / 3600
-    ceiling = _number(f"{where}.memory.max_gib", memory.get("max_gib", 1e9)) * GIB
-    return lambda t: min(ceiling, start + growth * t)
-
-
-def _utilization_curve(where: str, value: Any) -> Callable[[float], float]:
-    """SM share 0-1 as a function of seconds since start."""
-    if isinstance(value, Mapping) and "wave" in value:
-        wave = value["wave"]
-        if not isinstance(wave, Mapping):
-            raise ScenarioError(f"{where}.wave: expected {{min, max, period}}")
-        low = _number(f"{where}.wave.min", wave.get("min", 0.0))
-        high = _number(f"{where}.wave.max", wave.get("max", 1.0))
-        try:
-            period = parse_positive_duration(str(wave.get("period", "60s")))
-        except ValueError as exc:
-            raise ScenarioError(f"{where}.wave.period: {exc}") from None
-        if not low <= high <= 1.0:
-            raise ScenarioError(f"{where}.wave: need 0 <= min <= max <= 1")
-        mid, amp = (low + high) / 2, (high - low) / 2
-        return lambda t: mid + amp * math.sin(2 * math.pi * t / period)
-    constant = _number(where, value)
-    if constant > 1.0:
-        raise ScenarioError(f"{where}: utilisation is a ratio 0-1, got {value!r}")
-    return lambda t: constant
-
-
 def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
     """Validate a loaded scenario document (pure; raises `ScenarioError`)."""
     if not isinstance(data, Mapping):
@@ -242,22 +179,22 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
     gpus_doc = data.get("gpus")
     if not isinstance(gpus_doc, Mapping):
         raise ScenarioError(f"{source}: 'gpus' must be a mapping (count, model, memory_gib, power)")
-    count = int(_number(f"{source}: gpus.count", gpus_doc.get("count", 1), 1))
+    count = int(number(f"{source}: gpus.count", gpus_doc.get("count", 1), 1))
     power = gpus_doc.get("power", {}) or {}
     if not isinstance(power, Mapping):
         raise ScenarioError(f"{source}: gpus.power must be a mapping")
-    idle = _number(f"{source}: gpus.power.idle_watts", power.get("idle_watts", 60))
-    peak = _number(f"{source}: gpus.power.max_watts", power.get("max_watts", 700))
+    idle = number(f"{source}: gpus.power.idle_watts", power.get("idle_watts", 60))
+    peak = number(f"{source}: gpus.power.max_watts", power.get("max_watts", 700))
     gpus = tuple(
         GpuSpec(
             index=i,
             model=str(gpus_doc.get("model", "NVIDIA H100 80GB HBM3")),
-            memory_bytes=int(_number(f"{source}: gpus.memory_gib", gpus_doc.get("memory_gib", 80), 1) * GIB),
+            memory_bytes=int(number(f"{source}: gpus.memory_gib", gpus_doc.get("memory_gib", 80), 1) * GIB),
             idle_watts=idle,
             max_watts=max(idle, peak),
-            limit_watts=_number(f"{source}: gpus.power.limit_watts", power.get("limit_watts", peak)),
+            limit_watts=number(f"{source}: gpus.power.limit_watts", power.get("limit_watts", peak)),
             driver_version=str(gpus_doc.get("driver_version", "550.54.15")),
-            reserved_bytes=int(_number(f"{source}: gpus.reserved_memory_mib",
+            reserved_bytes=int(number(f"{source}: gpus.reserved_memory_mib",
                                        gpus_doc.get("reserved_memory_mib", 512)) * MIB),
         )
         for i in range(count)
@@ -269,14 +206,14 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         where = f"{source}: processes[{n}]"
         if not isinstance(proc, Mapping):
             raise ScenarioError(f"{where}: expected a mapping")
-        on = _gpu_indexes(where, proc.get("gpus", []), count)
-        base_pid = int(_number(f"{where}.pid", proc.get("pid", next_pid), 2))
-        memory = _memory_curve(where, proc)
-        utilization = _utilization_curve(f"{where}.utilization", proc.get("utilization", 0.0))
+        on = gpu_indexes(where, proc.get("gpus", []), count)
+        base_pid = int(number(f"{where}.pid", proc.get("pid", next_pid), 2))
+        memory = memory_curve(where, proc)
+        utilization = utilization_curve(f"{where}.utilization", proc.get("utilization", 0.0))
         workload = proc.get("workload") or {}
         if not isinstance(workload, Mapping):
             raise ScenarioError(f"{where}.workload: expected a mapping")
-        tensor = _number(f"{where}.tensor", proc.get("tensor", 1.0))
+        tensor = number(f"{where}.tensor", proc.get("tensor", 1.0))
         if tensor > 1.0:
             raise ScenarioError(f"{where}.tensor: a ratio 0-1, got {proc['tensor']!r}")
         start = _seconds(f"{where}.from", proc.get("from", 0))
@@ -291,6 +228,13 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
             processes.append(ProcessSpec(pid, index, str(proc.get("name", "python")), memory, utilization,
                                          frozen_mapping(workload), tensor, start, end))
         next_pid = max(next_pid, base_pid + len(on)) + 100
+    if data.get("training") is not None:
+        ranks, throttled = training_processes(f"{source}: training", data["training"], count)
+        taken = {p.pid for p in processes} & {p.pid for p in ranks}
+        if taken:
+            raise ScenarioError(f"{source}: training: PID {min(taken)} is used twice")
+        processes += ranks
+        gpus = tuple(replace(g, thermal_throttled=g.index in throttled) for g in gpus)
     for gpu in gpus:
         sharing = [p for p in processes if p.gpu == gpu.index]
         # memory only grows while a process runs: the most is held just before one exits, or for ever after
@@ -303,7 +247,7 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         where = f"{source}: allocations[{n}]"
         if not isinstance(entry, Mapping):
             raise ScenarioError(f"{where}: expected a mapping with gpus and workload")
-        on = _gpu_indexes(where, entry.get("gpus", []), count)
+        on = gpu_indexes(where, entry.get("gpus", []), count)
         workload = entry.get("workload")
         if not isinstance(workload, Mapping) or not workload.get("pod"):
             raise ScenarioError(f"{where}.workload: expected a mapping with at least a pod")
@@ -318,10 +262,10 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         count_doc = slicing.get("replicas")
         if isinstance(count_doc, bool) or not isinstance(count_doc, int) or count_doc < 2:
             raise ScenarioError(f"{where}.replicas: expected a whole number of replicas >= 2, got {count_doc!r}")
-        replicas = dict.fromkeys(_gpu_indexes(where, slicing.get("gpus", []), count), count_doc)
+        replicas = dict.fromkeys(gpu_indexes(where, slicing.get("gpus", []), count), count_doc)
     try:
         health = parse_health(f"{source}: health", data.get("health"),
-                              lambda where, value: _gpu_indexes(where, value, count))
+                              lambda where, value: gpu_indexes(where, value, count))
     except HealthScenarioError as exc:
         raise ScenarioError(str(exc)) from None
     xids = _xids(f"{source}: xids", data.get("xids"), count)
@@ -379,7 +323,7 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ScenarioError(f"scenario {target} is not valid YAML: {exc}") from None
-    return parse_scenario(data, str(target))
+    return parse_scenario(with_environment(data, os.environ), str(target))
 
 
 class SimulatedBackend(Backend):
@@ -493,14 +437,18 @@ class SimulatedBackend(Backend):
                 samples.append(self._lost_sample(gpu, t))
                 continue
             procs = [p for p in self._on_gpu[gpu.index] if p.running(t)]
-            shares = [min(1.0, max(0.0, p.utilization(max(0.0, t - p.start)))) for p in procs]
+            phases = [p.phase_at(t) for p in procs]
+            shares = [min(1.0, max(0.0, phase.utilization)) for phase in phases]
             memories = [p.memory_at(t) for p in procs]
             busy = min(1.0, sum(shares))
-            # how much math the busy time does, weighted by each process's SM share
-            math_share = sum(s * p.tensor for p, s in zip(procs, shares)) / sum(shares) if sum(shares) else 1.0
-            power = gpu.idle_watts + (gpu.max_watts - gpu.idle_watts) * busy
+            # how much math, power and traffic the busy time makes, weighted by each process's SM share
+            math_share, power_share, traffic = (
+                sum(s * phase[k] for phase, s in zip(phases, shares)) / sum(shares) if sum(shares) else 1.0
+                for k in (2, 3, 4))
+            power = gpu.idle_watts + (gpu.max_watts - gpu.idle_watts) * busy * power_share
             self._energy[gpu.index] += power * dt
-            pcie_tx, pcie_rx = 1.2e8 * busy, 2.5e8 * busy
+            pcie_tx, pcie_rx = 1.2e8 * busy * traffic, 2.5e8 * busy * traffic
+            hot = gpu.thermal_throttled and busy > 0
             counters = self._pcie_bytes[gpu.index]
             counters[0] += pcie_tx * dt
             counters[1] += pcie_rx * dt
@@ -516,15 +464,15 @@ class SimulatedBackend(Backend):
                     pci_bus_id=_pci_bus_id(gpu.index),
                     serial=_serial(gpu.index),
                     utilization=busy,
-                    memory_utilization=0.6 * busy,
+                    memory_utilization=0.6 * busy * max(traffic, 0.02),
                     memory_used_bytes=gpu.reserved_bytes + sum(memories),
                     memory_total_bytes=gpu.memory_bytes,
-                    temperature_celsius=round(31 + 45 * busy, 1),
+                    temperature_celsius=89.0 if hot else round(31 + 45 * busy, 1),
                     memory_temperature_celsius=round(35 + 40 * busy, 1),
                     power_watts=round(power, 3),
                     power_limit_watts=gpu.limit_watts,
                     energy_joules=self._energy[gpu.index],
-                    sm_clock_hertz=(1980e6 if busy > 0 else 345e6),
+                    sm_clock_hertz=(1155e6 if hot else 1980e6 if busy > 0 else 345e6),
                     memory_clock_hertz=2619e6,
                     pcie_tx_bytes_total=int(counters[0]),
                     pcie_rx_bytes_total=int(counters[1]),
@@ -535,8 +483,8 @@ class SimulatedBackend(Backend):
                         "gpu_idle": busy == 0,
                         "sw_power_cap": power >= gpu.limit_watts,
                         "hw_slowdown": False,
-                        "sw_thermal_slowdown": False,
-                        "hw_thermal_slowdown": False,
+                        "sw_thermal_slowdown": hot,
+                        "hw_thermal_slowdown": hot,
                     }),
                     processes=tuple(
                         ProcessSample(pid=p.pid, used_memory_bytes=m, sm_utilization=s,
