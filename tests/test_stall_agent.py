@@ -46,7 +46,7 @@ def test_the_wedged_ranks_are_stalled_on_every_surface_and_the_odd_rank_is_not(a
         [who] = incident["affected"]
         assert (who["namespace"], who["pod"], who["owner_kind"]) == (
             "batch", f"llama-pretrain-worker-{incident['gpu']}", "PyTorchJob")
-        assert (who["training_job"], who["training_rank"]) == ("llama-pretrain", str(incident["gpu"]))
+        assert (who["training_job"], who["training_rank"]) == ("llama-pretrain", f"worker-{incident['gpu']}")
         assert incident["declared"] - incident["began"] >= STALL_AFTER and incident["ended"] is None
         assert incident["signals"]["tensor_active"] == 0.0 and incident["signals"]["utilization"] == 1.0
         assert incident["signals"]["power_ratio"] <= 0.35 and incident["action"] == "restart_app"
@@ -62,9 +62,9 @@ def test_the_wedged_ranks_are_stalled_on_every_surface_and_the_odd_rank_is_not(a
     assert {i: g["stall"]["state"] for i, g in gpus.items()} == {
         i: "stalled" if i in WEDGED else "clear" for i in range(8)}
     assert gpus[3]["stall"]["headline"].startswith("GPU 3 busy with no work for ")
-    assert gpus[3]["stall"]["headline"].endswith(": batch/llama-pretrain-worker-3 (job llama-pretrain, rank 3)")
-    assert gpus[3]["stall"]["holders"] == [{"owner": "batch/llama-pretrain-worker-3 (job llama-pretrain, rank 3)",
-                                            "training_job": "llama-pretrain", "training_rank": "3"}]
+    assert gpus[3]["stall"]["headline"].endswith(": batch/llama-pretrain-worker-3 (job llama-pretrain, rank worker-3)")
+    assert gpus[3]["stall"]["holders"] == [{"owner": "batch/llama-pretrain-worker-3 (job llama-pretrain, rank worker-3)",
+                                            "training_job": "llama-pretrain", "training_rank": "worker-3"}]
     assert "utilisation 0%" in gpus[5]["stall"]["why_not"]
     # OTLP: one warning record per stalled rank, with its pod's attributes
     records = otlp_receiver.wait_for_logs(len(WEDGED))
@@ -80,7 +80,7 @@ def test_the_wedged_ranks_are_stalled_on_every_surface_and_the_odd_rank_is_not(a
                      env={"L9GPU_TRAINING_WEDGE_AT": "0s"})
     assert result.returncode == 0, result.stderr
     look = result.stdout[result.stdout.index("needs a look:"):]
-    assert "stalled: GPU 0 busy with no work for" in look and "(job llama-pretrain, rank 0)" in look
+    assert "stalled: GPU 0 busy with no work for" in look and "(job llama-pretrain, rank worker-0)" in look
     assert "idle holder: batch/llama-pretrain-worker-5/pytorch" in look
     assert sum(" stalled " in line for line in result.stdout.splitlines() if "ago" in line) == len(WEDGED)
 
@@ -94,7 +94,7 @@ def test_the_page_in_a_browser_shows_the_stall_banner(agent_factory, tmp_path):
     banner = [line for line in attention.split("<li") if "<b>stalled</b>" in line]
     assert len(banner) == len(WEDGED)
     assert any("GPU 6 busy with no work for" in line and
-               "batch/llama-pretrain-worker-6 (job llama-pretrain, rank 6)" in line for line in banner)
+               "batch/llama-pretrain-worker-6 (job llama-pretrain, rank worker-6)" in line for line in banner)
     assert not any("GPU 5 busy" in line for line in banner)
     panel = result.stdout[result.stdout.index('<section class="incidents">'):].split("</section>")[0]
     assert panel.count('data-kind="stalled"') == len(WEDGED)

@@ -28,6 +28,7 @@ import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 
+from exporter.attribution import training
 from exporter.attribution.resolver import ProcAttributor
 from exporter.core.model import Workload
 
@@ -308,17 +309,10 @@ def write_proc_tree(root: str, processes: Iterable[ScenarioProcess]) -> None:
             fh.write(environ)
 
 
-# The Kubeflow training operator's pod labels that name a worker's job and its index, which
-# the simulated node's training pods carry (`exporter.devices.simulated.training`).
-KUBEFLOW_JOB = "training.kubeflow.org/job-name"
-KUBEFLOW_INDEX = "training.kubeflow.org/replica-index"
-
-
 def training_identity(labels: Iterable[tuple[str, str]]) -> tuple[str, str]:
-    """(job, rank) of a simulated pod from its Kubeflow labels; ("", "") for a pod of no job."""
-    found = dict(labels)
-    job = found.get(KUBEFLOW_JOB, "")
-    return (job, found.get(KUBEFLOW_INDEX, "")) if job else ("", "")
+    """(job, rank) of a simulated pod from its scheduler's labels, by the rule every pod's
+    identity follows (`exporter.attribution.training.from_pod`); ("", "") for a pod of no job."""
+    return training.from_pod(dict(labels))
 
 
 class SimulatedAttributor(ProcAttributor):
