@@ -252,7 +252,7 @@ def cost(args: argparse.Namespace, work: Path, prometheus: str, promtool: str) -
             """Prometheus' own metric for the group, from its /metrics (it does not scrape itself here)."""
             with urllib.request.urlopen(server.base + "/metrics", timeout=60) as resp:
                 for line in resp.read().decode().splitlines():
-                    if line.startswith(name + "{") and f';{GROUP}"' in line:
+                    if (line.startswith(name + "{") and f';{GROUP}"' in line) or line.startswith(name + " "):
                         return float(line.rsplit(" ", 1)[1])
             return None
 
@@ -277,7 +277,7 @@ def cost(args: argparse.Namespace, work: Path, prometheus: str, promtool: str) -
         rules_doc = json.load(urllib.request.urlopen(server.base + "/api/v1/rules", timeout=60))
         per_rule = sorted(((r.get("name"), r.get("evaluationTime", 0.0))
                            for g in rules_doc["data"]["groups"] for r in g["rules"]), key=lambda x: -x[1])[:5]
-        series = int(float(server.query("prometheus_tsdb_head_series")[0]["value"][1]))
+        series = int(metric("prometheus_tsdb_head_series") or 0)
         stragglers = server.query("job_rank_gpu:l9gpu_training_straggler:reason")
     finally:
         server.stop()
@@ -286,7 +286,7 @@ def cost(args: argparse.Namespace, work: Path, prometheus: str, promtool: str) -
                                  "evaluations": len(durations)},
             "prometheus_cpu_s_per_evaluation": round(spent / evaluations, 3),
             "slowest_rules_s": [(name, round(t, 3)) for name, t in per_rule],
-            "records_in_head": series,
+            "series_in_head": series,
             "stragglers_found": sorted({(s["metric"]["training_job"], s["metric"]["training_rank"],
                                          s["metric"]["reason"]) for s in stragglers})}
 
