@@ -244,7 +244,10 @@ def cost(args: argparse.Namespace, work: Path, prometheus: str, promtool: str) -
     cost_dir = work / "cost"
     cost_dir.mkdir()
     data.rename(cost_dir / "data")
-    server = PrometheusServer(prometheus, cost_dir, [], rules=rules, args=["--storage.tsdb.retention.time=400d"])
+    # backfilled series carry no staleness markers: a throttle reason served only while active
+    # would linger for the default 5 minutes of lookback, as it does not on a scraping Prometheus
+    server = PrometheusServer(prometheus, cost_dir, [], rules=rules,
+                              args=["--storage.tsdb.retention.time=400d", "--query.lookback-delta=90s"])
     server.start()
     try:
         server.wait_for("count(gpu_up)", timeout=600)

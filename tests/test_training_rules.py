@@ -30,6 +30,7 @@ def test_every_training_rule_and_alert_is_unit_tested():
     tests = (REPO / "tests" / "training_rules_test.yaml").read_text()
     # inputs of the straggler and utilisation records, tested through them
     fed = {"job_rank_gpu:l9gpu_training_stalled:max", "model:l9gpu_gpu_sm_clock_hertz:max",
+           "gpu:l9gpu_training_utilization:avg10m",
            "job_rank_gpu:l9gpu_training_sm_clock_hertz:avg10m", "job_rank_gpu:l9gpu_training_temperature_celsius:avg10m",
            "job_rank_gpu:l9gpu_training_throttled:ratio10m", "job_rank_gpu:l9gpu_training_pcie_link:ratio",
            "job_rank_gpu:l9gpu_training_link_errors:rate10m", "job_rank_gpu:l9gpu_training_hw_utilization:ratio",
