@@ -33,7 +33,10 @@ running Prometheus makes it (backfilled records have none). Printed: per kind, d
 latency, precision and recall against the goals of docs/TRAINING.md.
 
 Cost: ``--cost-nodes`` nodes (1,000) of 8 GPUs in jobs, 25 minutes of their series scraped
-every 30 s, backfilled up to now; a real Prometheus loads the rules and evaluates them every
+every 30 s, backfilled up to now (Prometheus' lookback raised to 10 minutes so that the last
+samples stay current while it loads and evaluates; the rules' results go to its head, which
+takes no sample older than the newest block, so the history cannot reach into the future);
+a real Prometheus loads the rules and evaluates them every
 15 s; printed: the group's evaluation time (Prometheus' own
 ``prometheus_rule_group_last_duration_seconds``) and Prometheus' CPU seconds per evaluation.
 
@@ -244,10 +247,8 @@ def cost(args: argparse.Namespace, work: Path, prometheus: str, promtool: str) -
     cost_dir = work / "cost"
     cost_dir.mkdir()
     data.rename(cost_dir / "data")
-    # backfilled series carry no staleness markers: a throttle reason served only while active
-    # would linger for the default 5 minutes of lookback, as it does not on a scraping Prometheus
     server = PrometheusServer(prometheus, cost_dir, [], rules=rules,
-                              args=["--storage.tsdb.retention.time=400d", "--query.lookback-delta=90s"])
+                              args=["--storage.tsdb.retention.time=400d", "--query.lookback-delta=10m"])
     server.start()
     try:
         server.wait_for("count(gpu_up)", timeout=600)
@@ -280,7 +281,9 @@ def cost(args: argparse.Namespace, work: Path, prometheus: str, promtool: str) -
         rules_doc = json.load(urllib.request.urlopen(server.base + "/api/v1/rules", timeout=60))
         per_rule = sorted(((r.get("name"), r.get("evaluationTime", 0.0))
                            for g in rules_doc["data"]["groups"] for r in g["rules"]), key=lambda x: -x[1])[:5]
-        series = int(metric("prometheus_tsdb_head_series") or 0)
+        series = int(metric("prometheus_tsdb_head_series") or 0)  # the rules' records
+        if not series:
+            raise RuntimeError("the rules recorded nothing: the history was not current when they ran")
         stragglers = server.query("job_rank_gpu:l9gpu_training_straggler:reason")
     finally:
         server.stop()
