@@ -113,6 +113,14 @@ def _activity(b: Board) -> None:
                       target(f"-gpu_nvlink_tx_bytes_per_second{{{DEV}}}", LEG + " tx", ref="B")],
                      "Bps", "All links together; receive up, transmit down. Absent on cards without NVLink."
                      + gpm_note, minimum=None), 8, 8)
+    b.add(timeseries("Stalled: busy with no work",
+                     [target(f"gpu_stalled{{{DEV}}}", LEG + " stalled"),
+                      target(f"rate(gpu_stalled_seconds_total{{{DEV}}}[$__rate_interval])", LEG + " stalled s/s",
+                             ref="B")],
+                     "none", "1 while the agent calls the GPU stalled: a kernel resident and no work done for "
+                     "--stall-after, as a training job's wedged collective looks (docs/TRAINING.md); the rate of "
+                     "the stalled seconds beside it. The Training jobs dashboard shows the job's ranks.",
+                     maximum=1), 8, 8)
 
 
 def _power_and_temperature(b: Board) -> None:
