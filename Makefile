@@ -1,6 +1,7 @@
 # l9gpu: two commands set everything up on a fresh machine.
 #   make demo   run the agent on the built-in simulated node (8 x H100, pods, a zombie)
 #   make demo-training   a training job that wedges: the page names its stalled GPUs
+#   make demo-training-fleet   the same job on several nodes, and Prometheus naming its odd rank
 #   make demo-report   a week of that node's chargeback as HTML, CSV and JSON (docs/CHARGEBACK.md)
 #   make test   install what the tests need (Debian's prometheus included) and run them
 #   make test-stress   the same suite while CPU hogs keep the machine busy
@@ -12,7 +13,7 @@ PY := $(VENV)/bin/python
 LISTEN ?= 127.0.0.1:9835
 PORT := $(lastword $(subst :, ,$(LISTEN)))
 
-.PHONY: demo demo-incidents demo-training demo-report image-lock image-test test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart dist clean
+.PHONY: demo demo-incidents demo-training demo-training-fleet demo-report image-lock image-test test test-stress venv deps-test system-deps lint bench gpu-wheels docs chart dist clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +40,15 @@ STALL_AFTER ?= 1m
 demo-training: venv
 	@echo "l9gpu demo: a training job wedges at 2m; the page names its stalled GPUs $(STALL_AFTER) later, http://localhost:$(PORT)/ (Ctrl-C to stop)"
 	$(VENV)/bin/l9gpu serve --backend simulated --scenario training --stall-after $(STALL_AFTER) --listen $(LISTEN)
+
+# One training job across simulated nodes (docs/TRAINING.md, "Across nodes"): an agent per node
+# (the training scenario, 8 ranks each) and Debian's Prometheus (make system-deps) with
+# alerts/l9gpu-training.rules.yaml. A GPU of the last node is a hardware straggler from the
+# first minute; the job wedges after 3m and L9gpuTrainingJobHung names rank worker-5 about two
+# minutes later.
+# Prometheus listens on LISTEN's port, the agents on the ports after it.
+demo-training-fleet: venv
+	$(PY) deploy/demo/training_fleet.py --listen $(LISTEN)
 
 # The chargeback of docs/CHARGEBACK.md on a week of the demo node: the agent's passes played
 # on a simulated clock, backfilled with promtool into Debian's Prometheus (installed here when
@@ -114,7 +124,8 @@ docs: venv
 	$(PY) -m exporter.output.metrics_doc > docs/METRICS.md
 	$(PY) -m exporter inference-rules -o alerts/l9gpu-inference.rules.yaml
 	$(PY) -m exporter.report.rules > alerts/l9gpu-chargeback.rules.yaml
-	cp alerts/l9gpu.rules.yaml alerts/l9gpu-inference.rules.yaml alerts/l9gpu-chargeback.rules.yaml charts/l9gpu/files/
+	cp alerts/l9gpu.rules.yaml alerts/l9gpu-inference.rules.yaml alerts/l9gpu-chargeback.rules.yaml \
+		alerts/l9gpu-training.rules.yaml charts/l9gpu/files/
 
 # The Helm chart as a static Helm repository: dist/charts/l9gpu-<version>.tgz and index.yaml
 # (Helm's own engine, from helm-python-sdk). CHART_URL=https://... makes the index's

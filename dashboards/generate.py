@@ -6,7 +6,7 @@
 The JSON files are committed so they can be imported as they are (Grafana UI, a
 provisioning directory, or a ConfigMap with the Grafana sidecar's label); the panels are
 written with Grafana's dashboards-as-code SDK (grafana-foundation-sdk, the `test` extra) in
-dashboards/devices.py and dashboards/workloads.py, and every file is checked against the
+dashboards/devices.py, dashboards/workloads.py and dashboards/training.py, and every file is checked against the
 schema the SDK ships (dashboards/schema.py) before it is written. tests/test_dashboards.py
 evaluates every expression against a real Prometheus scraping the agent.
 """
@@ -28,9 +28,11 @@ from grafana_foundation_sdk.models.dashboard import Dashboard  # noqa: E402
 
 from dashboards import schema  # noqa: E402
 from dashboards.devices import devices  # noqa: E402
+from dashboards.training import training  # noqa: E402
 from dashboards.workloads import workloads  # noqa: E402
 
-DASHBOARDS: dict[str, Callable[[], Dashboard]] = {"l9gpu-workloads.json": workloads, "l9gpu-devices.json": devices}
+DASHBOARDS: dict[str, Callable[[], Dashboard]] = {"l9gpu-workloads.json": workloads, "l9gpu-devices.json": devices,
+                                                  "l9gpu-training.json": training}
 # Where each file goes: the repository's dashboards/ and the chart's copy its ConfigMap serves.
 DESTINATIONS = (HERE, REPO / "charts" / "l9gpu" / "dashboards")
 

@@ -40,8 +40,10 @@ FAMILIES = (
     ("container_gpu_idle_seconds", "gauge"),
 )
 DEVICE_FAMILIES = ("gpu_capacity_seconds", "gpu_unallocated_seconds")  # counters
+STALLED_FAMILY = "container_gpu_stalled"  # gauge, 0/1, for the workloads with ``stalled`` intervals
 LABEL_ORDER = ("node", "gpu", "uuid", "model", "gpu_instance", "namespace", "pod", "container", "pod_uid",
-               "slurm_job_id", "owner_kind", "owner_name", "slurm_user", "slurm_account")
+               "slurm_job_id", "training_job", "training_rank", "owner_kind", "owner_name", "slurm_user",
+               "slurm_account")
 
 
 @dataclass
@@ -74,6 +76,8 @@ class Workload:
     phases: list[tuple[float, float, float]]          # (from time, SM share, watts), sorted, first at begin
     share: float = 1.0                                # GPU-seconds allocated per second
     gpu_instance: str = ""                            # the MIG instance it runs on
+    # (from, until) while the agent calls its GPU stalled; None: no container_gpu_stalled series
+    stalled: list[tuple[float, float]] | None = None
 
 
 @dataclass
@@ -227,7 +231,8 @@ def write_openmetrics(out: IO[str], nodes: list[Node], workloads: list[Workload]
     by_name = {n.name: n for n in nodes}
     times = {n.name: sample_times(n, start, end, step) for n in nodes}
     count = 0
-    families = [(family, kind) for family, kind in FAMILIES] + [(family, "counter") for family in DEVICE_FAMILIES]
+    families = ([(family, kind) for family, kind in FAMILIES] + [(family, "counter") for family in DEVICE_FAMILIES]
+                + [(STALLED_FAMILY, "gauge")])
     with tempfile.TemporaryDirectory(dir=scratch) as tmp:
         parts = [out] + [open(Path(tmp) / f"family{i}", "w+") for i in range(1, len(families))]
         try:
@@ -241,12 +246,16 @@ def write_openmetrics(out: IO[str], nodes: list[Node], workloads: list[Workload]
                 for i, name in enumerate(names[:len(FAMILIES)]):
                     head = f"{name}{{{labels}}} "
                     parts[i].writelines([f"{head}{values[i]:.17g} {t:.3f}\n" for t, values in samples])
+                if w.stalled is not None:
+                    count += len(samples)
+                    parts[-1].writelines([f"{STALLED_FAMILY}{{{labels}}} {int(any(a <= t < b for a, b in w.stalled))} "
+                                          f"{t:.3f}\n" for t, _ in samples])
             for node in nodes if gpu_series else ():
                 for device in node.devices:
                     labels = _labels(node, device)
                     device_rows = list(device_samples(device, node, held, times[node.name]))
                     count += len(device_rows) * len(DEVICE_FAMILIES)
-                    for i, name in enumerate(names[len(FAMILIES):]):
+                    for i, name in enumerate(names[len(FAMILIES):len(FAMILIES) + len(DEVICE_FAMILIES)]):
                         head = f"{name}{{{labels}}} "
                         parts[len(FAMILIES) + i].writelines(
                             [f"{head}{values[i]:.17g} {t:.3f}\n" for t, values in device_rows])

@@ -486,10 +486,11 @@ def test_monitoring_objects(releases):
     assert "interval" not in endpoint and "scrapeTimeout" not in endpoint
     rule = release.one("PrometheusRule")
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    # the chart's rules, then the inference and chargeback rules (on by default)
+    # the chart's rules, then the inference, chargeback and training rules (on by default)
     groups = [yaml.safe_load((REPO / "alerts" / name).read_text())["groups"]
-              for name in ("l9gpu.rules.yaml", "l9gpu-inference.rules.yaml", "l9gpu-chargeback.rules.yaml")]
-    assert rule["spec"] == {"groups": groups[0] + groups[1] + groups[2]}
+              for name in ("l9gpu.rules.yaml", "l9gpu-inference.rules.yaml", "l9gpu-chargeback.rules.yaml",
+                           "l9gpu-training.rules.yaml")]
+    assert rule["spec"] == {"groups": groups[0] + groups[1] + groups[2] + groups[3]}
     assert not release.has("PodMonitor")
     dashboards = release.one("ConfigMap")
     assert dashboards["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -514,15 +515,30 @@ def test_inference_pod_monitor(releases):
     assert spec["podMetricsEndpoints"] == [
         {"port": "http", "path": "/metrics", "honorLabels": True, "relabelings": relabel},
         {"port": "api", "path": "/v1/metrics", "honorLabels": True, "relabelings": relabel}]
-    # without the inference rules, the chart's own and the chargeback rules
+    # without the inference rules, the chart's own, the chargeback and the training rules
     rule = release.one("PrometheusRule")
     assert rule["spec"] == {"groups": [*yaml.safe_load((REPO / "alerts" / "l9gpu.rules.yaml").read_text())["groups"],
                                        *yaml.safe_load((REPO / "alerts" / "l9gpu-chargeback.rules.yaml").read_text())
+                                       ["groups"],
+                                       *yaml.safe_load((REPO / "alerts" / "l9gpu-training.rules.yaml").read_text())
                                        ["groups"]]}
     defaults = render(_sets("inference.podMonitor.enabled=true", "inference.podMonitor.modelLabel="))
     (endpoint,) = defaults.one("PodMonitor")["spec"]["podMetricsEndpoints"]
     assert endpoint == {"port": "http", "path": "/metrics", "interval": "15s", "honorLabels": True}
     assert defaults.one("PodMonitor")["spec"]["namespaceSelector"] == {"any": True}
+
+
+def test_training_rules_can_be_left_out():
+    """prometheusRule.trainingRules=false: the rule groups of alerts/l9gpu-training.rules.yaml are
+    not in the PrometheusRule, the others are."""
+    names = {group["name"] for group in yaml.safe_load((REPO / "alerts" / "l9gpu-training.rules.yaml").read_text())
+             ["groups"]}
+    assert names == {"l9gpu-training", "l9gpu-training-hourly"}
+    on = render(_sets("prometheusRule.enabled=true")).one("PrometheusRule")["spec"]["groups"]
+    off = render(_sets("prometheusRule.enabled=true", "prometheusRule.trainingRules=false")).one(
+        "PrometheusRule")["spec"]["groups"]
+    assert names <= {group["name"] for group in on}
+    assert [group for group in on if group["name"] not in names] == off
 
 
 def test_host_proc_mount_without_host_pid(releases):
@@ -968,7 +984,8 @@ def test_gitignore_keeps_dist_out():
 # --- copies the chart ships ------------------------------------------------------------
 
 def test_rules_copy_matches_the_alerts_file():
-    for name in ("l9gpu.rules.yaml", "l9gpu-inference.rules.yaml", "l9gpu-chargeback.rules.yaml"):
+    for name in ("l9gpu.rules.yaml", "l9gpu-inference.rules.yaml", "l9gpu-chargeback.rules.yaml",
+                 "l9gpu-training.rules.yaml"):
         assert (CHART / "files" / name).read_bytes() == (REPO / "alerts" / name).read_bytes(), (
             f"cp alerts/{name} charts/l9gpu/files/")
 

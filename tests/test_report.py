@@ -592,7 +592,7 @@ def test_a_query_too_large_for_the_server_is_asked_in_parts_with_the_same_figure
     (["--from", "2026-13-01"], 2, "--from: invalid time '2026-13-01'"),
     (["--from", "1d", "--to", "2d"], 2, "must be after --from"),
     (["--from", "1d", "--by", "team"], 2,
-     "--by 'team': use namespace, model, label_<key>, slurm_account or slurm_user"),
+     "--by 'team': use namespace, model, job, label_<key>, slurm_account or slurm_user"),
     (["--from", "1d", "--step", "10s"], 2, "--step must be at least 1m"),
     (["--from", "1d", "--password", "x"], 2, "--password needs --username"),
     (["--from", "1d", "--ca-file", "/nonexistent/ca.pem"], 2, "--ca-file /nonexistent/ca.pem: no such file"),
@@ -1169,7 +1169,7 @@ def test_which_source_the_report_reads(rules_prometheus, prometheus, tmp_path, c
     status, _, err = run("report", "--prometheus", rules_prometheus.base, *period,
                          "--by", "label_team", "--source", "rules", capsys=capsys)
     assert status == 2 and err == ("l9gpu report: --source rules: --by label_team: the rules are per namespace, "
-                                   "served model and GPU model; use --source raw\n")
+                                   "training job, served model and GPU model; use --source raw\n")
     # the served-model rules read the built-in engines: an engines file reads the counters
     engines_file = tmp_path / "engines.yaml"
     engines_file.write_text('engines:\n  myengine:\n    model_label: model\n    prompt_tokens: "my_prompt_total"\n'

@@ -282,13 +282,13 @@ def test_a_figure_that_is_not_finite_is_null_in_json_and_empty_in_csv():
     from exporter.report.output import to_csv, to_json
 
     group = {"group": "ml", "gpu_hours_used": float("nan"), "gpu_hours_allocated": float("inf"),
-             "waste_gpu_hours": -float("inf"), "zombie_hours": 0.0, "energy_kwh": 1.5,
+             "waste_gpu_hours": -float("inf"), "zombie_hours": 0.0, "stalled_gpu_hours": float("nan"), "energy_kwh": 1.5,
              **{k: None for k in ("allocated_cost", "effective_cost", "waste_cost", "energy_cost", "total_cost")},
              "waste_ratio": float("nan"), "workloads": 1, "top_waste": []}
     doc = strict_loads(to_json({"groups": [group], "totals": {"x": [float("nan"), 1.0]}}))
     assert doc["groups"][0]["gpu_hours_used"] is None and doc["groups"][0]["gpu_hours_allocated"] is None
     assert doc["groups"][0]["waste_gpu_hours"] is None and doc["totals"]["x"] == [None, 1.0]
-    assert to_csv({"groups": [group]}).splitlines()[1] == '"ml","","","",0.0,1.5,"","","","","","",1,"",""'
+    assert to_csv({"groups": [group]}).splitlines()[1] == '"ml","","","",0.0,"",1.5,"","","","","","",1,"",""'
 
 
 def test_json_names_are_exact_and_hold_no_raw_control_character():
@@ -338,11 +338,11 @@ def test_negative_figures_stay_numbers_in_csv():
     from exporter.report.output import to_csv
 
     group = {"group": "-lab", "gpu_hours_used": -1.5, "gpu_hours_allocated": 2.0, "waste_gpu_hours": 3.5,
-             "zombie_hours": 0.0, "energy_kwh": -0.25, "allocated_cost": -4.0, "effective_cost": None,
+             "zombie_hours": 0.0, "stalled_gpu_hours": 0.5, "energy_kwh": -0.25, "allocated_cost": -4.0, "effective_cost": None,
              "waste_cost": None, "energy_cost": None, "total_cost": -4.0, "waste_ratio": 1.75, "workloads": 2,
              "top_waste": [{"workload": "-lab/p/c", "waste_gpu_hours": 3.5}]}
     line = to_csv({"groups": [group]}).splitlines()[1]
-    assert line == '"\'-lab",-1.5,2.0,3.5,0.0,-0.25,-4.0,"","","",-4.0,1.75,2,"\'-lab/p/c=3.5h",""'
+    assert line == '"\'-lab",-1.5,2.0,3.5,0.0,0.5,-0.25,-4.0,"","","",-4.0,1.75,2,"\'-lab/p/c=3.5h",""'
 
 
 # ---- the size cap ---------------------------------------------------------------------------

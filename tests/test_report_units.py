@@ -78,7 +78,7 @@ def test_without_prices_the_report_counts_hours_and_leaves_costs_empty():
     assert report["totals"]["gpu_hours_allocated"] == 2.0 and report["totals"]["waste_ratio"] == 0.5
     assert report["timeline"]["unit"] == "gpu_hours_allocated"
     # text cells quoted, figures bare, no figure without prices
-    assert to_csv(report).splitlines()[1] == '"a",1.0,2.0,1.0,0.0,2.0,"","","","","",0.5,1,"a/p/c=1h",""'
+    assert to_csv(report).splitlines()[1] == '"a",1.0,2.0,1.0,0.0,0.0,2.0,"","","","","",0.5,1,"a/p/c=1h",""'
     html = to_html(report)
     assert "GPU-hours allocated" in html and "Total charge" not in html
 

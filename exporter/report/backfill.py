@@ -140,7 +140,8 @@ class PrometheusServer:
 
 
 def evaluate_rules(binary: str, promtool: str, workdir: Path, stages: list[str], start: int, end: int,
-                   ready: str, args: list[str] | None = None, timeout: float = PATIENCE) -> None:
+                   ready: str, args: list[str] | None = None, timeout: float = PATIENCE,
+                   eval_interval: str = "1h") -> None:
     """Recording rules evaluated hour by hour over the history in ``workdir``/data, as
     ``promtool tsdb create-blocks-from rules`` does for rules added to a running
     Prometheus, and their blocks moved into the TSDB. promtool lets no rule read another's
@@ -148,7 +149,8 @@ def evaluate_rules(binary: str, promtool: str, workdir: Path, stages: list[str],
     pass, each pass reading the records of the passes before. Every pass is written to the
     same file: a group is evaluated at an offset in its interval that depends on its name
     and file, and a rule reads the record of the pass before at its own evaluation time.
-    ``ready``: a query that answers once Prometheus has loaded the history."""
+    ``ready``: a query that answers once Prometheus has loaded the history; ``eval_interval``:
+    the step of the evaluations (the rule groups' interval)."""
     rules = workdir / "rules.yaml"
     for index, text in enumerate(stages):
         rules.write_text(text)
@@ -157,7 +159,7 @@ def evaluate_rules(binary: str, promtool: str, workdir: Path, stages: list[str],
         try:
             server.wait_for(ready, timeout=timeout)
             done = subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", f"--start={start}",
-                                   f"--end={end}", "--eval-interval=1h", f"--url={server.base}",
+                                   f"--end={end}", f"--eval-interval={eval_interval}", f"--url={server.base}",
                                    f"--output-dir={out}", str(rules)], cwd=workdir, capture_output=True)
         finally:
             server.stop()

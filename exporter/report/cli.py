@@ -21,7 +21,7 @@ from exporter.inference.cli import load_engines_or_fail
 from exporter.report.progress import Progress, progress_for
 
 COMMANDS = ("report", "prices", "inference-rules")
-BY = re.compile(r"^(namespace|model|slurm_account|slurm_user|label_[a-zA-Z0-9_]+)$")
+BY = re.compile(r"^(namespace|model|job|training_job|slurm_account|slurm_user|label_[a-zA-Z0-9_]+)$")
 
 
 def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
@@ -38,8 +38,9 @@ def add_parsers(sub: Any) -> list[argparse.ArgumentParser]:
     report.add_argument("--to", dest="end", default="now", metavar="END", help="end, same forms (default: now)")
     report.add_argument("--by", default="namespace", metavar="LABEL",
                         help="group by namespace, model (the model each inference engine serves: tokens and cost "
-                             "per million tokens, see docs/INFERENCE.md), label_<key> (a --pod-label of the "
-                             "agents), slurm_account or slurm_user (default: namespace)")
+                             "per million tokens, see docs/INFERENCE.md), job (the training job each workload is a "
+                             "rank of, see docs/TRAINING.md), label_<key> (a --pod-label of the agents), "
+                             "slurm_account or slurm_user (default: namespace)")
     report.add_argument("--engines", metavar="FILE",
                         help="with --by model: inference engines to read besides (or instead of) the built-in "
                              "vLLM, SGLang, TGI, Triton TensorRT-LLM and NIM (YAML, see docs/INFERENCE.md)")
@@ -133,7 +134,9 @@ def _report(args: argparse.Namespace) -> int:
         if not value:  # required, from the command line or L9GPU_PROMETHEUS / L9GPU_FROM
             raise CommandFailed(f"{flag} is required")
     if not BY.match(args.by):
-        raise CommandFailed(f"--by {args.by!r}: use namespace, model, label_<key>, slurm_account or slurm_user")
+        raise CommandFailed(f"--by {args.by!r}: use namespace, model, job, label_<key>, slurm_account or slurm_user")
+    if args.by == "job":
+        args.by = summary.JOB_BY
     if args.top < 0:
         raise CommandFailed("--top must be 0 or more")
     fmt = args.format
@@ -248,8 +251,8 @@ def _compute(args: argparse.Namespace, config: Any, engines: Any, prices: Any, p
             if args.source != "raw" and not why_not_rules:
                 progress.phase("reading counters")
                 grid = compute.Grid(start_ms, end_ms, step_s * 1000)
-                recorded = await _ticking(rules.fetch(prom, grid, compute.FetchStats(), args.by == summary.MODEL_BY),
-                                          progress)
+                recorded = await _ticking(rules.fetch(prom, grid, compute.FetchStats(), args.by == summary.MODEL_BY,
+                                                      args.by == summary.JOB_BY), progress)
                 whole = recorded is not None and recorded.hours_evaluated >= int(recorded.hours) - 1
                 if recorded is not None and (whole or args.source == "rules"):
                     return recorded, await intensity(prom), prom
@@ -336,7 +339,9 @@ def _from_rules(args: argparse.Namespace, config: Any, prices: Any, recorded: An
         raise CommandFailed(str(exc)) from None
     if args.timings:
         _timings(read_s, queries, time.perf_counter() - began)
-    if recorded.models is None:
+    if args.by == summary.JOB_BY:
+        what = "hourly figures per namespace, training job and GPU model"
+    elif recorded.models is None:
         what = "hourly figures per namespace and GPU model"
     else:
         what = ("hourly figures per namespace, served model and GPU model, each pod's hour split between its models "

@@ -51,7 +51,11 @@ DEVICE_COUNTERS: dict[str, tuple[str, float]] = {
     "unallocated": ("gpu_unallocated_seconds_total", 1 / 3600),      # GPU-hours nobody held
     "unhealthy": ("gpu_unhealthy_seconds_total", 1 / 3600),          # GPU-hours of unhealthy verdicts
 }
+# Per workload and GPU, 1 while the agent calls the GPU stalled (a gauge, read a minute at a time).
+STALLED_FAMILY = "container_gpu_stalled"
+STALLED_RESOLUTION_S = 60
 SCALE: dict[str, float] = {key: scale for key, (_, scale) in {**COUNTERS, **DEVICE_COUNTERS}.items()}
+SCALE["stalled"] = 1 / 3600  # GPU-hours stalled
 STEPS_S = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 MAX_STEPS = 130
 NODE_BATCH = 100  # nodes per raw-sample query

@@ -12,6 +12,8 @@ from exporter.report.compute import (
     COUNTERS,
     DEVICE_COUNTERS,
     DEVICE_STEP_COUNTERS,
+    STALLED_FAMILY,
+    STALLED_RESOLUTION_S,
     STEP_COUNTERS,
     VALUE_ANSWERS_AT_ONCE,
     WORKLOAD_LABELS,
@@ -26,7 +28,9 @@ from exporter.report.compute import (
     _series_rows,
     idle_expression,
     model_tokens,
+    series_key,
     token_candidates,
+    with_matchers,
 )
 from exporter.report.progress import Progress
 from exporter.report.prom import Prometheus, all_of
@@ -42,6 +46,16 @@ def _group_rows(counters: Sequence[str], results: Sequence[Any]) -> list[SeriesT
     """Per-group per-step increases as `SeriesTotals` labelled with the group's labels."""
     return _series_rows((name, result.steps) for name, result in zip(counters, results))
 
+
+async def stalled_seconds(prom: Prometheus, grid: Grid, selector: str) -> dict[SeriesKey, float]:
+    """Per workload series, the GPU-seconds it was stalled in the period: its 0/1
+    `STALLED_FAMILY` a minute at a time, from the period's first minute to the one before
+    its end (as the hourly rules count an hour). Series stalled for none of it are left out."""
+    span = grid.end_ms - grid.start_ms
+    expr = (f"{STALLED_RESOLUTION_S} * sum_over_time({with_matchers(STALLED_FAMILY, selector)}"
+            f"[{span}ms:{STALLED_RESOLUTION_S}s] offset 1ms) > 0")
+    answer = await prom.query(expr, grid.end_ms / 1000, expect="vector")
+    return {series_key(s["metric"]): float(s["value"][1]) for s in answer}
 
 
 async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, selector: str = "",
@@ -69,8 +83,11 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
         sums += [aggregate.increases(prom, family, grid, selector,
                                      gpu_keys if key in DEVICE_STEP_COUNTERS else None, stats, keys)
                  for key, (family, _) in DEVICE_COUNTERS.items()]
-        results = await all_of(*sums)
-        series = _totals(list(COUNTERS), results[:len(COUNTERS)])
+        results = await all_of(*sums, stalled_seconds(prom, grid, selector))
+        stalled = results.pop()
+        series = _series_rows([*((name, {key: [total] for key, total in result.totals.items()})
+                                 for name, result in zip(COUNTERS, results)),
+                               ("stalled", {key: [seconds] for key, seconds in stalled.items()})])
         devices = _totals(list(DEVICE_COUNTERS), results[len(COUNTERS):])
         fetched = Fetched(grid, series, devices, stats, steps=_group_rows(list(COUNTERS), results[:len(COUNTERS)]),
                           device_steps=_group_rows(list(DEVICE_COUNTERS), results[len(COUNTERS):]))

@@ -80,7 +80,7 @@ def to_csv(report: dict[str, Any]) -> str:
     writer = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
     for g in report["groups"]:
         top = "; ".join(f"{w['workload']}={w['waste_gpu_hours']:g}h" for w in g["top_waste"])
-        writer.writerow([for_spreadsheet(g["group"])] + [_figure(g[k]) for k in FIGURES]
+        writer.writerow([for_spreadsheet(g["group"])] + [_figure(g.get(k)) for k in FIGURES]
                         + [_figure(g["waste_ratio"]), g["workloads"], for_spreadsheet(top), _figure(g.get(CARBON))]
                         + [_figure(g[k]) for k in extra])
     for row in reconciliation_rows(report):

@@ -49,10 +49,12 @@ from typing import Any, Sequence
 from exporter.inference.engines import Engine, load_engines
 from exporter.inference.rules import union
 from exporter.report.compute import IDLE_RESOLUTION_S, TOKEN_FIELDS, idle_expression, token_candidates
-from exporter.report.summary import MODEL_BY, NONE_GROUP
+from exporter.report.summary import JOB_BY, MODEL_BY, NONE_GROUP
 
 INTERVAL_S = 3600
 GROUP = "l9gpu-chargeback-hourly"
+JOB_GROUP = "l9gpu-chargeback-jobs-hourly"
+JOB = ("namespace", "training_job", "model")
 EVALUATIONS = "l9gpu:chargeback_rules:evaluations"
 MODEL_GROUP = "l9gpu-chargeback-models-hourly"
 MODEL_EVALUATIONS = "l9gpu:chargeback_model_rules:evaluations"
@@ -92,7 +94,20 @@ class Rule:
         return f"{level}:l9gpu_gpu_{self.key}_{unit}:increase1h"
 
     def expr(self) -> str:
+        if self.key == "stalled":
+            return stalled_expr(self.by)
         return f"sum by ({', '.join(self.by)}) (\n{_indent(hourly_increase(self.family))}\n)"
+
+
+def stalled_expr(by: Sequence[str]) -> str:
+    """GPU-seconds stalled in the hour before the evaluation, summed by ``by``: the agent's
+    0/1 ``container_gpu_stalled`` a minute at a time, from the minute the hour begins to the
+    one before it ends (the next hour has that one), each GPU once per group however many
+    containers of the group are on it."""
+    gpu = ", ".join((*by, "node", "gpu", "uuid", "gpu_instance"))
+    return (f"60 * sum by ({', '.join(by)}) (\n"
+            f"  sum_over_time((max by ({gpu}) (container_gpu_stalled))[1h:1m] offset 1ms)\n"
+            f")")
 
 
 RULES = (
@@ -110,6 +125,16 @@ RULES = (
     Rule("unhealthy", "gpu_unhealthy_seconds_total", ("model",),
          "GPU-seconds with an unhealthy verdict per GPU model in the hour"),
 )
+# Per namespace, training job (absent for a workload of no job) and GPU model (--by job, and
+# the stalled GPU-hours of every grouping, docs/TRAINING.md).
+JOB_RULES = (
+    *(replace(rule, by=JOB, help=rule.help.replace("per namespace", "per namespace, training job"))
+      for rule in RULES if "namespace" in rule.by),
+    Rule("stalled", "container_gpu_stalled", JOB,
+         "GPU-seconds stalled (busy with no work, docs/TRAINING.md) per namespace, training job and GPU model in the "
+         "hour"),
+)
+STALLED_RULE = JOB_RULES[-1]
 BY_KEY = {rule.key: rule for rule in RULES}
 WORKLOAD_RULES = tuple(rule for rule in RULES if "namespace" in rule.by)
 DEVICE_RULES = tuple(rule for rule in RULES if "namespace" not in rule.by)
@@ -237,12 +262,16 @@ def rules_yaml(engines: Sequence[Engine] | None = None, stage: int | None = None
         "# The second group splits each pod's hour between the models it serves by their tokens (--by model):",
         "# its rules read the ones before them in the group. Backfilling with promtool, evaluate",
         "# `python -m exporter.report.rules --stage 1`, then `--stage 2` and 3 (docs/CHARGEBACK.md).",
+        "# The group per training job keeps the job of each workload (--by job, and the stalled GPU-hours).",
         "groups:",
     ]
     if stage in (None, 1):
         lines += [f"  - name: {GROUP}", f"    interval: {INTERVAL_S // 3600}h", "    rules:",
                   f"      - record: {EVALUATIONS}", "        expr: vector(1)"]
         for rule in RULES:
+            lines += _rule_lines(rule.help, rule.record, rule.expr())
+        lines += [f"  - name: {JOB_GROUP}", f"    interval: {INTERVAL_S // 3600}h", "    rules:"]
+        for rule in JOB_RULES:
             lines += _rule_lines(rule.help, rule.record, rule.expr())
     lines += [f"  - name: {MODEL_GROUP}", f"    interval: {INTERVAL_S // 3600}h", "    rules:"]
     for comment, record, expr in model_rules(engines, stage):
@@ -264,22 +293,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def usable(by: str, selector: str, price_keys: set[str], custom_engines: bool) -> str | None:
     """Why the rules cannot answer this report (None: they can)."""
-    if by not in ("namespace", MODEL_BY):
-        return f"--by {by}: the rules are per namespace, served model and GPU model"
+    if by not in ("namespace", MODEL_BY, JOB_BY):
+        return f"--by {by}: the rules are per namespace, training job, served model and GPU model"
     if by == MODEL_BY and custom_engines:
         return "--engines: the rules read the built-in engines"
     if selector:
-        return "--selector: the rules keep no label but namespace and model"
+        return "--selector: the rules keep no label but namespace, training job and model"
     extra = sorted(price_keys - {"namespace", "model"})
     if extra:
-        return f"price overrides on {', '.join(extra)}: the rules keep no label but namespace and model"
+        return f"price overrides on {', '.join(extra)}: the rules keep no label but namespace, training job and model"
     return None
 
 
-async def fetch(prom: Any, grid: Any, stats: Any, models: bool = False) -> Recorded | None:
+async def fetch(prom: Any, grid: Any, stats: Any, models: bool = False, jobs: bool = False) -> Recorded | None:
     """The period's figures from the recording rules, per step (None: no rule evaluated in
     the period); ``models``: per namespace, served model and GPU model (`MODEL_GROUP`),
-    with each served model's figures over the period."""
+    with each served model's figures over the period; ``jobs``: per namespace, training job
+    and GPU model (`JOB_GROUP`). The stalled GPU-seconds come from `JOB_GROUP` whatever
+    the grouping (rows of their own, which group like the others by namespace)."""
     from exporter.report.compute import SeriesTotals, series_key
     from exporter.report.prom import all_of
 
@@ -290,7 +321,9 @@ async def fetch(prom: Any, grid: Any, stats: Any, models: bool = False) -> Recor
     span = bounds[-1] - bounds[0]
     t = [b / 1000 for b in bounds]
     hour = INTERVAL_S * 1000
-    workload: Sequence[Rule | SplitRule] = SPLIT_RULES if models else WORKLOAD_RULES
+    # --by model splits pods between served models: the stalled rows (per job) are left out there
+    workload: Sequence[Rule | SplitRule] = JOB_RULES if jobs else SPLIT_RULES if models else (*WORKLOAD_RULES,
+                                                                                               STALLED_RULE)
     read = [*workload, *DEVICE_RULES]
     # asked as a range of one point: every answer the report reads first is a matrix
     evaluations = MODEL_EVALUATIONS if models else EVALUATIONS

@@ -6,6 +6,9 @@ Figures (per series, then summed; hours are GPU-hours: one GPU for one hour):
 - ``gpu_hours_allocated``: time the GPU was allocated to it or it held memory there;
 - ``waste_gpu_hours``: allocated minus used (never below 0 for a series);
 - ``zombie_hours``: time it held the GPU (memory, or a device-plugin allocation) at 0% SM;
+- ``stalled_gpu_hours``: time its GPUs were busy with no work (the agent's stall, a wedged
+  collective: docs/TRAINING.md), a minute at a time; not split between served models
+  (``--by model`` leaves it out);
 - ``energy_kwh``: its share of the GPU's energy;
 - ``allocated_cost`` = allocated x price per GPU-hour, ``effective_cost`` = used x price,
   ``waste_cost`` = waste x price, ``energy_cost`` = kWh x price per kWh, and
@@ -39,14 +42,15 @@ from exporter.report.compute import SCALE, STEP_COUNTERS, WORKLOAD_LABELS, Grid,
 from exporter.report.periods import iso
 from exporter.report.prices import Prices
 
-FIGURES = ("gpu_hours_used", "gpu_hours_allocated", "waste_gpu_hours", "zombie_hours", "energy_kwh",
-           "allocated_cost", "effective_cost", "waste_cost", "energy_cost", "total_cost")
+FIGURES = ("gpu_hours_used", "gpu_hours_allocated", "waste_gpu_hours", "zombie_hours", "stalled_gpu_hours",
+           "energy_kwh", "allocated_cost", "effective_cost", "waste_cost", "energy_cost", "total_cost")
 COST_FIGURES = ("allocated_cost", "effective_cost", "waste_cost", "energy_cost", "total_cost")
 # With --by model, per served model (docs/INFERENCE.md).
 MODEL_FIGURES = ("prompt_tokens", "generated_tokens", "cost_per_million_tokens", "effective_cost_per_million_tokens",
                  "kwh_per_million_tokens", "gpu_hours_per_million_tokens", "replicas", "idle_replica_hours",
                  "idle_gpu_hours")
 MODEL_BY = "model"
+JOB_BY = "training_job"  # --by job: the training job a workload is a rank of (docs/TRAINING.md)
 CARBON = "carbon_gco2e"  # per group and in the totals: grams of CO2e (carbon.py)
 CAPACITY_FIGURES = ("gpu_hours_capacity", "gpu_hours_unallocated", "capacity_cost", "unallocated_cost",
                     "price_overrides_cost", "gpu_hours_unhealthy")
@@ -74,7 +78,8 @@ def _figures(s: SeriesTotals, prices: Prices | None) -> dict[str, float | None]:
     waste = max(allocated - used, 0.0)
     kwh = s.total("energy")
     f: dict[str, float | None] = {"gpu_hours_used": used, "gpu_hours_allocated": allocated, "waste_gpu_hours": waste,
-                                  "zombie_hours": s.total("idle"), "energy_kwh": kwh}
+                                  "zombie_hours": s.total("idle"), "stalled_gpu_hours": s.total("stalled"),
+                                  "energy_kwh": kwh}
     if prices is None:
         f.update({k: None for k in COST_FIGURES})
         return f
