@@ -191,9 +191,9 @@ class StallFamilies(PrometheusCollector):
             spec = cat.get("container_gpu_stalled")
             gauge = GaugeMetricFamily(spec.name, spec.help, labels=spec.labels + self.extra_labels)
             for usage in usages:
-                state = states.get(usage.device_key)
-                if state is not None and usage.workload.attributed:
-                    gauge.add_metric(usage.labels, 1.0 if state.stalled else 0.0)
+                held = states.get(usage.device_key)
+                if held is not None and usage.workload.attributed:
+                    gauge.add_metric(usage.labels, 1.0 if held.stalled else 0.0)
             yield gauge
 
     def describe(self) -> Iterator[Metric]:

@@ -443,8 +443,9 @@ class SimulatedBackend(Backend):
             busy = min(1.0, sum(shares))
             # how much math, power and traffic the busy time makes, weighted by each process's SM share
             math_share, power_share, traffic = (
-                sum(s * phase[k] for phase, s in zip(phases, shares)) / sum(shares) if sum(shares) else 1.0
-                for k in (2, 3, 4))
+                sum(s * float(getattr(phase, k)) for phase, s in zip(phases, shares)) / sum(shares)
+                if sum(shares) else 1.0
+                for k in ("tensor", "power", "traffic"))
             power = gpu.idle_watts + (gpu.max_watts - gpu.idle_watts) * busy * power_share
             self._energy[gpu.index] += power * dt
             pcie_tx, pcie_rx = 1.2e8 * busy * traffic, 2.5e8 * busy * traffic

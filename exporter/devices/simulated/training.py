@@ -155,7 +155,11 @@ def training_processes(where: str, block: Any, count: int) -> tuple[list[Process
                     "container": str(block.get("container", "pytorch")),
                     "owner": {"kind": "PyTorchJob", "name": job},
                     "labels": {KUBEFLOW_JOB: job, KUBEFLOW_TYPE: "worker", KUBEFLOW_INDEX: str(rank)}}
-        processes.append(ProcessSpec(base_pid + gpu, gpu, "python", lambda t, m=memory: m, lambda t: 0.0,
+        processes.append(ProcessSpec(base_pid + gpu, gpu, "python", _constant(memory), _constant(0.0),
                                      workload, phases=odd if rank == odd_rank else wedging))
     return processes, frozenset({throttled} if throttled is not None else ())
 
+
+def _constant(value: float) -> Callable[[float], float]:
+    """A curve that stays at ``value`` (a rank holds its memory; its SM share is its phase's)."""
+    return lambda t: value
