@@ -87,7 +87,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO_ROOT / "benchmarks"), str(REPO_ROOT)]
 
 import gpu_check_stall  # noqa: E402
-from processes import cpu_seconds, free_port  # noqa: E402
+from processes import ChildWorkload, cpu_seconds, free_port, read_events  # noqa: E402
 
 GiB = 2**30
 
@@ -701,16 +701,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 # ---- the run -------------------------------------------------------------------------------
 
 
-def _read_events(stream: Any, out: queue.Queue[tuple[float, dict[str, Any]]]) -> None:
-    for line in stream:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and "event" in event:
-            out.put((time.monotonic(), event))
-
-
 def run_check(args: argparse.Namespace) -> int:
     import importlib.util
 
@@ -756,7 +746,7 @@ def run_check(args: argparse.Namespace) -> int:
         cpu_start = {"l9gpu": cpu_seconds(agent.proc.pid),
                      "nvitop-exporter": cpu_seconds(peer.proc.pid) if peer.proc is not None else None}
         event_queue: queue.Queue[tuple[float, dict[str, Any]]] = queue.Queue()
-        threading.Thread(target=_read_events, args=(child.stdout, event_queue), daemon=True).start()
+        threading.Thread(target=read_events, args=(child.stdout, event_queue), daemon=True).start()
         stderr_lines: list[str] = []
         threading.Thread(target=lambda: stderr_lines.extend(child.stderr or []), daemon=True).start()
 
@@ -911,35 +901,12 @@ def run_bf16_workload(busy_seconds: float, idle_seconds: float) -> int:
     return 0
 
 
-class ChildBf16Workload:
+class ChildBf16Workload(ChildWorkload):
     """The bf16 child as a subprocess on one GPU; `phase` follows its events."""
 
     def __init__(self, python: str, device: int, busy_seconds: float, idle_seconds: float):
-        self._command = [python, str(Path(__file__).resolve()), "--gpm-workload-child",
-                         "--gpm-busy-seconds", str(busy_seconds), "--gpm-idle-seconds", str(idle_seconds)]
-        self._env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(device))
-        self._events: queue.Queue[tuple[float, dict[str, Any]]] = queue.Queue()
-        self._phase = "starting"
-        self.events: dict[str, dict[str, Any]] = {}
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self._command, env=self._env, stdout=subprocess.PIPE, text=True)
-        threading.Thread(target=_read_events, args=(self.proc.stdout, self._events), daemon=True).start()
-
-    def phase(self) -> str:
-        while not self._events.empty():
-            _, event = self._events.get()
-            self.events[event["event"]] = event
-            self._phase = event["event"]
-        if self.proc is not None and self.proc.poll() is not None and self._phase != "done":
-            self._phase = "failed"
-        return self._phase
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__([python, str(Path(__file__).resolve()), "--gpm-workload-child",
+                          "--gpm-busy-seconds", str(busy_seconds), "--gpm-idle-seconds", str(idle_seconds)], device)
 
 
 class _TimedNvml:
@@ -1283,7 +1250,7 @@ def sample_semantics(nvml: Any, device: int, python: str, period: float, seconds
     env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(device))
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
     events: queue.Queue[tuple[float, dict[str, Any]]] = queue.Queue()
-    threading.Thread(target=_read_events, args=(proc.stdout, events), daemon=True).start()
+    threading.Thread(target=read_events, args=(proc.stdout, events), daemon=True).start()
     nvml.nvmlInit()
     try:
         try:

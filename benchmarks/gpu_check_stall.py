@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from processes import ChildWorkload  # benchmarks/, on the path gpu_check.py sets
 
 PHASES = ("spin", "matmul", "idle")
 SIGNALS = ("utilization", "tensor_active", "dram_active", "power_ratio", "pcie_bytes_per_second",
@@ -65,42 +64,12 @@ def run_stall_workload(phase_seconds: float, gib: float) -> int:
     return 0
 
 
-class ChildStallWorkload:
+class ChildStallWorkload(ChildWorkload):
     """The child as a subprocess on one GPU; `phase` follows its events."""
 
     def __init__(self, python: str, script: Path, device: int, phase_seconds: float, gib: float):
-        self._command = [python, str(script), "--stall-workload-child", "--stall-phase-seconds", str(phase_seconds),
-                         "--stall-gib", str(gib)]
-        self._env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(device))
-        self._events: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._phase = "starting"
-        self.events: dict[str, dict[str, Any]] = {}
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self._command, env=self._env, stdout=subprocess.PIPE, text=True)
-        threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
-
-    def _read(self, stream: Any) -> None:
-        for line in stream:
-            try:
-                self._events.put(json.loads(line))
-            except ValueError:
-                continue
-
-    def phase(self) -> str:
-        while not self._events.empty():
-            event = self._events.get()
-            self.events[event["event"]] = event
-            self._phase = event["event"]
-        if self.proc is not None and self.proc.poll() is not None and self._phase != "done":
-            self._phase = "failed"
-        return self._phase
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__([python, str(script), "--stall-workload-child", "--stall-phase-seconds", str(phase_seconds),
+                          "--stall-gib", str(gib)], device)
 
 
 def stall_section(nvml_module: Any, device: int, workload: Any, stall_after: float, deadline_seconds: float,

@@ -7,12 +7,16 @@ has nothing but the project's requirements and torch.
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import socket
 import subprocess
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 
 def free_port() -> int:
@@ -43,3 +47,46 @@ def live_processes(count: int) -> Iterator[list[int]]:
         for child in children:
             child.kill()
             child.wait()
+
+
+def read_events(stream: Any, out: queue.Queue[tuple[float, dict[str, Any]]]) -> None:
+    """A child's events, one JSON object with an ``event`` key a line, each with when it
+    arrived (``time.monotonic()``); other lines are skipped."""
+    for line in stream:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and "event" in event:
+            out.put((time.monotonic(), event))
+
+
+class ChildWorkload:
+    """A GPU workload as a child process on one GPU (``command``), whose phases arrive as
+    `read_events` lines; `phase` is the last one, or "failed" if it ended before "done"."""
+
+    def __init__(self, command: list[str], device: int):
+        self._command = command
+        self._env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(device))
+        self._events: queue.Queue[tuple[float, dict[str, Any]]] = queue.Queue()
+        self._phase = "starting"
+        self.events: dict[str, dict[str, Any]] = {}
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self._command, env=self._env, stdout=subprocess.PIPE, text=True)
+        threading.Thread(target=read_events, args=(self.proc.stdout, self._events), daemon=True).start()
+
+    def phase(self) -> str:
+        while not self._events.empty():
+            _, event = self._events.get()
+            self.events[event["event"]] = event
+            self._phase = event["event"]
+        if self.proc is not None and self.proc.poll() is not None and self._phase != "done":
+            self._phase = "failed"
+        return self._phase
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

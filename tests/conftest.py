@@ -119,3 +119,19 @@ def sockdir():
     path = tempfile.mkdtemp(prefix="l9gpu-sock-")
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    """benchmarks/gpu_check.py as a module (it is a script, not a package's): its sections
+    tested on the NVML fake."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).resolve().parent.parent / "benchmarks"
+                                                  / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("gpu_check", None)

@@ -25,19 +25,6 @@ from fakes.pynvml_fake import (
     FakeNvml,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("gpu_check", None)
-
 
 class PhasedWorkload:
     """Moves the fake GPU through the phases, one step per ``phase()`` call (one per tick)."""

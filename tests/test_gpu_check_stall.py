@@ -8,10 +8,6 @@ section reads it through the agent's own NVML backend and stall tracker.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 from fakes.pynvml_fake import (
     NVML_GPM_METRIC_ANY_TENSOR_UTIL,
@@ -24,19 +20,7 @@ from fakes.pynvml_fake import (
     FakeProcess,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 STALL_AFTER = 20.0
-
-
-@pytest.fixture(scope="module")
-def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("gpu_check", None)
 
 
 class Clock:
