@@ -11,12 +11,14 @@ REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "alerts" / "l9gpu.rules.yaml"
 
 
-def test_rules_are_valid_and_their_unit_tests_pass():
+@pytest.mark.parametrize("rules, unit_tests", [(RULES, "alerts_test.yaml"),
+                                               (REPO / "alerts" / "l9gpu-training.rules.yaml",
+                                                "training_rules_test.yaml")])
+def test_rules_are_valid_and_their_unit_tests_pass(rules: Path, unit_tests: str):
     promtool = need_tool("promtool")
-    check = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
+    check = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    unit = subprocess.run([promtool, "test", "rules", "alerts_test.yaml"], cwd=REPO / "tests",
-                          capture_output=True, text=True)
+    unit = subprocess.run([promtool, "test", "rules", unit_tests], cwd=REPO / "tests", capture_output=True, text=True)
     assert unit.returncode == 0, unit.stdout + unit.stderr
 
 
