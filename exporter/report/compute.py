@@ -36,6 +36,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, MutableSequence, Sequence
 
+from exporter.core.labels import OWNER_LABELS, TRAINING_LABELS, WORKLOAD_ID_LABELS
 from exporter.report.prom import Prometheus, all_of
 
 # What the report reads: key -> (family, scale to the report's unit).
@@ -69,8 +70,7 @@ VALUE_ANSWERS_AT_ONCE = 2
 SeriesKey = tuple[tuple[str, str], ...]
 # Labels that belong to a workload, not to its GPU: a workload series' labels without them
 # are its GPU's (node, gpu, uuid, model, gpu_instance and the scrape's own labels).
-WORKLOAD_LABELS = frozenset(("namespace", "pod", "container", "pod_uid", "slurm_job_id", "owner_kind", "owner_name",
-                             "slurm_user", "slurm_account", "training_job", "training_rank"))
+WORKLOAD_LABELS = frozenset(WORKLOAD_ID_LABELS + OWNER_LABELS + TRAINING_LABELS)
 
 
 def choose_step(seconds: float) -> int:

@@ -5,7 +5,7 @@ workload's time between models (`exporter.report.compute`)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, MutableSequence, Sequence
+from typing import Any, Iterable, Mapping, MutableSequence, Sequence
 
 from exporter.report import aggregate
 from exporter.report.compute import (
@@ -36,10 +36,15 @@ from exporter.report.progress import Progress
 from exporter.report.prom import Prometheus, all_of
 
 
+def _period_totals(named: Iterable[tuple[str, Mapping[SeriesKey, float]]]) -> list[SeriesTotals]:
+    """Each named counter's period total per series as one-step `SeriesTotals` (what
+    `summary` sums per group)."""
+    return _series_rows((name, {key: [total] for key, total in totals.items()}) for name, totals in named)
+
+
 def _totals(counters: Sequence[str], results: Sequence[Any]) -> list[SeriesTotals]:
-    """Per-series period totals as one-step `SeriesTotals` (what `summary` sums per group)."""
-    return _series_rows((name, {key: [total] for key, total in result.totals.items()})
-                        for name, result in zip(counters, results))
+    """`_period_totals` of `aggregate.increases` results, one per counter."""
+    return _period_totals((name, result.totals) for name, result in zip(counters, results))
 
 
 def _group_rows(counters: Sequence[str], results: Sequence[Any]) -> list[SeriesTotals]:
@@ -85,9 +90,8 @@ async def fetch(prom: Prometheus, start_ms: int, end_ms: int, step_ms: int, sele
                  for key, (family, _) in DEVICE_COUNTERS.items()]
         results = await all_of(*sums, stalled_seconds(prom, grid, selector))
         stalled = results.pop()
-        series = _series_rows([*((name, {key: [total] for key, total in result.totals.items()})
-                                 for name, result in zip(COUNTERS, results)),
-                               ("stalled", {key: [seconds] for key, seconds in stalled.items()})])
+        series = _period_totals([*((name, result.totals) for name, result in zip(COUNTERS, results)),
+                                 ("stalled", stalled)])
         devices = _totals(list(DEVICE_COUNTERS), results[len(COUNTERS):])
         fetched = Fetched(grid, series, devices, stats, steps=_group_rows(list(COUNTERS), results[:len(COUNTERS)]),
                           device_steps=_group_rows(list(DEVICE_COUNTERS), results[len(COUNTERS):]))
